@@ -1,0 +1,14 @@
+#include "moetron/cli/commands.h"
+
+#include <CLI/CLI.hpp>
+
+namespace moetron::cli {
+
+int run(int argc, char** argv) {
+    CLI::App app{"moetron: DeepSeek-V3-class MoE pre-training engine and GPU cluster model"};
+    app.require_subcommand(1);
+    CLI11_PARSE(app, argc, argv);
+    return 0;
+}
+
+}  // namespace moetron::cli

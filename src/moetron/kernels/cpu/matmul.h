@@ -1,0 +1,32 @@
+// GEMMs through BLAS: the plain matmul, the linear layer y = x W^T, and the grouped linear layer
+// of the routed experts (one call for all local experts over contiguous token segments).
+#pragma once
+
+#include <cstdint>
+
+namespace moetron::cpu {
+
+// C (M, N) = op(A) op(B) + beta * C, row-major. op(A) is (M, K): A is (M, K), or (K, M) when
+// trans_a. op(B) is (K, N): B is (K, N), or (N, K) when trans_b.
+void matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool trans_a,
+            bool trans_b, float beta = 0.0f);
+
+// out (M, O) = inp (M, I) @ weight (O, I)^T.
+void linear_forward(float* out, const float* inp, const float* weight, int64_t num_rows,
+                    int64_t in_dim, int64_t out_dim);
+// dinp (M, I) = dout @ weight (written; skipped when null); dweight (O, I) += dout^T @ inp.
+void linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                     const float* weight, int64_t num_rows, int64_t in_dim, int64_t out_dim);
+
+// Grouped linear over expert segments: rows [offsets[e], offsets[e+1]) of inp belong to expert e
+// and are multiplied by weight[e] (O, I). weight is (E, O, I); offsets has E + 1 entries,
+// offsets[0] = 0, non-decreasing. A segment may be empty.
+void grouped_linear_forward(float* out, const float* inp, const float* weight,
+                            const int64_t* offsets, int64_t num_experts, int64_t in_dim,
+                            int64_t out_dim);
+// dinp written (skipped when null); dweight (E, O, I) accumulated.
+void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const int64_t* offsets, int64_t num_experts,
+                             int64_t in_dim, int64_t out_dim);
+
+}  // namespace moetron::cpu

@@ -1,0 +1,34 @@
+// The DeepSeek-V3 router after its gate GEMM (logits = h Wg^T, done by the caller):
+//   s = sigmoid(logits)                                     (scoring_func = "sigmoid")
+//   choice = s + b          b: per-expert correction bias, used for selection only
+//   group score = sum of the top-2 values of `choice` in each of the G groups (E/G experts each)
+//   keep the topk_group groups with the largest group score (ties: lower index first)
+//   pick the K experts with the largest `choice` inside the kept groups (ties: lower index)
+//   w_j = s_j / sum_k s_k (when norm_topk_prob) * routed_scaling_factor
+// The backward flows through the chosen s only: selection is piecewise constant.
+#pragma once
+
+#include <cstdint>
+
+namespace moetron::cpu {
+
+struct RouterShape {
+    int64_t num_tokens;    // N
+    int64_t num_experts;   // E
+    int64_t top_k;         // K
+    int64_t num_groups;    // G (n_group); E % G == 0; G == 1 is plain top-k
+    int64_t topk_groups;   // topk_group <= G; K <= topk_group * E / G
+    float routed_scaling_factor;
+    bool norm_topk_prob;
+};
+
+// topk_ids (N, K) in descending order of choice; topk_weights (N, K); scores (N, E) saved = s.
+void router_forward(int32_t* topk_ids, float* topk_weights, float* scores, const float* logits,
+                    const float* bias, const RouterShape& shape);
+
+// dlogits (N, E) written, from dtopk_weights (N, K) and, when non-null, an extra gradient on the
+// scores dscores_extra (N, E) (the sequence-wise balance loss).
+void router_backward(float* dlogits, const float* dtopk_weights, const float* dscores_extra,
+                     const float* scores, const int32_t* topk_ids, const RouterShape& shape);
+
+}  // namespace moetron::cpu

@@ -1,0 +1,65 @@
+// The model's shape: DeepSeek-V3's Hugging Face config.json keys, one field each, under the
+// same names, so a config.json loads as is and a TOML preset reads like one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace moetron {
+
+struct ModelConfig {
+    std::string name = "unnamed";  // preset name, for reports
+
+    int64_t vocab_size = 0;              // V
+    int64_t hidden_size = 0;             // D
+    int64_t num_hidden_layers = 0;       // main-model transformer blocks
+    int64_t first_k_dense_replace = 0;   // the first layers use a dense MLP instead of MoE
+    int64_t moe_layer_freq = 1;          // after those, every moe_layer_freq-th layer is MoE
+    int64_t intermediate_size = 0;       // F of the dense MLP
+    int64_t moe_intermediate_size = 0;   // F of each routed and shared expert
+    int64_t n_routed_experts = 0;        // E
+    int64_t n_shared_experts = 0;        // shared experts (one fused MLP of n * F)
+    int64_t num_experts_per_tok = 0;     // K
+    int64_t n_group = 1;                 // G: expert groups (nodes/domains in DeepSeek-V3)
+    int64_t topk_group = 1;              // groups kept per token
+    double routed_scaling_factor = 1.0;
+    std::string scoring_func = "sigmoid";
+    std::string topk_method = "noaux_tc";  // DeepSeek-V3's group-limited, bias-corrected top-k
+    bool norm_topk_prob = true;
+
+    int64_t num_attention_heads = 0;     // H
+    int64_t q_lora_rank = 0;             // 0: a plain q projection (no low-rank q)
+    int64_t kv_lora_rank = 0;            // compressed kv latent (512 in DeepSeek-V3)
+    int64_t qk_nope_head_dim = 0;
+    int64_t qk_rope_head_dim = 0;        // R
+    int64_t v_head_dim = 0;
+    double rope_theta = 10000.0;
+    int64_t max_position_embeddings = 4096;
+
+    double rms_norm_eps = 1e-6;
+    int64_t num_nextn_predict_layers = 0;  // MTP depth
+    bool tie_word_embeddings = false;
+    double initializer_range = 0.02;       // stddev of the normal initialization
+
+    int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+    bool is_moe_layer(int64_t layer) const {
+        return n_routed_experts > 0 && layer >= first_k_dense_replace &&
+               layer % moe_layer_freq == 0;
+    }
+    int64_t num_moe_layers() const;
+    int64_t num_dense_layers() const { return num_hidden_layers - num_moe_layers(); }
+};
+
+// Reads a TOML preset or a Hugging Face config.json (chosen by content: a JSON object or TOML).
+// A TOML file may also hold a [train] table; it is left to train/ and ignored here.
+// Unknown keys are errors that name the key and the closest known key; impossible values (heads
+// or experts not dividing, top-k larger than the experts, ...) are errors that say which.
+ModelConfig load_model_config(const std::string& path);
+ModelConfig parse_model_config_toml(std::string_view text, std::string_view source_name);
+ModelConfig parse_model_config_json(std::string_view text, std::string_view source_name);
+
+// Throws moetron::Error naming the first impossible value.
+void validate_model_config(const ModelConfig& config);
+
+}  // namespace moetron

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs dependencies, builds moetron with its tests, and runs the whole suite with ctest.
+#   tools/test.sh              Release build in build/
+#   tools/test.sh --sanitize   AddressSanitizer + UBSan build in build-asan/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=build
+cmake_args=(-DCMAKE_BUILD_TYPE=Release)
+if [ "${1:-}" = "--sanitize" ]; then
+  build_dir=build-asan
+  # The sanitizer build checks host code; the CUDA backend is compiled by the Release build.
+  cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETRON_SANITIZE=ON -DMOETRON_CUDA=OFF
+              -DMOETRON_BUILD_BENCH=OFF)
+fi
+
+tools/install-deps.sh
+cmake -S . -B "$build_dir" -G Ninja "${cmake_args[@]}"
+cmake --build "$build_dir" -j2
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+ctest --test-dir "$build_dir" -j2 --output-on-failure --timeout 900
