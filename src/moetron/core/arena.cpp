@@ -8,10 +8,12 @@ namespace moetron {
 
 namespace {
 
-size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+size_t round_up(size_t x, size_t a) {
+    return (x + a - 1) / a * a;
+}
 
 class HostMemory final : public MemoryResource {
-public:
+  public:
     void* allocate(size_t bytes, size_t alignment_bytes) override {
         if (bytes == 0) return nullptr;
         void* p = std::aligned_alloc(alignment_bytes, round_up(bytes, alignment_bytes));
@@ -56,7 +58,9 @@ size_t ArenaPlan::index_of(std::string_view name) const {
 }
 
 Arena::Arena(const ArenaPlan& plan, MemoryResource& memory)
-    : plan_(plan), memory_(&memory), base_(memory.allocate(plan.total_bytes(), plan.alignment_bytes())) {}
+    : plan_(plan),
+      memory_(&memory),
+      base_(memory.allocate(plan.total_bytes(), plan.alignment_bytes())) {}
 
 Arena::~Arena() {
     if (memory_ && base_) memory_->deallocate(base_, plan_.total_bytes());

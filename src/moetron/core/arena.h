@@ -27,7 +27,7 @@ struct ArenaEntry {
 };
 
 class ArenaPlan {
-public:
+  public:
     explicit ArenaPlan(std::string name, size_t alignment_bytes = kHostAlignmentBytes);
 
     // Adds a tensor and returns its index. Names must be unique within a plan.
@@ -40,7 +40,7 @@ public:
     // Index of a named entry; throws naming the plan and the missing tensor.
     size_t index_of(std::string_view name) const;
 
-private:
+  private:
     std::string name_;
     size_t alignment_bytes_;
     size_t total_bytes_ = 0;
@@ -51,7 +51,7 @@ private:
 // Where an arena's one allocation comes from. The host resource lives here; the CUDA backend
 // provides a device resource so that core never includes CUDA headers.
 class MemoryResource {
-public:
+  public:
     virtual ~MemoryResource() = default;
     virtual void* allocate(size_t bytes, size_t alignment_bytes) = 0;
     virtual void deallocate(void* p, size_t bytes) = 0;
@@ -64,7 +64,7 @@ public:
 MemoryResource& host_memory();
 
 class Arena {
-public:
+  public:
     Arena() = default;
     Arena(const ArenaPlan& plan, MemoryResource& memory);
     ~Arena();
@@ -80,7 +80,7 @@ public:
     const ArenaPlan& plan() const { return plan_; }
     void zero();
 
-private:
+  private:
     ArenaPlan plan_{""};
     MemoryResource* memory_ = nullptr;
     void* base_ = nullptr;

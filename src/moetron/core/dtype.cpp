@@ -6,12 +6,18 @@ namespace moetron {
 
 std::string_view dtype_name(DType t) {
     switch (t) {
-        case DType::f32: return "F32";
-        case DType::bf16: return "BF16";
-        case DType::f64: return "F64";
-        case DType::i32: return "I32";
-        case DType::i64: return "I64";
-        case DType::u8: return "U8";
+        case DType::f32:
+            return "F32";
+        case DType::bf16:
+            return "BF16";
+        case DType::f64:
+            return "F64";
+        case DType::i32:
+            return "I32";
+        case DType::i64:
+            return "I64";
+        case DType::u8:
+            return "U8";
     }
     return "?";
 }

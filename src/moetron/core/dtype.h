@@ -2,9 +2,9 @@
 // exported weights; f64 exists for finite-difference tests.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <bit>
 #include <string_view>
 
 namespace moetron {
@@ -13,12 +13,18 @@ enum class DType : uint8_t { f32, bf16, f64, i32, i64, u8 };
 
 constexpr size_t dtype_size_bytes(DType t) {
     switch (t) {
-        case DType::f32: return 4;
-        case DType::bf16: return 2;
-        case DType::f64: return 8;
-        case DType::i32: return 4;
-        case DType::i64: return 8;
-        case DType::u8: return 1;
+        case DType::f32:
+            return 4;
+        case DType::bf16:
+            return 2;
+        case DType::f64:
+            return 8;
+        case DType::i32:
+            return 4;
+        case DType::i64:
+            return 8;
+        case DType::u8:
+            return 1;
     }
     return 0;
 }
@@ -52,17 +58,29 @@ static_assert(sizeof(bf16) == 2);
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+    return DType::f32;
+}
 template <>
-constexpr DType dtype_of<bf16>() { return DType::bf16; }
+constexpr DType dtype_of<bf16>() {
+    return DType::bf16;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::f64; }
+constexpr DType dtype_of<double>() {
+    return DType::f64;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::i32; }
+constexpr DType dtype_of<int32_t>() {
+    return DType::i32;
+}
 template <>
-constexpr DType dtype_of<int64_t>() { return DType::i64; }
+constexpr DType dtype_of<int64_t>() {
+    return DType::i64;
+}
 template <>
-constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+constexpr DType dtype_of<uint8_t>() {
+    return DType::u8;
+}
 
 // Bulk conversions (round to nearest even), used by export and the GPU upload path.
 void convert_f32_to_bf16(bf16* out, const float* inp, size_t n);

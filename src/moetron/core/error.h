@@ -12,7 +12,7 @@
 namespace moetron {
 
 class Error : public std::runtime_error {
-public:
+  public:
     using std::runtime_error::runtime_error;
 };
 
@@ -25,12 +25,12 @@ namespace detail {
 }  // namespace moetron
 
 // MT_CHECK(cond, "format {}", args...): throws moetron::Error when cond is false.
-#define MT_CHECK(cond, ...)                                                                   \
-    do {                                                                                      \
-        if (!(cond)) [[unlikely]] {                                                           \
-            ::moetron::detail::check_failed(__FILE__, __LINE__, #cond,                        \
-                                            ::fmt::format(__VA_ARGS__));                      \
-        }                                                                                     \
+#define MT_CHECK(cond, ...)                                              \
+    do {                                                                 \
+        if (!(cond)) [[unlikely]] {                                      \
+            ::moetron::detail::check_failed(__FILE__, __LINE__, #cond,   \
+                                            ::fmt::format(__VA_ARGS__)); \
+        }                                                                \
     } while (0)
 
 // MT_THROW("format {}", args...): unconditional failure with the same report.

@@ -30,7 +30,9 @@ uint64_t mix64(uint64_t z) {
 
 __extension__ typedef unsigned __int128 uint128;  // GCC/Clang extension for the 64x64 multiply
 
-PhiloxKey key_from(uint64_t k) { return {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)}; }
+PhiloxKey key_from(uint64_t k) {
+    return {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)};
+}
 
 }  // namespace
 
@@ -59,16 +61,19 @@ ParamRng::ParamRng(uint64_t seed, std::string_view tensor_name)
     : key_(key_from(mix64(seed) ^ fnv1a_64(tensor_name))) {}
 
 float ParamRng::uniform(uint64_t i) const {
-    const PhiloxCounter r = philox4x32_10({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0, 0}, key_);
+    const PhiloxCounter r =
+        philox4x32_10({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0, 0}, key_);
     return u32_to_unit_float(r[0]);
 }
 
 float ParamRng::normal(uint64_t i) const {
-    const PhiloxCounter r = philox4x32_10({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0, 0}, key_);
+    const PhiloxCounter r =
+        philox4x32_10({static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0, 0}, key_);
     // u1 in (0, 1] so that log(u1) is finite.
     const double u1 = (static_cast<double>(r[0]) + 1.0) * 0x1.0p-32;
     const double u2 = static_cast<double>(r[1]) * 0x1.0p-32;
-    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+    return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) *
+                              std::cos(2.0 * std::numbers::pi * u2));
 }
 
 void ParamRng::fill_normal(float* out, uint64_t n, float stddev, uint64_t first_index) const {
@@ -81,9 +86,9 @@ RngStream::RngStream(uint64_t seed, uint64_t stream_id)
 uint32_t RngStream::next_u32() {
     const uint64_t block = state_.counter / 4;
     if (block != block_index_) {
-        block_ = philox4x32_10(
-            {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 1, 0},
-            key_from(state_.key));
+        block_ =
+            philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 1, 0},
+                          key_from(state_.key));
         block_index_ = block;
     }
     return block_[state_.counter++ % 4];
@@ -109,6 +114,8 @@ uint64_t RngStream::next_below(uint64_t n) {
     return static_cast<uint64_t>(m >> 64);
 }
 
-double RngStream::next_unit_double() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double RngStream::next_unit_double() {
+    return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+}
 
 }  // namespace moetron

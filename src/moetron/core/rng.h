@@ -19,11 +19,13 @@ PhiloxCounter philox4x32_10(PhiloxCounter counter, PhiloxKey key);
 uint64_t fnv1a_64(std::string_view s);
 
 // [0, 1) from the top 24 bits of a word (exactly representable in float).
-inline float u32_to_unit_float(uint32_t x) { return static_cast<float>(x >> 8) * 0x1.0p-24f; }
+inline float u32_to_unit_float(uint32_t x) {
+    return static_cast<float>(x >> 8) * 0x1.0p-24f;
+}
 
 // The random source for initializing one named parameter tensor.
 class ParamRng {
-public:
+  public:
     ParamRng(uint64_t seed, std::string_view tensor_name);
     // Uniform in [0, 1) for global element index i.
     float uniform(uint64_t i) const;
@@ -32,14 +34,14 @@ public:
     // Fills out[j] = stddev * normal(first_index + j) for j < n.
     void fill_normal(float* out, uint64_t n, float stddev, uint64_t first_index = 0) const;
 
-private:
+  private:
     PhiloxKey key_;
 };
 
 // A sequential stream (data sampling, dropout): a key and a running counter. Its whole state is
 // two integers, so checkpoints save and restore it exactly.
 class RngStream {
-public:
+  public:
     struct State {
         uint64_t key = 0;
         uint64_t counter = 0;  // 32-bit words drawn so far
@@ -56,9 +58,9 @@ public:
 
     State state() const { return state_; }
 
-private:
+  private:
     State state_;
-    PhiloxCounter block_{};             // cache of the Philox block holding word state_.counter
+    PhiloxCounter block_{};              // cache of the Philox block holding word state_.counter
     uint64_t block_index_ = UINT64_MAX;  // which block block_ holds
 };
 

@@ -66,8 +66,8 @@ struct TensorView {
     // Typed raw pointer; checks the dtype always (cheap, and a wrong cast is a silent disaster).
     template <class T>
     T* ptr() const {
-        MT_CHECK(dtype == dtype_of<T>(), "[tensor] view holds {}, accessed as {}", dtype_name(dtype),
-                 dtype_name(dtype_of<T>()));
+        MT_CHECK(dtype == dtype_of<T>(), "[tensor] view holds {}, accessed as {}",
+                 dtype_name(dtype), dtype_name(dtype_of<T>()));
         return static_cast<T*>(data);
     }
     float* f32() const { return ptr<float>(); }

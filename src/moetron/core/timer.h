@@ -6,10 +6,12 @@
 namespace moetron {
 
 class Timer {
-public:
+  public:
     Timer() : start_(Clock::now()) {}
     void reset() { start_ = Clock::now(); }
-    double elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+    double elapsed_s() const {
+        return std::chrono::duration<double>(Clock::now() - start_).count();
+    }
     double elapsed_ms() const { return elapsed_s() * 1e3; }
     double elapsed_us() const { return elapsed_s() * 1e6; }
 
@@ -18,7 +20,7 @@ public:
         return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
     }
 
-private:
+  private:
     using Clock = std::chrono::steady_clock;
     Clock::time_point start_;
 };
