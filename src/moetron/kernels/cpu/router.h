@@ -13,16 +13,19 @@
 namespace moetron::cpu {
 
 struct RouterShape {
-    int64_t num_tokens;    // N
-    int64_t num_experts;   // E
-    int64_t top_k;         // K
-    int64_t num_groups;    // G (n_group); E % G == 0; G == 1 is plain top-k
-    int64_t topk_groups;   // topk_group <= G; K <= topk_group * E / G
+    int64_t num_tokens;   // N
+    int64_t num_experts;  // E
+    int64_t top_k;        // K
+    int64_t num_groups;   // G (n_group); E % G == 0; G == 1 is plain top-k
+    int64_t topk_groups;  // topk_group <= G; K <= topk_group * E / G
     float routed_scaling_factor;
     bool norm_topk_prob;
 };
 
 // topk_ids (N, K) in descending order of choice; topk_weights (N, K); scores (N, E) saved = s.
+// bias (E) may be null (no correction). Experts outside the kept groups are never chosen (HF masks
+// their choice to 0.0 instead; the two differ only when s + b < 0 inside a kept group). A group of
+// one expert scores its single choice. E is at most 1024 (per-token scratch is on the stack).
 void router_forward(int32_t* topk_ids, float* topk_weights, float* scores, const float* logits,
                     const float* bias, const RouterShape& shape);
 

@@ -1,0 +1,24 @@
+// Elementwise helpers. Below kParallelMinElements a thread team costs more than the work.
+#include "moetron/kernels/cpu/elementwise.h"
+
+namespace moetron::cpu {
+namespace {
+constexpr int64_t kParallelMinElements = 1 << 15;
+}  // namespace
+
+void add_inplace(float* y, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void axpy(float* y, float alpha, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void add(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace moetron::cpu
