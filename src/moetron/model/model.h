@@ -14,6 +14,7 @@
 
 #include "moetron/core/tensor.h"
 #include "moetron/model/config.h"
+#include "moetron/model/params.h"  // ParamEntry, TensorSpec
 
 namespace moetron {
 
@@ -25,35 +26,29 @@ struct ModelRuntime {
 
 // Loss-side knobs of DeepSeek-V3 training (its report, sec. 2.1-2.2).
 struct LossWeights {
-    float mtp_lambda = 0.3f;          // weight of the MTP loss (averaged over depths)
-    float balance_alpha = 0.0001f;    // sequence-wise balance loss weight (0 disables)
-};
-
-struct ParamEntry {
-    std::string name;        // moetron name, e.g. "layers.3.mlp.experts.gate_up"
-    Shape shape;
-    int64_t offset = 0;      // in floats, into params() / grads()
-    int64_t numel = 0;
-    bool weight_decay = true;  // false for norms and biases
-    bool trainable = true;     // false for the router correction bias (updated by load, not grad)
+    float mtp_lambda = 0.3f;        // weight of the MTP loss (averaged over depths)
+    float balance_alpha = 0.0001f;  // sequence-wise balance loss weight (0 disables)
 };
 
 struct MicroBatchLosses {
     double lm_loss = 0;       // mean cross-entropy of next-token prediction (nats/token)
     double mtp_loss = 0;      // mean over MTP depths of their cross-entropy (0 without MTP)
-    double balance_loss = 0;  // alpha * sum over MoE layers of the sequence-wise balance loss
+    double balance_loss = 0;  // alpha * sum over MoE layers (main and MTP) of the sequence-wise
+                              // balance loss, each averaged over the micro-batch's sequences
     int64_t num_tokens = 0;   // tokens with a valid target
 };
 
-// Expert load of the tokens seen since the last reset, per MoE layer.
+// Expert load of the tokens seen since the last reset, per MoE layer: the main model's MoE layers
+// in order, then the MoE blocks of the MTP modules (each has its own router and correction bias,
+// as layer 61 of DeepSeek-V3's checkpoint). Only forward_backward counts (training tokens).
 struct ExpertLoadStats {
     std::vector<std::vector<int64_t>> tokens_per_expert;  // [moe layer][expert]
-    double max_over_mean = 0;  // worst layer's max(load) / mean(load)
-    double min_over_mean = 0;  // worst layer's min(load) / mean(load)
+    double max_over_mean = 0;                             // worst layer's max(load) / mean(load)
+    double min_over_mean = 0;                             // worst layer's min(load) / mean(load)
 };
 
 class Model {
-public:
+  public:
     Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights);
     ~Model();
     Model(const Model&) = delete;
@@ -65,12 +60,21 @@ public:
     // Forward and backward of one micro-batch of B x S tokens (B, S <= the runtime's). targets are
     // the next tokens (ignore_index -1 where there is none); MTP depth d predicts targets shifted
     // by d. Gradients (scaled by grad_scale, e.g. 1 / micro-batches) accumulate into grads().
+    // The loss differentiated is lm_loss + mtp_lambda * mtp_loss + balance_loss (each term a mean
+    // over this micro-batch), times grad_scale. Also counts the expert loads.
     MicroBatchLosses forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                       int64_t seq_len, float grad_scale);
     // Forward only (validation, sampling). Afterwards logits() holds the (B*S, V) main-head logits.
+    // Touches neither the gradients nor the load counts.
     MicroBatchLosses forward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                              int64_t seq_len);
+    // The main head's logits after forward(); after forward_backward() the buffer holds gradients.
     const float* logits() const;
+    // grads() = 0: the trainer calls it once per optimizer step, before the first micro-batch.
+    void zero_grads();
+    // The experts chosen by the last forward or forward_backward: for each MoE layer in
+    // expert_load()'s order, its (B*S, K) ids. For tests and routing analysis; allocates.
+    std::vector<int32_t> last_routing() const;
 
     // The aux-loss-free balancing step, after each optimizer step:
     // bias_e += gamma * sign(mean load - load_e) from the loads counted since the last call.
@@ -78,6 +82,9 @@ public:
     ExpertLoadStats expert_load() const;
 
     const ModelConfig& config() const;
+    const LossWeights& loss_weights() const;
+    // params() and grads() are num_params() floats each: the entries of param_entries() back to
+    // back, no padding, so num_params() is the exact parameter count (main model + MTP).
     float* params();
     float* grads();
     int64_t num_params() const;
@@ -86,7 +93,7 @@ public:
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report
 
-private:
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -1,0 +1,45 @@
+// SwiGLU MLP: out = down(silu(gate(x)) * up(x)). DeepSeek-V3's dense FFN in the first
+// first_k_dense_replace layers (F = intermediate_size) and its shared experts (one MLP of
+// F = n_shared_experts * moe_intermediate_size). gate and up are one fused (2F, D) weight =
+// [gate_proj; up_proj], so the first projection is a single GEMM.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moetron/model/params.h"
+
+namespace moetron {
+
+struct MlpParams {
+    float* gate_up = nullptr;  // (2F, D): rows [0, F) gate_proj, [F, 2F) up_proj
+    float* down = nullptr;     // (D, F)
+};
+
+struct MlpActivations {
+    float* gate_up = nullptr;  // (N, 2F) saved: [gate | up] before the activation
+    float* hidden = nullptr;   // (N, F) saved: silu(gate) * up
+};
+
+// Backward temporaries, shared by every MLP of the model (they run one at a time).
+struct MlpScratch {
+    float* d_hidden = nullptr;   // (N, F_max)
+    float* d_gate_up = nullptr;  // (N, 2 F_max)
+};
+
+void bind_mlp_params(ParamBinder& b, MlpParams& p, const std::string& prefix, int64_t dim,
+                     int64_t ffn_dim);
+void bind_mlp_activations(BufferBinder& b, MlpActivations& a, const std::string& prefix,
+                          int64_t num_tokens, int64_t ffn_dim);
+void bind_mlp_scratch(BufferBinder& b, MlpScratch& s, const std::string& prefix, int64_t num_tokens,
+                      int64_t max_ffn_dim);
+
+// out (N, D) written, or added to when accumulate (the MoE adds its shared experts this way).
+void mlp_forward(float* out, const MlpActivations& saved, const float* inp, const MlpParams& w,
+                 int64_t num_tokens, int64_t dim, int64_t ffn_dim, bool accumulate);
+// dinp (N, D) written, or added to when accumulate; grads accumulate.
+void mlp_backward(float* dinp, const MlpParams& grads, const float* dout, const float* inp,
+                  const MlpActivations& saved, const MlpParams& w, const MlpScratch& scratch,
+                  int64_t num_tokens, int64_t dim, int64_t ffn_dim, bool accumulate);
+
+}  // namespace moetron

@@ -1,0 +1,187 @@
+#include "moetron/model/moe.h"
+
+#include "moetron/kernels/cpu/matmul.h"
+#include "moetron/kernels/cpu/permute.h"
+#include "moetron/kernels/cpu/router.h"
+#include "moetron/kernels/cpu/swiglu.h"
+
+namespace moetron {
+
+namespace {
+
+cpu::RouterShape router_shape(const ModelConfig& c, int64_t num_tokens) {
+    return {num_tokens,      c.n_routed_experts, c.num_experts_per_tok,
+            c.n_group,       c.topk_group,       static_cast<float>(c.routed_scaling_factor),
+            c.norm_topk_prob};
+}
+
+int64_t shared_ffn_dim(const ModelConfig& c) {
+    return c.n_shared_experts * c.moe_intermediate_size;
+}
+
+// Per token: Z_t = sum_j s_{j,t} and sum_i f_i s_{i,t}, the two sums eq. 19-20 need.
+struct TokenBalanceSums {
+    double score_sum = 0;
+    double weighted_score_sum = 0;
+};
+
+TokenBalanceSums token_balance_sums(const float* scores, const float* load_fraction,
+                                    int64_t num_experts) {
+    TokenBalanceSums s;
+    for (int64_t i = 0; i < num_experts; ++i) {
+        s.score_sum += scores[i];
+        s.weighted_score_sum += static_cast<double>(load_fraction[i]) * scores[i];
+    }
+    return s;
+}
+
+}  // namespace
+
+void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix,
+                     const ModelConfig& c) {
+    const int64_t E = c.n_routed_experts, D = c.hidden_size, F = c.moe_intermediate_size;
+    b.weight(p.gate, prefix + "router", {E, D});
+    b.correction_bias(p.correction_bias, prefix + "router_bias", E);
+    b.weight(p.experts_gate_up, prefix + "experts.gate_up", {E, 2 * F, D});
+    b.weight(p.experts_down, prefix + "experts.down", {E, D, F});
+    if (c.n_shared_experts > 0)
+        bind_mlp_params(b, p.shared, prefix + "shared.", D, shared_ffn_dim(c));
+}
+
+void bind_moe_activations(BufferBinder& b, MoeActivations& a, const std::string& prefix,
+                          const ModelConfig& c, int64_t batch, int64_t seq_len) {
+    const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
+    const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+    b(a.scores, prefix + "scores", {n, E});
+    b(a.topk_ids, prefix + "topk_ids", {n, K});
+    b(a.topk_weights, prefix + "topk_weights", {n, K});
+    b(a.copy_to_row, prefix + "copy_to_row", {n * K});
+    b(a.expert_offsets, prefix + "expert_offsets", {E + 1});
+    b(a.permuted, prefix + "permuted", {n * K, D});
+    b(a.expert_gate_up, prefix + "expert_gate_up", {n * K, 2 * F});
+    b(a.expert_hidden, prefix + "expert_hidden", {n * K, F});
+    b(a.expert_out, prefix + "expert_out", {n * K, D});
+    b(a.load_fraction, prefix + "load_fraction", {batch, E});
+    if (c.n_shared_experts > 0)
+        bind_mlp_activations(b, a.shared, prefix + "shared.", n, shared_ffn_dim(c));
+}
+
+void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
+                      const ModelConfig& c, int64_t num_tokens) {
+    const int64_t n = num_tokens, E = c.n_routed_experts, K = c.num_experts_per_tok;
+    const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+    b(s.logits, prefix + "logits", {n, E});
+    b(s.d_topk_weights, prefix + "d_topk_weights", {n, K});
+    b(s.d_scores, prefix + "d_scores", {n, E});
+    b(s.d_expert_out, prefix + "d_expert_out", {n * K, D});
+    b(s.d_expert_hidden, prefix + "d_expert_hidden", {n * K, F});
+    b(s.d_expert_gate_up, prefix + "d_expert_gate_up", {n * K, 2 * F});
+}
+
+double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
+                   const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
+                   float balance_alpha, int64_t batch, int64_t seq_len) {
+    const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
+    const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+
+    // Router (eq. 15-16): the gate GEMM, then sigmoid, biased group-limited top-K and weights.
+    cpu::linear_forward(scratch.logits, inp, w.gate, n, D, E);
+    cpu::router_forward(saved.topk_ids, saved.topk_weights, saved.scores, scratch.logits,
+                        w.correction_bias, router_shape(c, n));
+    if (load_counts != nullptr) {
+        for (int64_t i = 0; i < n * K; ++i) ++load_counts[saved.topk_ids[i]];
+    }
+
+    // Routed experts: sort token copies by expert, one grouped SwiGLU, weighted sum back.
+    cpu::moe_permute_layout(saved.copy_to_row, saved.expert_offsets, saved.topk_ids, n, K, E);
+    cpu::permute_forward(saved.permuted, inp, saved.copy_to_row, n, K, D);
+    cpu::grouped_linear_forward(saved.expert_gate_up, saved.permuted, w.experts_gate_up,
+                                saved.expert_offsets, E, D, 2 * F);
+    cpu::swiglu_forward(saved.expert_hidden, saved.expert_gate_up, n * K, F);
+    cpu::grouped_linear_forward(saved.expert_out, saved.expert_hidden, w.experts_down,
+                                saved.expert_offsets, E, F, D);
+    cpu::unpermute_forward(out, saved.expert_out, saved.topk_weights, saved.copy_to_row, n, K, D);
+
+    // Shared experts see every token (eq. 12).
+    if (c.n_shared_experts > 0)
+        mlp_forward(out, saved.shared, inp, w.shared, n, D, shared_ffn_dim(c), true);
+
+    if (balance_alpha == 0.0f) return 0.0;
+    // Sequence-wise balance loss (eq. 17-20).
+    const double count_to_fraction =
+        static_cast<double>(E) / (static_cast<double>(K) * static_cast<double>(seq_len));
+    double loss_sum = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : loss_sum)
+    for (int64_t b = 0; b < batch; ++b) {
+        float* f = saved.load_fraction + b * E;
+        for (int64_t i = 0; i < E; ++i) f[i] = 0.0f;
+        const int64_t first = b * seq_len;
+        for (int64_t t = first; t < first + seq_len; ++t)
+            for (int64_t j = 0; j < K; ++j) f[saved.topk_ids[t * K + j]] += 1.0f;
+        for (int64_t i = 0; i < E; ++i) f[i] = static_cast<float>(f[i] * count_to_fraction);
+        // sum_i f_i P_i = (1/T) sum_t (sum_i f_i s_{i,t}) / Z_t
+        double sequence_sum = 0.0;
+        for (int64_t t = first; t < first + seq_len; ++t) {
+            const TokenBalanceSums s = token_balance_sums(saved.scores + t * E, f, E);
+            sequence_sum += s.weighted_score_sum / s.score_sum;
+        }
+        loss_sum += sequence_sum / static_cast<double>(seq_len);
+    }
+    return static_cast<double>(balance_alpha) * loss_sum / static_cast<double>(batch);
+}
+
+void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const float* inp,
+                  const MoeActivations& saved, const MoeParams& w, const MoeScratch& scratch,
+                  const MlpScratch& shared_scratch, const ModelConfig& c, float balance_grad,
+                  int64_t batch, int64_t seq_len) {
+    const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
+    const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+
+    // Routed experts, in reverse. d_expert_out is free again once d_expert_hidden exists, so it
+    // takes the gradient of the permuted inputs.
+    cpu::unpermute_backward(scratch.d_expert_out, scratch.d_topk_weights, dout, saved.expert_out,
+                            saved.topk_weights, saved.copy_to_row, n, K, D);
+    cpu::grouped_linear_backward(scratch.d_expert_hidden, grads.experts_down, scratch.d_expert_out,
+                                 saved.expert_hidden, w.experts_down, saved.expert_offsets, E, F,
+                                 D);
+    cpu::swiglu_backward(scratch.d_expert_gate_up, scratch.d_expert_hidden, saved.expert_gate_up,
+                         n * K, F);
+    float* d_permuted = scratch.d_expert_out;
+    cpu::grouped_linear_backward(d_permuted, grads.experts_gate_up, scratch.d_expert_gate_up,
+                                 saved.permuted, w.experts_gate_up, saved.expert_offsets, E, D,
+                                 2 * F);
+    cpu::permute_backward(dinp, d_permuted, saved.copy_to_row, n, K, D);
+
+    if (c.n_shared_experts > 0)
+        mlp_backward(dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch, n, D,
+                     shared_ffn_dim(c), true);
+
+    // Balance loss on the scores: d/ds_{j,t} of (1/T) sum_i f_i s_{i,t} / Z_t is
+    // (1/T) (f_j / Z_t - sum_i f_i s_{i,t} / Z_t^2); averaged over the B sequences.
+    const float* d_scores = nullptr;
+    if (balance_grad != 0.0f) {
+        const double coeff = static_cast<double>(balance_grad) /
+                             (static_cast<double>(batch) * static_cast<double>(seq_len));
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < n; ++t) {
+            const float* f = saved.load_fraction + (t / seq_len) * E;
+            const float* s = saved.scores + t * E;
+            const TokenBalanceSums sums = token_balance_sums(s, f, E);
+            const double inv_z = 1.0 / sums.score_sum;
+            const double common = sums.weighted_score_sum * inv_z * inv_z;
+            float* ds = scratch.d_scores + t * E;
+            for (int64_t j = 0; j < E; ++j)
+                ds[j] = static_cast<float>(coeff * (f[j] * inv_z - common));
+        }
+        d_scores = scratch.d_scores;
+    }
+
+    // Router: through the chosen scores (and the balance term), then the gate GEMM.
+    float* d_logits = scratch.logits;
+    cpu::router_backward(d_logits, scratch.d_topk_weights, d_scores, saved.scores, saved.topk_ids,
+                         router_shape(c, n));
+    cpu::linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E);
+    cpu::matmul(dinp, d_logits, w.gate, n, D, E, false, false, 1.0f);
+}
+
+}  // namespace moetron

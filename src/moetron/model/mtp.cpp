@@ -1,0 +1,120 @@
+#include "moetron/model/mtp.h"
+
+#include <cstring>
+
+#include "moetron/kernels/cpu/embedding.h"
+#include "moetron/kernels/cpu/matmul.h"
+#include "moetron/kernels/cpu/rmsnorm.h"
+
+namespace moetron {
+
+namespace {
+
+// Positions past the end of a sequence: Megatron-LM's roll pads the input with token 0 and masks
+// the target.
+constexpr int32_t kPastEndToken = 0;
+constexpr int32_t kIgnoreTarget = -1;
+
+// Copies rows of `width` floats between a contiguous (N, width) buffer and one half of a
+// (N, 2 * width) buffer.
+void copy_into_half(float* wide, const float* narrow, int64_t num_rows, int64_t width,
+                    int64_t half) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < num_rows; ++r)
+        std::memcpy(wide + (r * 2 + half) * width, narrow + r * width, width * sizeof(float));
+}
+
+void copy_from_half(float* narrow, const float* wide, int64_t num_rows, int64_t width,
+                    int64_t half) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < num_rows; ++r)
+        std::memcpy(narrow + r * width, wide + (r * 2 + half) * width, width * sizeof(float));
+}
+
+}  // namespace
+
+void bind_mtp_params(ParamBinder& b, MtpParams& p, const std::string& prefix, const ModelConfig& c,
+                     int64_t depth) {
+    const int64_t D = c.hidden_size;
+    b.norm(p.emb_norm, prefix + "emb_norm", D);
+    b.norm(p.hidden_norm, prefix + "hidden_norm", D);
+    b.weight(p.eh_proj, prefix + "eh_proj", {D, 2 * D});
+    bind_block_params(b, p.block, prefix, c, c.mtp_layer_is_moe(depth));
+    b.norm(p.final_norm, prefix + "final_norm", D);
+}
+
+void bind_mtp_activations(BufferBinder& b, MtpActivations& a, const std::string& prefix,
+                          const ModelConfig& c, int64_t depth, int64_t batch, int64_t seq_len) {
+    const int64_t n = batch * seq_len, D = c.hidden_size;
+    b(a.input_tokens, prefix + "input_tokens", {n});
+    b(a.targets, prefix + "targets", {n});
+    b(a.emb, prefix + "emb", {n, D});
+    b(a.emb_rstd, prefix + "emb_rstd", {n});
+    b(a.hidden_rstd, prefix + "hidden_rstd", {n});
+    b(a.concat, prefix + "concat", {n, 2 * D});
+    b(a.block_in, prefix + "block_in", {n, D});
+    bind_block_activations(b, a.block, prefix, c, c.mtp_layer_is_moe(depth), batch, seq_len);
+    b(a.out, prefix + "out", {n, D});
+    b(a.d_out, prefix + "d_out", {n, D});
+}
+
+void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
+                      const ModelConfig& c, int64_t num_tokens) {
+    const int64_t D = c.hidden_size;
+    b(s.normed, prefix + "normed", {num_tokens, D});
+    b(s.d_concat, prefix + "d_concat", {num_tokens, 2 * D});
+    b(s.d_emb, prefix + "d_emb", {num_tokens, D});
+}
+
+double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32_t* tokens,
+                   const int32_t* targets, const float* embedding, const MtpParams& w,
+                   const MtpScratch& scratch, const BlockScratch& block_scratch,
+                   const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
+                   int64_t depth, int64_t batch, int64_t seq_len) {
+    const int64_t n = batch * seq_len, D = c.hidden_size, shift = depth + 1;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+
+    for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t t = 0; t < seq_len; ++t) {
+            const int64_t i = b * seq_len + t;
+            const bool inside = t + shift < seq_len;
+            saved.input_tokens[i] = inside ? tokens[i + shift] : kPastEndToken;
+            saved.targets[i] = inside ? targets[i + shift] : kIgnoreTarget;
+        }
+    }
+
+    cpu::embedding_forward(saved.emb, saved.input_tokens, embedding, n, c.vocab_size, D);
+    cpu::rmsnorm_forward(scratch.normed, saved.emb_rstd, saved.emb, w.emb_norm, n, D, eps);
+    copy_into_half(saved.concat, scratch.normed, n, D, 0);
+    cpu::rmsnorm_forward(scratch.normed, saved.hidden_rstd, h_prev, w.hidden_norm, n, D, eps);
+    copy_into_half(saved.concat, scratch.normed, n, D, 1);
+    cpu::linear_forward(saved.block_in, saved.concat, w.eh_proj, n, 2 * D, D);
+
+    return block_forward(saved.out, saved.block, saved.block_in, w.block, block_scratch, rope, c,
+                         moe, batch, seq_len);
+}
+
+void mtp_backward(float* d_h_prev, const MtpParams& grads, float* embedding_grad,
+                  const float* h_prev, const MtpActivations& saved, const MtpParams& w,
+                  const MtpScratch& scratch, const BlockScratch& block_scratch,
+                  const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
+                  int64_t batch, int64_t seq_len) {
+    const int64_t n = batch * seq_len, D = c.hidden_size;
+
+    float* dx = saved.d_out;
+    block_backward(dx, grads.block, saved.block_in, saved.block, w.block, block_scratch, rope, c,
+                   moe, batch, seq_len);
+    cpu::linear_backward(scratch.d_concat, grads.eh_proj, dx, saved.concat, w.eh_proj, n, 2 * D, D);
+
+    float* d_half = scratch.normed;
+    copy_from_half(d_half, scratch.d_concat, n, D, 0);
+    cpu::rmsnorm_backward(scratch.d_emb, grads.emb_norm, d_half, saved.emb, w.emb_norm,
+                          saved.emb_rstd, n, D);
+    cpu::embedding_backward(embedding_grad, scratch.d_emb, saved.input_tokens, n, c.vocab_size, D);
+
+    copy_from_half(d_half, scratch.d_concat, n, D, 1);
+    cpu::rmsnorm_backward(d_h_prev, grads.hidden_norm, d_half, h_prev, w.hidden_norm,
+                          saved.hidden_rstd, n, D);
+}
+
+}  // namespace moetron

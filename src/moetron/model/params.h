@@ -1,0 +1,124 @@
+// The parameter table: every tensor of the model with its shape, initialization, weight-decay and
+// trainable flags (TensorSpec), packed back to back into one flat float buffer (ParamTable). The
+// model's parameter and gradient arenas use this layout; sim/ and checkpoints read the same list.
+//
+// Each layer file lists its own tensors once, in a bind_*_params(ParamBinder&, ...) function: run
+// with a collecting binder it appends TensorSpecs, run with a binding binder it points the layer's
+// struct of pointers at the parameters (or, with the same layout, at the gradients). Activations
+// work the same way through BufferBinder and an ArenaPlan/Arena. One list per layer, so the plan
+// and the pointers can never disagree.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "moetron/core/arena.h"
+#include "moetron/core/tensor.h"
+#include "moetron/model/config.h"
+
+namespace moetron {
+
+enum class ParamInit : uint8_t {
+    normal,  // N(0, initializer_range): projections, embedding, router gate
+    ones,    // RMSNorm gains
+    zeros,   // the router correction bias
+};
+
+struct TensorSpec {
+    std::string name;  // moetron name, e.g. "layers.3.attn.q_b_proj"
+    Shape shape;       // projections in the Hugging Face layout (out_features, in_features)
+    ParamInit init = ParamInit::normal;
+    float init_stddev = 0.0f;  // for ParamInit::normal
+    bool weight_decay = true;  // false for norms and biases
+    bool trainable = true;     // false for the router correction bias (updated by load, not grad)
+    int64_t numel() const { return shape.numel(); }
+};
+
+struct ParamEntry {
+    std::string name;  // moetron name, e.g. "layers.3.mlp.experts.gate_up"
+    Shape shape;
+    int64_t offset = 0;  // in floats, into params() / grads()
+    int64_t numel = 0;
+    bool weight_decay = true;  // false for norms and biases
+    bool trainable = true;     // false for the router correction bias (updated by load, not grad)
+};
+
+// The packed layout: entries back to back in spec order, no padding, so the flat buffer holds
+// exactly the model's parameter count.
+class ParamTable {
+  public:
+    explicit ParamTable(std::vector<TensorSpec> specs);
+
+    const std::vector<TensorSpec>& specs() const { return specs_; }
+    const std::vector<ParamEntry>& entries() const { return entries_; }
+    int64_t total_numel() const { return total_numel_; }
+    const ParamEntry* find(std::string_view name) const;   // null when unknown
+    const ParamEntry& entry(std::string_view name) const;  // throws naming the tensor
+
+    // Fills params (total_numel floats): element i of tensor P from ParamRng(seed, P's name) at
+    // global index i, so any shard of P initializes identically; gains 1, biases 0.
+    void initialize(float* params, uint64_t seed) const;
+
+  private:
+    std::vector<TensorSpec> specs_;
+    std::vector<ParamEntry> entries_;
+    std::unordered_map<std::string, size_t> index_;
+    int64_t total_numel_ = 0;
+};
+
+// Every tensor of the model and its MTP modules: the embedding, main layers, final norm, output
+// head, then the MTP modules (defined in model.cpp beside the walk that binds the same tree).
+std::vector<TensorSpec> model_param_specs(const ModelConfig& config);
+
+// Name prefixes: "layers.3." for main layer 3, "mtp.0." for MTP depth 1.
+std::string main_layer_prefix(int64_t layer);
+std::string mtp_prefix(int64_t depth);
+
+// Collects TensorSpecs or binds pointers; see the top of this file.
+class ParamBinder {
+  public:
+    // Collecting: appends specs (pointers are left untouched).
+    ParamBinder(std::vector<TensorSpec>* specs, float init_stddev);
+    // Binding: sets each pointer to base + the tensor's offset in table (base: params or grads).
+    ParamBinder(const ParamTable& table, float* base);
+
+    void weight(float*& ptr, std::string name, Shape shape);           // normal init, decayed
+    void norm(float*& ptr, std::string name, int64_t dim);             // ones, not decayed
+    void correction_bias(float*& ptr, std::string name, int64_t dim);  // zeros, not trained
+
+  private:
+    void visit(float*& ptr, TensorSpec spec);
+
+    std::vector<TensorSpec>* specs_ = nullptr;
+    float init_stddev_ = 0.0f;
+    const ParamTable* table_ = nullptr;
+    float* base_ = nullptr;
+};
+
+// Plans activation buffers into an ArenaPlan, or binds pointers to them in the Arena made from it.
+class BufferBinder {
+  public:
+    explicit BufferBinder(ArenaPlan& plan) : plan_(&plan) {}
+    explicit BufferBinder(const Arena& arena) : arena_(&arena) {}
+
+    template <class T>
+    void operator()(T*& ptr, const std::string& name, Shape shape) {
+        if (plan_ != nullptr) {
+            plan_->add(name, shape, dtype_of<T>());
+            return;
+        }
+        const TensorView view = arena_->view(name);
+        MT_CHECK(view.shape == shape, "[model] activation '{}' planned as {}, bound as {}", name,
+                 view.shape.str(), shape.str());
+        ptr = view.ptr<T>();
+    }
+
+  private:
+    ArenaPlan* plan_ = nullptr;
+    const Arena* arena_ = nullptr;
+};
+
+}  // namespace moetron
