@@ -1,0 +1,113 @@
+#include "moetron/parallel/communicator.h"
+
+#include <cstdio>
+#include <exception>
+
+#include "moetron/core/error.h"
+
+namespace moetron::parallel {
+
+std::string_view collective_name(CollectiveKind kind) {
+    switch (kind) {
+        case CollectiveKind::all_reduce:
+            return "all_reduce";
+        case CollectiveKind::reduce_scatter:
+            return "reduce_scatter";
+        case CollectiveKind::all_gather:
+            return "all_gather";
+        case CollectiveKind::all_to_all:
+            return "all_to_all_v";
+        case CollectiveKind::broadcast:
+            return "broadcast";
+        case CollectiveKind::barrier:
+            return "barrier";
+    }
+    return "unknown";
+}
+
+CollectiveHandle& CollectiveHandle::operator=(CollectiveHandle&& other) noexcept {
+    if (this != &other) {
+        finish_or_terminate();
+        op_ = std::move(other.op_);
+    }
+    return *this;
+}
+
+CollectiveHandle::~CollectiveHandle() {
+    finish_or_terminate();
+}
+
+bool CollectiveHandle::test() {
+    if (!op_) return true;
+    if (!op_->test()) return false;
+    op_.reset();
+    return true;
+}
+
+void CollectiveHandle::wait() {
+    if (!op_) return;
+    // Dropped before rethrowing: a timed-out collective is abandoned, the job is about to end,
+    // and the destructor must not wait for it a second time.
+    std::unique_ptr<PendingCollective> op = std::move(op_);
+    op->wait();
+}
+
+void CollectiveHandle::finish_or_terminate() noexcept {
+    if (!op_) return;
+    try {
+        wait();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "moetron: a collective handle was dropped unfinished: %s\n", e.what());
+        std::terminate();
+    }
+}
+
+void Communicator::check_all_gather_sizes(size_t out_count, size_t inp_count) const {
+    MT_CHECK(out_count == inp_count * static_cast<size_t>(size()),
+             "[all_gather] group '{}': output holds {} elements, needs {} ({} ranks x {})", name(),
+             out_count, inp_count * static_cast<size_t>(size()), size(), inp_count);
+}
+
+void check_reduction_dtype(const Communicator& comm, CollectiveKind kind, DType dtype) {
+    MT_CHECK(dtype == DType::f32 || dtype == DType::f64,
+             "[{}] group '{}': sums are supported for F32 and F64, not {}", collective_name(kind),
+             comm.name(), dtype_name(dtype));
+}
+
+void check_all_to_all_args(const Communicator& comm, std::span<const int> recv_counts,
+                           std::span<const int> recv_displs, std::span<const int> send_counts,
+                           std::span<const int> send_displs) {
+    const size_t n = static_cast<size_t>(comm.size());
+    MT_CHECK(recv_counts.size() == n && recv_displs.size() == n && send_counts.size() == n &&
+                 send_displs.size() == n,
+             "[all_to_all_v] group '{}' has {} ranks but got {} recv counts, {} recv displs, {} "
+             "send counts, {} send displs",
+             comm.name(), n, recv_counts.size(), recv_displs.size(), send_counts.size(),
+             send_displs.size());
+    for (size_t p = 0; p < n; ++p) {
+        MT_CHECK(recv_counts[p] >= 0 && send_counts[p] >= 0 && recv_displs[p] >= 0 &&
+                     send_displs[p] >= 0,
+                 "[all_to_all_v] group '{}': negative count or displacement for peer {}",
+                 comm.name(), p);
+    }
+}
+
+void check_root(const Communicator& comm, int root) {
+    MT_CHECK(root >= 0 && root < comm.size(), "[broadcast] group '{}': root {} is not in [0, {})",
+             comm.name(), root, comm.size());
+}
+
+void count_all_to_all(CollectiveCounters& counters, int self_rank, std::span<const int> send_counts,
+                      DType dtype) {
+    uint64_t total = 0, peers = 0;
+    for (size_t p = 0; p < send_counts.size(); ++p) {
+        const uint64_t bytes = static_cast<uint64_t>(send_counts[p]) * dtype_size_bytes(dtype);
+        total += bytes;
+        if (static_cast<int>(p) != self_rank) peers += bytes;
+    }
+    counters.calls += 1;
+    counters.payload_bytes += total;
+    counters.peer_bytes += peers;
+}
+
+}  // namespace moetron::parallel

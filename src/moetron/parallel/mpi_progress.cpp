@@ -1,0 +1,90 @@
+#include "moetron/parallel/mpi_progress.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "moetron/parallel/mpi_check.h"
+
+namespace moetron::parallel {
+
+bool try_complete(MpiOperation& op) {
+    if (op.done.load(std::memory_order_acquire)) return true;
+    if (op.testing.test_and_set(std::memory_order_acquire)) return false;
+    bool finished = op.done.load(std::memory_order_acquire);
+    if (!finished) {
+        int flag = 0;
+        const int code = MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE);
+        if (code != MPI_SUCCESS) {
+            // No throw here: this may run on the progress thread. wait() reports it.
+            op.error = "[mpi] MPI_Test failed: " + mpi_error_string(code);
+            finished = true;
+        } else {
+            finished = flag != 0;
+        }
+        if (finished) op.done.store(true, std::memory_order_release);
+    }
+    op.testing.clear(std::memory_order_release);
+    return finished;
+}
+
+MpiProgressEngine::MpiProgressEngine(bool run_thread, double poll_interval_s)
+    : poll_interval_s_(poll_interval_s) {
+    if (run_thread) thread_ = std::thread([this] { run(); });
+}
+
+MpiProgressEngine::~MpiProgressEngine() {
+    if (!thread_.joinable()) return;
+    {
+        std::lock_guard lock(mutex_);
+        stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+}
+
+void MpiProgressEngine::track(std::shared_ptr<MpiOperation> op) {
+    if (!thread_.joinable()) return;
+    {
+        std::lock_guard lock(mutex_);
+        outstanding_.push_back(std::move(op));
+    }
+    wake_.notify_one();
+}
+
+void MpiProgressEngine::begin_wait() {
+    if (!thread_.joinable()) return;
+    std::lock_guard lock(mutex_);
+    ++active_waiters_;
+}
+
+void MpiProgressEngine::end_wait() {
+    if (!thread_.joinable()) return;
+    bool resume = false;
+    {
+        std::lock_guard lock(mutex_);
+        resume = --active_waiters_ == 0 && !outstanding_.empty();
+    }
+    // Waking the thread with nothing to do would cost a context switch per collective.
+    if (resume) wake_.notify_one();
+}
+
+void MpiProgressEngine::run() {
+    const auto poll_interval = std::chrono::duration<double>(poll_interval_s_);
+    std::unique_lock lock(mutex_);
+    while (true) {
+        // Sleeps without polling while nothing is outstanding or a caller is polling itself.
+        wake_.wait(lock,
+                   [this] { return stop_ || (!outstanding_.empty() && active_waiters_ == 0); });
+        if (stop_) return;
+        // One MPI_Test drives all of Open MPI's pending work (opal_progress); testing each
+        // request also retires the finished ones.
+        std::erase_if(outstanding_,
+                      [](const std::shared_ptr<MpiOperation>& op) { return try_complete(*op); });
+        if (outstanding_.empty()) continue;
+        lock.unlock();
+        std::this_thread::sleep_for(poll_interval);
+        lock.lock();
+    }
+}
+
+}  // namespace moetron::parallel

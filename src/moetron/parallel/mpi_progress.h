@@ -1,0 +1,62 @@
+// Progress for nonblocking MPI collectives. Open MPI 4.1 advances a nonblocking collective only
+// while some thread is inside MPI ("OMPI progress: no" in ompi_info), so an MPI_Iallreduce posted
+// before a long computation sits mostly idle until wait(). The progress engine runs one thread per
+// world communicator (shared by the groups split from it) that calls MPI_Test on the outstanding
+// requests every poll interval, so the collective advances while the caller computes.
+//
+// A request must never be tested by two threads at once (MPI forbids it), so each operation
+// carries a flag: whichever thread sets it may call MPI_Test; the other skips or retries.
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace moetron::parallel {
+
+struct MpiOperation {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::atomic<bool> done{false};
+    std::atomic_flag testing;  // set while one thread is inside MPI_Test on request
+    std::string error;         // MPI_Test's failure, written before done is set
+};
+
+// Tests op once unless another thread is testing it; true once op is complete (or failed).
+bool try_complete(MpiOperation& op);
+
+class MpiProgressEngine {
+  public:
+    // With run_thread false the engine does nothing: requests progress inside wait()/test() only.
+    MpiProgressEngine(bool run_thread, double poll_interval_s);
+    ~MpiProgressEngine();
+    MpiProgressEngine(const MpiProgressEngine&) = delete;
+    MpiProgressEngine& operator=(const MpiProgressEngine&) = delete;
+
+    bool thread_running() const { return thread_.joinable(); }
+    // Hands an outstanding operation to the thread, which tests it until it completes.
+    void track(std::shared_ptr<MpiOperation> op);
+
+    // Brackets a caller's polling wait(): meanwhile the progress thread sleeps, since two
+    // threads polling MPI only contend for its internal locks (and, oversubscribed, for cores).
+    void begin_wait();
+    void end_wait();
+
+  private:
+    void run();
+
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    std::vector<std::shared_ptr<MpiOperation>> outstanding_;  // guarded by mutex_
+    bool stop_ = false;                                       // guarded by mutex_
+    int active_waiters_ = 0;                                  // guarded by mutex_
+    double poll_interval_s_;
+    std::thread thread_;
+};
+
+}  // namespace moetron::parallel

@@ -1,0 +1,206 @@
+#include "moetron/parallel/topology.h"
+
+#include <fmt/format.h>
+
+#include "moetron/core/error.h"
+
+namespace moetron::parallel {
+
+namespace {
+
+// A group of `size` consecutive ranks (or consecutive blocks of whole domains) must not straddle
+// a domain boundary: per-layer traffic has to stay on the scale-up tier.
+void check_inside_domains(std::string_view what, int size, int domain_size) {
+    const bool fits = size <= domain_size ? domain_size % size == 0 : size % domain_size == 0;
+    MT_CHECK(fits,
+             "[layout] {} {} with domain_size {}: {} groups are consecutive ranks, so one would "
+             "straddle two scale-up domains; choose a {} that divides {} or is a multiple of it",
+             what, size, domain_size, what, what, domain_size);
+}
+
+}  // namespace
+
+std::string Topology::str() const {
+    return fmt::format(
+        "world {} ({} domains of {}): attention pp{} x dp{} x cp{} x tp{}, experts pp{} x edp{} "
+        "x ep{}",
+        world_size, num_domains(), domain_size, pp, dp, cp, tp, pp, edp, ep);
+}
+
+Topology make_topology(const Layout& layout, int world_size, int domain_size) {
+    MT_CHECK(world_size >= 1, "[layout] world size must be >= 1, got {}", world_size);
+    MT_CHECK(layout.tp >= 1 && layout.ep >= 1 && layout.pp >= 1 && layout.cp >= 1 && layout.dp >= 0,
+             "[layout] sizes must be positive in layout {}", layout.str());
+    MT_CHECK(domain_size >= 0, "[layout] domain_size must be >= 0 (0: one domain), got {}",
+             domain_size);
+    MT_CHECK(layout.pp == 1, "[layout] pipeline parallelism (pp {}) is not supported yet; use pp1",
+             layout.pp);
+    MT_CHECK(layout.cp == 1, "[layout] context parallelism (cp {}) is not supported yet; use cp1",
+             layout.cp);
+
+    Topology t;
+    t.world_size = world_size;
+    t.domain_size = domain_size == 0 ? world_size : domain_size;
+    MT_CHECK(world_size % t.domain_size == 0,
+             "[layout] domain_size {} does not divide the world of {} ranks", t.domain_size,
+             world_size);
+    t.tp = layout.tp;
+    t.cp = layout.cp;
+    t.pp = layout.pp;
+    t.ep = layout.ep;
+
+    const int model_parallel = t.tp * t.cp * t.pp;
+    MT_CHECK(world_size % model_parallel == 0,
+             "[layout] the world of {} ranks is not divisible by tp*cp*pp = {}*{}*{} = {}",
+             world_size, t.tp, t.cp, t.pp, model_parallel);
+    t.dp = layout.dp == 0 ? world_size / model_parallel : layout.dp;
+    MT_CHECK(model_parallel * t.dp == world_size,
+             "[layout] layout {} needs tp*cp*pp*dp = {} ranks, but the world has {}", layout.str(),
+             model_parallel * t.dp, world_size);
+    MT_CHECK(world_size % (t.ep * t.pp) == 0,
+             "[layout] expert side: the world of {} ranks is not divisible by ep*pp = {}*{} = {}",
+             world_size, t.ep, t.pp, t.ep * t.pp);
+    t.edp = world_size / (t.ep * t.pp);
+
+    check_inside_domains("tp", t.tp, t.domain_size);
+    check_inside_domains("ep", t.ep, t.domain_size);
+    return t;
+}
+
+void validate_topology_for_model(const Topology& t, const ModelConfig& model) {
+    MT_CHECK(model.num_attention_heads % t.tp == 0,
+             "[layout] tp {} does not divide the {} attention heads of model '{}'", t.tp,
+             model.num_attention_heads, model.name);
+    if (t.ep > 1) {
+        MT_CHECK(model.n_routed_experts > 0,
+                 "[layout] ep {} needs routed experts, but model '{}' has none", t.ep, model.name);
+        MT_CHECK(model.n_routed_experts % t.ep == 0,
+                 "[layout] ep {} does not divide the {} routed experts of model '{}'", t.ep,
+                 model.n_routed_experts, model.name);
+    }
+}
+
+std::string_view group_kind_name(GroupKind kind) {
+    switch (kind) {
+        case GroupKind::tp:
+            return "tp";
+        case GroupKind::cp:
+            return "cp";
+        case GroupKind::dp:
+            return "dp";
+        case GroupKind::pp:
+            return "pp";
+        case GroupKind::ep:
+            return "ep";
+        case GroupKind::edp:
+            return "edp";
+        case GroupKind::rail:
+            return "rail";
+    }
+    return "unknown";
+}
+
+RankCoordinates coordinates_of(const Topology& t, int rank) {
+    MT_CHECK(rank >= 0 && rank < t.world_size, "[layout] rank {} is not in the world of {}", rank,
+             t.world_size);
+    RankCoordinates c;
+    int r = rank;
+    c.tp = r % t.tp;
+    r /= t.tp;
+    c.cp = r % t.cp;
+    r /= t.cp;
+    c.dp = r % t.dp;
+    c.pp = r / t.dp;
+
+    c.ep = rank % t.ep;
+    c.edp = (rank / t.ep) % t.edp;
+    c.expert_pp = rank / (t.ep * t.edp);
+
+    c.domain = rank / t.domain_size;
+    c.local = rank % t.domain_size;
+    return c;
+}
+
+GroupMembership group_of(const Topology& t, GroupKind kind, int rank) {
+    const RankCoordinates c = coordinates_of(t, rank);
+    auto attention_rank = [&t](int tp, int cp, int dp, int pp) {
+        return ((pp * t.dp + dp) * t.cp + cp) * t.tp + tp;
+    };
+    auto expert_rank = [&t](int ep, int edp, int pp) { return (pp * t.edp + edp) * t.ep + ep; };
+
+    GroupMembership g;
+    switch (kind) {
+        case GroupKind::tp:
+            for (int i = 0; i < t.tp; ++i) g.ranks.push_back(attention_rank(i, c.cp, c.dp, c.pp));
+            g.index = c.tp;
+            break;
+        case GroupKind::cp:
+            for (int i = 0; i < t.cp; ++i) g.ranks.push_back(attention_rank(c.tp, i, c.dp, c.pp));
+            g.index = c.cp;
+            break;
+        case GroupKind::dp:
+            for (int i = 0; i < t.dp; ++i) g.ranks.push_back(attention_rank(c.tp, c.cp, i, c.pp));
+            g.index = c.dp;
+            break;
+        case GroupKind::pp:
+            for (int i = 0; i < t.pp; ++i) g.ranks.push_back(attention_rank(c.tp, c.cp, c.dp, i));
+            g.index = c.pp;
+            break;
+        case GroupKind::ep:
+            for (int i = 0; i < t.ep; ++i) g.ranks.push_back(expert_rank(i, c.edp, c.expert_pp));
+            g.index = c.ep;
+            break;
+        case GroupKind::edp:
+            for (int i = 0; i < t.edp; ++i) g.ranks.push_back(expert_rank(c.ep, i, c.expert_pp));
+            g.index = c.edp;
+            break;
+        case GroupKind::rail:
+            for (int d = 0; d < t.num_domains(); ++d)
+                g.ranks.push_back(d * t.domain_size + c.local);
+            g.index = c.domain;
+            break;
+    }
+    // Every group lists its ranks in increasing order, so its first rank names it uniquely.
+    g.color = g.ranks.front();
+    return g;
+}
+
+std::unique_ptr<Communicator>& ParallelGroups::slot(GroupKind kind) {
+    switch (kind) {
+        case GroupKind::tp:
+            return tp;
+        case GroupKind::cp:
+            return cp;
+        case GroupKind::dp:
+            return dp;
+        case GroupKind::pp:
+            return pp;
+        case GroupKind::ep:
+            return ep;
+        case GroupKind::edp:
+            return edp;
+        case GroupKind::rail:
+            return rail;
+    }
+    MT_THROW("[layout] unknown group kind {}", static_cast<int>(kind));
+}
+
+Communicator& ParallelGroups::get(GroupKind kind) {
+    std::unique_ptr<Communicator>& group = slot(kind);
+    MT_CHECK(group != nullptr, "[layout] group {} was not built", group_kind_name(kind));
+    return *group;
+}
+
+ParallelGroups build_groups(Communicator& world, const Topology& topology) {
+    MT_CHECK(world.size() == topology.world_size,
+             "[layout] topology is for {} ranks but group '{}' has {}", topology.world_size,
+             world.name(), world.size());
+    ParallelGroups groups;
+    for (GroupKind kind : kAllGroupKinds) {
+        const GroupMembership m = group_of(topology, kind, world.rank());
+        groups.slot(kind) = world.split(m.color, m.index, std::string(group_kind_name(kind)));
+    }
+    return groups;
+}
+
+}  // namespace moetron::parallel

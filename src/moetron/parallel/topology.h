@@ -1,0 +1,76 @@
+// Where every rank sits: a Layout resolved against the world and its scale-up domains, the
+// groups each rank belongs to (pure functions, testable without MPI), and the builder that splits
+// real communicators along them.
+//
+// world = domains x domain_size: consecutive ranks share a scale-up domain (on one machine,
+// domain_size splits the local ranks into emulated domains).
+// Attention side: rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i   (tp fastest, as
+// Megatron-LM orders it, so a TP group is consecutive ranks inside one domain).
+// Expert side, "parallel folding" (Megatron-Core's MoE parallel folding): the same ranks
+// re-partitioned independently of TP x DP as rank = (pp_i * edp + edp_i) * ep + ep_i with expert
+// TP = 1 and edp = world / (ep * pp); EP groups are consecutive ranks, inside one domain when
+// ep <= domain_size.
+// Rail group: the ranks with the same local index in every domain (the scale-out "rail" that the
+// two-tier dispatch crosses once per target domain).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moetron/model/config.h"
+#include "moetron/parallel/communicator.h"
+#include "moetron/parallel/layout.h"
+
+namespace moetron::parallel {
+
+struct Topology {
+    int world_size = 1;
+    int domain_size = 1;  // ranks per scale-up domain
+    int tp = 1, cp = 1, dp = 1, pp = 1;
+    int ep = 1, edp = 1;
+
+    int num_domains() const { return world_size / domain_size; }
+    // "world 8 (2 domains of 4): attention pp1 x dp2 x cp1 x tp2, experts pp1 x edp2 x ep4"
+    std::string str() const;
+};
+
+// Resolves dp and checks the layout against the world, before any work. domain_size 0 means the
+// whole world is one domain. Throws moetron::Error saying why a layout cannot run: sizes that do
+// not divide the world, pp or cp > 1 (not supported yet), domain_size not dividing the world, a
+// TP or EP group that would straddle two domains.
+Topology make_topology(const Layout& layout, int world_size, int domain_size = 0);
+
+// Checks the layout against the model: tp divides the attention heads, ep the routed experts.
+void validate_topology_for_model(const Topology& topology, const ModelConfig& model);
+
+enum class GroupKind { tp, cp, dp, pp, ep, edp, rail };
+inline constexpr GroupKind kAllGroupKinds[] = {GroupKind::tp,  GroupKind::cp, GroupKind::dp,
+                                               GroupKind::pp,  GroupKind::ep, GroupKind::edp,
+                                               GroupKind::rail};
+std::string_view group_kind_name(GroupKind kind);  // "tp", "ep", ...
+
+struct RankCoordinates {
+    int tp = 0, cp = 0, dp = 0, pp = 0;  // attention side
+    int ep = 0, edp = 0, expert_pp = 0;  // expert side (pp coordinate is the same rank split)
+    int domain = 0, local = 0;           // domain index and index inside it
+};
+RankCoordinates coordinates_of(const Topology& topology, int rank);
+
+struct GroupMembership {
+    std::vector<int> ranks;  // world ranks of the group, in group order
+    int index = 0;           // this rank's position in ranks (its rank in the group)
+    int color = 0;           // the same for every member, different between groups (for split)
+};
+GroupMembership group_of(const Topology& topology, GroupKind kind, int rank);
+
+// Communicators for every group of this rank, split from world (a collective over world).
+struct ParallelGroups {
+    std::unique_ptr<Communicator> tp, cp, dp, pp, ep, edp, rail;
+    std::unique_ptr<Communicator>& slot(GroupKind kind);
+    Communicator& get(GroupKind kind);  // throws when that group was not built
+};
+ParallelGroups build_groups(Communicator& world, const Topology& topology);
+
+}  // namespace moetron::parallel

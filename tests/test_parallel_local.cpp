@@ -1,0 +1,196 @@
+// The parallel layer in one process: LocalCommunicator, and the flat dispatch over an EP group of
+// one (the same code as under mpirun, tests/mpi/test_mpi_dispatch.cpp), with its error checks.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "moetron/core/error.h"
+#include "moetron/parallel/dispatch_flat.h"
+#include "moetron/parallel/local_communicator.h"
+#include "mpi/dispatch_reference.h"
+
+namespace moetron::parallel {
+namespace {
+
+using testing::DispatchCase;
+using testing::Routing;
+
+template <class F>
+void expect_error_containing(F&& f, const std::string& needle) {
+    try {
+        f();
+        ADD_FAILURE() << "no error; expected one containing \"" << needle << "\"";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+            << "message: " << e.what() << "\nexpected to contain: " << needle;
+    }
+}
+
+TEST(ParallelLocal, CollectivesOfAWorldOfOne) {
+    LocalCommunicator world;
+    EXPECT_EQ(world.rank(), 0);
+    EXPECT_EQ(world.size(), 1);
+    EXPECT_EQ(world.name(), "world");
+    std::vector<float> x = {1, 2, 3};
+    world.all_reduce_sum(std::span<float>(x));
+    EXPECT_EQ(x, (std::vector<float>{1, 2, 3}));
+    std::vector<float> y(3);
+    world.reduce_scatter_sum(y.data(), x.data(), 3, DType::f32);
+    EXPECT_EQ(y, x);
+    std::vector<double> g(2);
+    const std::vector<double> mine = {4, 5};
+    world.all_gather(std::span<double>(g), std::span<const double>(mine));
+    EXPECT_EQ(g, mine);
+    std::vector<int> c = {2}, d = {1};
+    std::vector<float> r(3, 0);
+    world.all_to_all_v(r.data(), c, d, x.data(), c, std::vector<int>{0});
+    EXPECT_EQ(r, (std::vector<float>{0, 1, 2}));
+    world.broadcast(x.data(), 3, DType::f32, 0);
+    world.barrier();
+    CollectiveHandle h = world.barrier_async();
+    EXPECT_FALSE(h.pending());
+    EXPECT_TRUE(h.test());
+
+    EXPECT_EQ(world.counters(CollectiveKind::all_reduce).payload_bytes, 12u);
+    EXPECT_EQ(world.counters(CollectiveKind::all_to_all).payload_bytes, 8u);
+    EXPECT_EQ(world.counters(CollectiveKind::all_to_all).peer_bytes, 0u);
+    EXPECT_EQ(world.counters(CollectiveKind::barrier).calls, 2u);
+    world.reset_counters();
+    EXPECT_EQ(world.counters(CollectiveKind::barrier).calls, 0u);
+
+    auto child = world.split(0, 0, "ep");
+    EXPECT_EQ(child->name(), "ep");
+    expect_error_containing([&] { world.split(-1, 0, "x"); }, "color must be >= 0");
+    expect_error_containing([&] { world.broadcast(x.data(), 3, DType::f32, 1); },
+                            "root 1 is not in [0, 1)");
+    expect_error_containing([&] { world.all_reduce_sum(x.data(), 3, DType::i32); },
+                            "[all_reduce] group 'world': sums are supported for F32 and F64");
+    std::vector<int> two = {1, 1};
+    expect_error_containing([&] { world.all_to_all_v(r.data(), two, two, x.data(), two, two); },
+                            "group 'world' has 1 ranks but got 2 recv counts");
+    std::vector<float> small(1);
+    expect_error_containing(
+        [&] { world.all_gather(std::span<float>(small), std::span<const float>(x)); },
+        "output holds 1 elements, needs 3");
+    EXPECT_EQ(collective_name(CollectiveKind::all_to_all), "all_to_all_v");
+}
+
+void run_local_case(const DispatchCase& c) {
+    LocalCommunicator ep("ep");
+    const DispatchConfig cfg = testing::config_for(c);
+    DispatchBuffer buffer(cfg, 1);
+    DispatchLayout layout(cfg, 1);
+    const testing::DispatchResult got = testing::run_dispatch(c, ep, layout, buffer);
+    testing::expect_matches_reference(got, testing::reference_result(c, 0, 1), c.name);
+}
+
+TEST(ParallelLocalDispatch, MatchesReferenceOnOneRank) {
+    DispatchCase c;
+    c.name = "local_random";
+    c.tokens_per_rank = {19};
+    run_local_case(c);
+    c.name = "local_one_expert";
+    c.top_k = 1;
+    c.routing = Routing::first_experts;
+    run_local_case(c);
+    c.name = "local_zero_tokens";
+    c.tokens_per_rank = {0};
+    run_local_case(c);
+    c.name = "local_k8";
+    c.top_k = 8;
+    c.routing = Routing::random;
+    c.tokens_per_rank = {5};
+    run_local_case(c);
+}
+
+// The layout on its own: counts, send order and expert segments for a hand-checked routing.
+TEST(ParallelLocalDispatch, LayoutOfAKnownRouting) {
+    LocalCommunicator ep("ep");
+    DispatchConfig cfg;
+    cfg.num_experts = 4;
+    cfg.top_k = 2;
+    cfg.hidden = 1;
+    cfg.max_tokens = 3;
+    DispatchLayout layout(cfg, 1);
+    const std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};  // tokens 0, 1, 2
+    dispatch_layout(layout, ids.data(), 3, ep);
+    EXPECT_EQ(layout.num_recv_rows(), 6);
+    EXPECT_EQ(std::vector<int64_t>(layout.expert_offsets().begin(), layout.expert_offsets().end()),
+              (std::vector<int64_t>{0, 2, 3, 5, 6}));
+    EXPECT_EQ(std::vector<int32_t>(layout.send_expert_counts().begin(),
+                                   layout.send_expert_counts().end()),
+              (std::vector<int32_t>{2, 1, 2, 1}));
+    // Copies sorted by expert, stable: e0 <- copies 1, 2; e1 <- 5; e2 <- 0, 4; e3 <- 3.
+    EXPECT_EQ(
+        std::vector<int32_t>(layout.copy_to_send_row().begin(), layout.copy_to_send_row().end()),
+        (std::vector<int32_t>{3, 0, 1, 5, 4, 2}));
+
+    DispatchBuffer buffer(cfg, 1);
+    const std::vector<float> x = {10, 20, 30};
+    std::vector<float> expert_inp(static_cast<size_t>(cfg.capacity_rows(1)));
+    dispatch_forward(expert_inp.data(), x.data(), layout, buffer, ep);
+    EXPECT_EQ(std::vector<float>(expert_inp.begin(), expert_inp.begin() + 6),
+              (std::vector<float>{10, 20, 30, 10, 30, 20}));
+}
+
+TEST(ParallelLocalDispatch, ConfigErrorsSayWhich) {
+    DispatchConfig cfg;
+    cfg.num_experts = 6;
+    cfg.top_k = 2;
+    cfg.hidden = 8;
+    cfg.max_tokens = 4;
+    EXPECT_NO_THROW(cfg.validate(3));
+    expect_error_containing([&] { cfg.validate(4); },
+                            "the 6 experts do not split evenly over an EP group of 4 ranks");
+    DispatchConfig k = cfg;
+    k.top_k = 7;
+    expect_error_containing([&] { k.validate(1); }, "top_k 7 is not in [1, 6]");
+    DispatchConfig big = cfg;
+    big.max_tokens = 1 << 20;
+    big.hidden = 7168;
+    expect_error_containing([&] { big.validate(1); }, "exceed MPI's int count limit");
+    DispatchConfig d = cfg;
+    d.hidden = 0;
+    expect_error_containing([&] { d.validate(1); }, "hidden must be >= 1");
+    // Worst case: every rank sends every token's copies on this rank's min(K, El) experts.
+    EXPECT_EQ(cfg.worst_case_recv_rows(3), 3 * 4 * 2);
+    EXPECT_EQ(cfg.worst_case_recv_rows(6), 6 * 4 * 1);
+    const ArenaPlan plan = DispatchBuffer::plan(cfg, 3);
+    EXPECT_EQ(plan.entries()[plan.index_of("send_rows")].size_bytes, 4u * 2 * 8 * 4);
+    EXPECT_EQ(plan.entries()[plan.index_of("staging_rows")].size_bytes, 24u * 8 * 4);
+}
+
+TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
+    LocalCommunicator ep("ep");
+    DispatchConfig cfg;
+    cfg.num_experts = 4;
+    cfg.top_k = 2;
+    cfg.hidden = 3;
+    cfg.max_tokens = 2;
+    DispatchLayout layout(cfg, 1);
+    const std::vector<int32_t> bad = {0, 1, 2, 4};
+    expect_error_containing([&] { dispatch_layout(layout, bad.data(), 2, ep); },
+                            "expert id 4 of token 1 (choice 1) is not in [0, 4)");
+    const std::vector<int32_t> ok = {0, 1, 2, 3, 0, 1};
+    expect_error_containing([&] { dispatch_layout(layout, ok.data(), 3, ep); },
+                            "3 tokens, but the layout holds at most max_tokens = 2");
+
+    DispatchConfig tight = cfg;
+    tight.recv_capacity_rows = 3;
+    DispatchLayout small(tight, 1);
+    expect_error_containing([&] { dispatch_layout(small, ok.data(), 2, ep); },
+                            "receives 4 rows for its 4 experts, but the dispatch buffer holds 3");
+
+    // A buffer planned for other shapes is refused before any data moves.
+    dispatch_layout(layout, ok.data(), 2, ep);
+    DispatchConfig other = cfg;
+    other.hidden = 5;
+    DispatchBuffer wrong(other, 1);
+    std::vector<float> x(6), y(24);
+    expect_error_containing([&] { dispatch_forward(y.data(), x.data(), layout, wrong, ep); },
+                            "does not fit the layout");
+}
+
+}  // namespace
+}  // namespace moetron::parallel
