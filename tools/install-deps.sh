@@ -14,6 +14,7 @@ packages=(
   libxxhash-dev                        # checkpoint checksums
   libgtest-dev libgmock-dev            # tests
   libbenchmark-dev                     # micro-benchmarks
+  clang-14 libclang-rt-14-dev          # fuzzing (tests/fuzz/run_fuzz.sh): libFuzzer + sanitizers
 )
 
 missing=()
