@@ -1,0 +1,153 @@
+// moetron plan: searches parallel layouts for a model, a cluster, a GPU count and a global
+// batch; rejects those that do not fit in memory, ranks the rest by delivered TFLOPs/GPU and
+// explains the top five. --scaling 256,512,1024 keeps the best layout, grows the global batch
+// with the GPUs (weak scaling) and prints the per-GPU throughput kept.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moetron/cli/commands.h"
+#include "moetron/core/error.h"
+#include "moetron/model/config.h"
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/planner.h"
+#include "moetron/sim/report.h"
+#include "moetron/sim/step.h"
+#include "moetron/sim/svg.h"
+
+namespace moetron::cli {
+
+namespace {
+
+struct PlanFlags {
+    std::string model_path, cluster_path, precision = "bf16", svg_path, scaling;
+    std::string dispatcher = "two-tier", cuda_graphs = "none";
+    int64_t gpus = 0, global_batch = 0, seq_len = 4096;
+    int top = 5;
+    bool count_mtp = true, low_precision_dispatch = false, overlap_ep = false, overlap_tp = false;
+};
+
+std::vector<int64_t> parse_counts(const std::string& text) {
+    std::vector<int64_t> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        try {
+            size_t used = 0;
+            const long long v = std::stoll(item, &used);
+            MT_CHECK(used == item.size() && v > 0, "bad");
+            out.push_back(v);
+        } catch (const std::exception&) {
+            MT_THROW("[plan] --scaling '{}': '{}' is not a positive GPU count", text, item);
+        }
+    }
+    MT_CHECK(!out.empty(), "[plan] --scaling needs GPU counts such as 256,512,1024");
+    return out;
+}
+
+void run_plan(const PlanFlags& f) {
+    const ModelConfig model = load_model_config(f.model_path);
+    const sim::ClusterSpec cluster = sim::load_cluster_spec(f.cluster_path);
+    sim::SimOptions base;
+    base.precision = sim::precision_from_name(f.precision);
+    (void)cluster.peak_flops(base.precision);  // unknown precision for this GPU: say so now
+    base.seq_len = f.seq_len;
+    base.global_batch = f.global_batch;
+    base.count_mtp = f.count_mtp;
+    MT_CHECK(f.dispatcher == "two-tier" || f.dispatcher == "flat",
+             "[plan] unknown dispatcher '{}' (known: two-tier, flat)", f.dispatcher);
+    base.dispatcher =
+        f.dispatcher == "flat" ? sim::DispatchAlgo::flat : sim::DispatchAlgo::two_tier;
+    base.low_precision_dispatch = f.low_precision_dispatch;
+    base.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
+    base.overlap_ep = f.overlap_ep;
+    base.overlap_tp = f.overlap_tp;
+
+    const sim::PlanResult plan = sim::plan_layouts(model, cluster, f.gpus, base);
+    std::printf("moetron plan: %s on %lld x %s, global batch %lld x %lld tokens, %s\n",
+                model.name.c_str(), static_cast<long long>(f.gpus), cluster.name.c_str(),
+                static_cast<long long>(f.global_batch), static_cast<long long>(f.seq_len),
+                f.precision.c_str());
+    std::printf("  %lld layouts divide the GPUs, model and batch; %lld do not fit in %.0f GB\n\n",
+                static_cast<long long>(plan.considered),
+                static_cast<long long>(plan.rejected_memory), cluster.gpu.hbm_bytes / 1e9);
+    MT_CHECK(!plan.ranked.empty(),
+             "[plan] no layout of {} on {} x {} fits in memory with global batch {}", model.name,
+             f.gpus, cluster.name, f.global_batch);
+    for (int i = 0; i < f.top && i < static_cast<int>(plan.ranked.size()); ++i) {
+        std::printf("%s", sim::explain_candidate(plan.ranked[i], plan.ranked[0], i + 1).c_str());
+    }
+
+    if (f.scaling.empty()) return;
+    const std::vector<int64_t> counts = parse_counts(f.scaling);
+    const sim::StepResult& best = plan.ranked[0].result;
+    std::vector<sim::ScalingPoint> points;
+    std::printf("\n  weak scaling with the best layout (global batch grows with the GPUs):\n");
+    for (int64_t n : counts) {
+        MT_CHECK(n * f.global_batch % f.gpus == 0,
+                 "[plan] --scaling: {} GPUs do not scale the global batch {} of {} GPUs evenly", n,
+                 f.global_batch, f.gpus);
+        sim::ParallelLayout l = best.layout;
+        MT_CHECK(n % (l.tp * l.cp * l.pp) == 0,
+                 "[plan] --scaling: {} GPUs are not a multiple of tp*cp*pp = {} of the best layout",
+                 n, l.tp * l.cp * l.pp);
+        l.dp = n / (l.tp * l.cp * l.pp);
+        sim::SimOptions o = best.options;
+        o.global_batch = f.global_batch * n / f.gpus;
+        const sim::StepResult r = sim::simulate_step(model, cluster, l, o);
+        sim::ScalingPoint p;
+        p.gpus = n;
+        p.tflops_per_gpu = r.tflops_per_gpu;
+        p.efficiency = points.empty() ? 1.0 : r.tflops_per_gpu / points.front().tflops_per_gpu;
+        points.push_back(p);
+        std::printf("  %6lld GPUs  gbs %6lld  %s  %7.1f TFLOPs/GPU  %6.1f%%\n",
+                    static_cast<long long>(n), static_cast<long long>(o.global_batch),
+                    l.to_string().c_str(), p.tflops_per_gpu, 100 * p.efficiency);
+    }
+    if (!f.svg_path.empty()) {
+        sim::write_text_file(f.svg_path,
+                             sim::scaling_svg(points, model.name + " on " + cluster.name));
+        std::printf("  chart written to %s\n", f.svg_path.c_str());
+    }
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+    auto f = std::make_shared<PlanFlags>();
+    CLI::App* cmd = app.add_subcommand(
+        "plan", "Search parallel layouts that fit a GPU cluster and rank them by TFLOPs/GPU");
+    cmd->add_option("--model", f->model_path, "model config (TOML preset or HF config.json)")
+        ->required();
+    cmd->add_option("--cluster", f->cluster_path, "cluster file (configs/clusters/*.toml)")
+        ->required();
+    cmd->add_option("--gpus", f->gpus, "number of GPUs")->required()->check(CLI::PositiveNumber);
+    cmd->add_option("--gbs", f->global_batch, "global batch in sequences")
+        ->required()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--seq", f->seq_len, "sequence length")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
+        ->capture_default_str();
+    cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
+                  "count the MTP FLOPs and simulate the MTP layer (default on)");
+    cmd->add_option("--dispatcher", f->dispatcher, "MoE all-to-all: two-tier or flat")
+        ->capture_default_str();
+    cmd->add_flag("--low-precision-dispatch", f->low_precision_dispatch,
+                  "send dispatch payloads in the GEMM format");
+    cmd->add_option("--cuda-graphs", f->cuda_graphs, "none, partial or full")
+        ->capture_default_str();
+    cmd->add_flag("--overlap-ep", f->overlap_ep, "hide EP all-to-all behind another micro-batch");
+    cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
+    cmd->add_option("--top", f->top, "how many layouts to explain")->capture_default_str();
+    cmd->add_option("--scaling", f->scaling,
+                    "GPU counts for weak scaling with the best layout, e.g. 256,512,1024");
+    cmd->add_option("--svg", f->svg_path, "with --scaling: write the scaling chart as SVG");
+    cmd->callback([f] { run_plan(*f); });
+}
+
+}  // namespace moetron::cli

@@ -1,0 +1,125 @@
+// moetron simulate: predicts one training step of a model on a cluster with a parallel layout:
+// step time, tokens/s/GPU, delivered TFLOPs/GPU (Megatron-LM convention), MFU, memory per GPU
+// and where the time goes. The cluster model lives in sim/ (docs/cluster-model.md).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "moetron/cli/commands.h"
+#include "moetron/core/error.h"
+#include "moetron/model/config.h"
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/report.h"
+#include "moetron/sim/step.h"
+#include "moetron/sim/svg.h"
+
+namespace moetron::cli {
+
+namespace {
+
+struct SimulateFlags {
+    std::string model_path, cluster_path, layout, precision = "bf16", svg_path;
+    std::string recompute = "none", dispatcher = "two-tier", cuda_graphs = "none";
+    std::string pipeline_layout;
+    int64_t gpus = 0, global_batch = 0, micro_batch = 1, seq_len = 4096;
+    bool count_mtp = true, json = false, low_precision_dispatch = false;
+    bool overlap_ep = false, overlap_tp = false, no_overlap_dp_grad = false;
+    bool no_overlap_dp_param = false;
+    bool layer_ops = false;
+};
+
+sim::SimOptions to_options(const SimulateFlags& f) {
+    sim::SimOptions o;
+    o.precision = sim::precision_from_name(f.precision);
+    o.seq_len = f.seq_len;
+    o.global_batch = f.global_batch;
+    o.micro_batch = f.micro_batch;
+    o.count_mtp = f.count_mtp;
+    o.recompute = sim::parse_recompute(f.recompute);
+    if (f.dispatcher == "two-tier") {
+        o.dispatcher = sim::DispatchAlgo::two_tier;
+    } else if (f.dispatcher == "flat") {
+        o.dispatcher = sim::DispatchAlgo::flat;
+    } else {
+        MT_THROW("[sim] unknown dispatcher '{}' (known: two-tier, flat)", f.dispatcher);
+    }
+    o.low_precision_dispatch = f.low_precision_dispatch;
+    o.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
+    o.overlap_ep = f.overlap_ep;
+    o.overlap_tp = f.overlap_tp;
+    o.overlap_dp_grad = !f.no_overlap_dp_grad;
+    o.overlap_dp_param = !f.no_overlap_dp_param;
+    o.pipeline_layout = f.pipeline_layout;
+    return o;
+}
+
+void run_simulate(const SimulateFlags& f) {
+    const ModelConfig model = load_model_config(f.model_path);
+    const sim::ClusterSpec cluster = sim::load_cluster_spec(f.cluster_path);
+    const sim::ParallelLayout layout = sim::parse_layout(f.layout, f.gpus);
+    const sim::StepResult r = sim::simulate_step(model, cluster, layout, to_options(f));
+    if (f.json) {
+        std::printf("%s\n", sim::step_report_json(r).dump(2).c_str());
+    } else {
+        std::printf("%s", sim::format_step_report(r).c_str());
+        if (f.layer_ops) std::printf("\n%s", sim::format_layer_ops(r).c_str());
+    }
+    if (!f.svg_path.empty()) {
+        sim::write_text_file(f.svg_path, sim::step_timeline_svg(r));
+        if (!f.json) std::printf("\n  timeline written to %s\n", f.svg_path.c_str());
+    }
+}
+
+}  // namespace
+
+void register_simulate(CLI::App& app) {
+    auto f = std::make_shared<SimulateFlags>();
+    CLI::App* cmd = app.add_subcommand(
+        "simulate", "Predict step time, TFLOPs/GPU and memory of a layout on a GPU cluster");
+    cmd->add_option("--model", f->model_path, "model config (TOML preset or HF config.json)")
+        ->required();
+    cmd->add_option("--cluster", f->cluster_path, "cluster file (configs/clusters/*.toml)")
+        ->required();
+    cmd->add_option("--gpus", f->gpus, "number of GPUs")->required()->check(CLI::PositiveNumber);
+    cmd->add_option("--layout", f->layout, "parallel layout, e.g. tp1.pp2.vpp4.ep32")->required();
+    cmd->add_option("--gbs", f->global_batch, "global batch in sequences")
+        ->required()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--mbs", f->micro_batch, "micro-batch in sequences")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--seq", f->seq_len, "sequence length")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
+        ->capture_default_str();
+    cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
+                  "count the MTP FLOPs and simulate the MTP layer (default on)");
+    cmd->add_option("--recompute", f->recompute,
+                    "none, full, or modules: layernorm,mla_up_proj,core_attn,mlp,moe_act,"
+                    "shared_expert,moe")
+        ->capture_default_str();
+    cmd->add_option("--dispatcher", f->dispatcher,
+                    "MoE all-to-all: two-tier (dedup per rank and domain) or flat")
+        ->capture_default_str();
+    cmd->add_flag("--low-precision-dispatch", f->low_precision_dispatch,
+                  "send dispatch payloads in the GEMM format");
+    cmd->add_option("--cuda-graphs", f->cuda_graphs, "none, partial or full")
+        ->capture_default_str();
+    cmd->add_flag("--overlap-ep", f->overlap_ep,
+                  "hide EP all-to-all behind another micro-batch (combined 1F1B)");
+    cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
+    cmd->add_flag("--no-overlap-dp-grad", f->no_overlap_dp_grad,
+                  "run the gradient reduce-scatter after the backward pass");
+    cmd->add_flag("--no-overlap-dp-param", f->no_overlap_dp_param,
+                  "run the parameter all-gather before the next forward pass");
+    cmd->add_option("--pp-layout", f->pipeline_layout,
+                    "Megatron-LM pipeline layout such as 'Et|(tt|)*30mL' (default: balanced)");
+    cmd->add_flag("--json", f->json, "print JSON instead of the table");
+    cmd->add_flag("--layer-ops", f->layer_ops, "also print one layer's op timeline");
+    cmd->add_option("--svg", f->svg_path, "write the step timeline as SVG to this path");
+    cmd->callback([f] { run_simulate(*f); });
+}
+
+}  // namespace moetron::cli

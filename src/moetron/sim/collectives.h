@@ -1,0 +1,56 @@
+// Collective costs with an alpha-beta model per tier: time = steps * alpha + bytes / bandwidth,
+// where a step that crosses domains pays the scale-out alpha and a byte that crosses domains goes
+// at the NIC's bandwidth, the rest at NVLink bandwidth (each times its efficiency). Sizes follow
+// nccl-tests: `bytes` is the per-rank buffer of an all-reduce, the full (unsharded) buffer of a
+// reduce-scatter or all-gather, and what one rank sends in total in an all-to-all.
+#pragma once
+
+#include <string>
+
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/layout.h"
+#include "moetron/sim/routing.h"
+
+namespace moetron::sim {
+
+struct CommCost {
+    double time_s = 0;
+    double scale_up_bytes = 0;   // bytes this rank sends over NVLink
+    double scale_out_bytes = 0;  // bytes this rank sends over its NIC
+    std::string algorithm;       // "ring", "tree", "nvls", "nvls-tree", "flat", "two-tier", ...
+};
+
+// Link bandwidths after efficiency (bytes/s per GPU per direction).
+double scale_up_bandwidth(const ClusterSpec& c);
+double scale_out_bandwidth(const ClusterSpec& c);
+
+// All-reduce: the fastest of ring, double binary tree and (where the switches reduce) NVLS, the
+// choice NCCL's tuner makes for large messages.
+CommCost all_reduce_cost(const ClusterSpec& c, const GroupPlacement& g, double bytes);
+CommCost all_reduce_ring(const ClusterSpec& c, const GroupPlacement& g, double bytes);
+CommCost all_reduce_tree(const ClusterSpec& c, const GroupPlacement& g, double bytes);
+// NVLS inside a domain (each GPU sends and receives the buffer once); across domains NVLS-tree:
+// reduce-scatter in the domain, ring all-reduce of 1/r of the buffer across, all-gather back.
+// Throws when the cluster has no in-switch reduction.
+CommCost all_reduce_nvls(const ClusterSpec& c, const GroupPlacement& g, double bytes);
+
+CommCost reduce_scatter_cost(const ClusterSpec& c, const GroupPlacement& g, double bytes);
+CommCost all_gather_cost(const ClusterSpec& c, const GroupPlacement& g, double bytes);
+
+// Flat all-to-all: each rank sends bytes/n to every rank; NVLink and NIC traffic proceed at once.
+CommCost all_to_all_flat(const ClusterSpec& c, const GroupPlacement& g, double bytes);
+
+// MoE dispatch (or combine: same bytes, opposite direction) of `tokens` tokens of
+// `token_bytes` each from one rank.
+//  flat:     one copy per routed expert (K per token), no de-duplication (a plain all-to-all).
+//  two-tier: one copy per distinct remote rank over NVLink and one per distinct remote domain
+//            over the NIC (DeepEP / HybridEP), using expected_fanout().
+enum class DispatchAlgo { flat, two_tier };
+CommCost moe_dispatch_cost(const ClusterSpec& c, const GroupPlacement& ep_group,
+                           const RoutingShape& routing, DispatchAlgo algo, double tokens,
+                           double token_bytes);
+
+// Point-to-point send of `bytes` to a pipeline neighbour in the same or another domain.
+CommCost send_recv_cost(const ClusterSpec& c, bool cross_domain, double bytes);
+
+}  // namespace moetron::sim

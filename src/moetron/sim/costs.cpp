@@ -1,0 +1,67 @@
+#include "moetron/sim/costs.h"
+
+#include <algorithm>
+
+#include "moetron/core/error.h"
+
+namespace moetron::sim {
+
+namespace {
+
+double saturation(double x, double half) {
+    return x <= 0 ? 0 : x / (x + half);
+}
+
+}  // namespace
+
+double gemm_efficiency(const EfficiencyParams& e, Precision p, double m, double n, double k) {
+    const double h = e.gemm_half_dim;
+    return e.gemm_max.at(p) * saturation(m, h) * saturation(n, h) * saturation(k, h);
+}
+
+double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double tokens_per_expert,
+                               double n, double k) {
+    const double h = e.gemm_half_dim;
+    return e.gemm_max.at(p) * e.grouped_ratio *
+           saturation(tokens_per_expert, e.grouped_half_tokens) * saturation(n, h) *
+           saturation(k, h);
+}
+
+double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
+    const EfficiencyParams& e = c.efficiency;
+    const double fixed = op.kernels * e.kernel_gpu_overhead_s;
+    const double mem_s = op.bytes / (c.gpu.hbm_bytes_per_s * e.memory_bw);
+    switch (op.kind) {
+        case OpKind::gemm: {
+            if (op.flops <= 0) return mem_s + fixed;
+            const double eff = gemm_efficiency(e, op.precision, op.m, op.n, op.k);
+            return std::max(op.flops / (c.peak_flops(op.precision) * eff), mem_s) + fixed;
+        }
+        case OpKind::grouped_gemm: {
+            if (op.flops <= 0) return mem_s + fixed;
+            const double eff = grouped_gemm_efficiency(e, op.precision, op.m, op.n, op.k);
+            return std::max(op.flops / (c.peak_flops(op.precision) * eff), mem_s) + fixed;
+        }
+        case OpKind::attention: {
+            const double eff = op.attention_backward ? e.attention_bwd : e.attention_fwd;
+            const double math_s = op.flops / (c.peak_flops(Precision::bf16) * eff);
+            const double exp_s = op.exps / (c.gpu.exp_per_s * e.exp_efficiency);
+            return std::max({math_s, exp_s, mem_s}) + fixed;
+        }
+        case OpKind::memory:
+            return mem_s + fixed;
+        case OpKind::comm_tp:
+        case OpKind::comm_ep:
+        case OpKind::comm_cp:
+            return op.comm.time_s;
+        case OpKind::sync:
+            return 0;
+    }
+    return 0;
+}
+
+double op_host_time_s(const ClusterSpec& c, const Op& op) {
+    return op.kernels * c.efficiency.kernel_host_overhead_s;
+}
+
+}  // namespace moetron::sim

@@ -1,0 +1,25 @@
+// Compute time of one op: a roofline (the slower of FLOPs at an efficient fraction of the
+// tensor-core peak and bytes at a fraction of the HBM bandwidth) plus a fixed cost per kernel.
+// The efficiency curves (EfficiencyParams) depend on the op:
+//   GEMM          gemm_max[precision] * s(m) s(n) s(k),  s(x) = x / (x + half_dim)
+//   grouped GEMM  the same with grouped_ratio, and m = tokens per expert with its own half point
+//   attention     bf16 peak * attention_fwd|bwd, or the SFU exponentials, whichever is slower
+//   memory-bound  HBM bandwidth * memory_bw
+// Host time is the eager launch cost of the op's kernels (zero when a CUDA graph holds it).
+#pragma once
+
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/ops.h"
+
+namespace moetron::sim {
+
+double gemm_efficiency(const EfficiencyParams& e, Precision p, double m, double n, double k);
+double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double tokens_per_expert,
+                               double n, double k);
+
+// GPU time of a compute or memory op (comm and sync ops: their comm time / 0).
+double op_gpu_time_s(const ClusterSpec& c, const Op& op);
+// Host time to launch the op eagerly.
+double op_host_time_s(const ClusterSpec& c, const Op& op);
+
+}  // namespace moetron::sim

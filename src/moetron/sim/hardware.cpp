@@ -1,0 +1,273 @@
+#include "moetron/sim/hardware.h"
+
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <sstream>
+
+#include "moetron/core/error.h"
+
+namespace moetron::sim {
+
+namespace {
+
+constexpr std::array<std::string_view, kNumPrecisions> kPrecisionNames = {"tf32", "bf16", "fp8",
+                                                                          "mxfp8", "fp4"};
+
+std::string read_text_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    MT_CHECK(in.good(), "[sim] cannot open cluster file '{}'", path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Rejects keys a table does not know, so a typo never silently falls back to a default.
+void check_keys(const toml::table& table, std::string_view where,
+                std::initializer_list<std::string_view> known) {
+    for (const auto& [key, value] : table) {
+        bool ok = false;
+        for (auto k : known) ok = ok || key.str() == k;
+        std::string list;
+        for (auto k : known) list += fmt::format("{}{}", list.empty() ? "" : ", ", k);
+        MT_CHECK(ok, "[sim] {}: unknown key '{}' (known: {})", where, key.str(), list);
+    }
+}
+
+const toml::table& need_table(const toml::table& t, std::string_view key, std::string_view where) {
+    const toml::table* sub = t[key].as_table();
+    MT_CHECK(sub != nullptr, "[sim] {}: missing table [{}]", where, key);
+    return *sub;
+}
+
+double need_number(const toml::table& t, std::string_view key, std::string_view where) {
+    auto v = t[key].value<double>();
+    MT_CHECK(v.has_value(), "[sim] {}: missing number '{}'", where, key);
+    MT_CHECK(std::isfinite(*v) && *v >= 0, "[sim] {}: '{}' must be a non-negative number, got {}",
+             where, key, *v);
+    return *v;
+}
+
+double need_fraction(const toml::table& t, std::string_view key, std::string_view where) {
+    double v = need_number(t, key, where);
+    MT_CHECK(v > 0 && v <= 1, "[sim] {}: '{}' is a fraction of peak in (0, 1], got {}", where, key,
+             v);
+    return v;
+}
+
+PerPrecision read_per_precision(const toml::table& t, std::string_view where, bool fractions) {
+    PerPrecision out;
+    for (const auto& [key, value] : t) {
+        Precision p = precision_from_name(key.str());
+        auto v = value.value<double>();
+        MT_CHECK(v.has_value() && *v > 0, "[sim] {}: '{}' must be a positive number", where,
+                 key.str());
+        MT_CHECK(!fractions || *v <= 1, "[sim] {}: '{}' is a fraction in (0, 1], got {}", where,
+                 key.str(), *v);
+        out.set(p, *v);
+    }
+    return out;
+}
+
+EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view where) {
+    check_keys(t, where,
+               {"arch", "gemm", "grouped_gemm", "attention", "memory", "kernel", "collectives"});
+    EfficiencyParams e;
+    auto arch = t["arch"].value<std::string>();
+    MT_CHECK(arch.has_value(), "[sim] {}: missing 'arch' (e.g. \"hopper\")", where);
+    e.arch = *arch;
+
+    const auto& gemm = need_table(t, "gemm", where);
+    check_keys(gemm, fmt::format("{} [gemm]", where), {"max_efficiency", "half_saturation_dim"});
+    const auto* maxe = gemm["max_efficiency"].as_table();
+    MT_CHECK(maxe != nullptr, "[sim] {} [gemm]: missing max_efficiency = {{ bf16 = ..., ... }}",
+             where);
+    e.gemm_max = read_per_precision(*maxe, fmt::format("{} gemm.max_efficiency", where), true);
+    e.gemm_half_dim = need_number(gemm, "half_saturation_dim", where);
+
+    const auto& grouped = need_table(t, "grouped_gemm", where);
+    check_keys(grouped, fmt::format("{} [grouped_gemm]", where),
+               {"ratio_to_dense", "half_saturation_tokens_per_expert"});
+    e.grouped_ratio = need_fraction(grouped, "ratio_to_dense", where);
+    e.grouped_half_tokens = need_number(grouped, "half_saturation_tokens_per_expert", where);
+
+    const auto& attn = need_table(t, "attention", where);
+    check_keys(attn, fmt::format("{} [attention]", where),
+               {"fwd_efficiency", "bwd_efficiency", "exp_efficiency"});
+    e.attention_fwd = need_fraction(attn, "fwd_efficiency", where);
+    e.attention_bwd = need_fraction(attn, "bwd_efficiency", where);
+    e.exp_efficiency = need_fraction(attn, "exp_efficiency", where);
+
+    const auto& mem = need_table(t, "memory", where);
+    check_keys(mem, fmt::format("{} [memory]", where), {"bandwidth_efficiency"});
+    e.memory_bw = need_fraction(mem, "bandwidth_efficiency", where);
+
+    const auto& kern = need_table(t, "kernel", where);
+    check_keys(kern, fmt::format("{} [kernel]", where),
+               {"gpu_overhead_us", "host_overhead_us", "graph_launch_us"});
+    e.kernel_gpu_overhead_s = need_number(kern, "gpu_overhead_us", where) * 1e-6;
+    e.kernel_host_overhead_s = need_number(kern, "host_overhead_us", where) * 1e-6;
+    e.graph_launch_s = need_number(kern, "graph_launch_us", where) * 1e-6;
+
+    const auto& coll = need_table(t, "collectives", where);
+    check_keys(coll, fmt::format("{} [collectives]", where),
+               {"scale_up_bw_efficiency", "scale_out_bw_efficiency", "all_to_all_bw_efficiency",
+                "comm_sm_fraction"});
+    e.scale_up_bw = need_fraction(coll, "scale_up_bw_efficiency", where);
+    e.scale_out_bw = need_fraction(coll, "scale_out_bw_efficiency", where);
+    e.all_to_all_bw = need_fraction(coll, "all_to_all_bw_efficiency", where);
+    e.comm_sm_fraction = need_number(coll, "comm_sm_fraction", where);
+    MT_CHECK(e.comm_sm_fraction < 1, "[sim] {}: comm_sm_fraction must be below 1", where);
+    return e;
+}
+
+toml::table parse_toml(std::string_view text, std::string_view source_name) {
+    try {
+        return toml::parse(text, source_name);
+    } catch (const toml::parse_error& err) {
+        MT_THROW("[sim] {}: TOML syntax error at line {}: {}", source_name, err.source().begin.line,
+                 err.description());
+    }
+}
+
+}  // namespace
+
+std::string_view precision_name(Precision p) {
+    return kPrecisionNames[static_cast<int>(p)];
+}
+
+Precision precision_from_name(std::string_view name) {
+    if (name == "nvfp4") return Precision::fp4;
+    for (int i = 0; i < kNumPrecisions; ++i) {
+        if (kPrecisionNames[i] == name) return static_cast<Precision>(i);
+    }
+    MT_THROW("[sim] unknown precision '{}' (known: bf16, fp8, mxfp8, fp4, tf32)", name);
+}
+
+double precision_bytes(Precision p) {
+    switch (p) {
+        case Precision::tf32:
+            return 4;
+        case Precision::bf16:
+            return 2;
+        case Precision::fp8:
+        case Precision::mxfp8:
+            return 1;
+        case Precision::fp4:
+            return 0.5;
+    }
+    return 2;
+}
+
+bool is_low_precision(Precision p) {
+    return p == Precision::fp8 || p == Precision::mxfp8 || p == Precision::fp4;
+}
+
+PerPrecision::PerPrecision() {
+    values.fill(std::numeric_limits<double>::quiet_NaN());
+}
+
+bool PerPrecision::has(Precision p) const {
+    return !std::isnan(values[static_cast<int>(p)]);
+}
+
+double PerPrecision::at(Precision p) const {
+    MT_CHECK(has(p), "[sim] no value for precision {}", precision_name(p));
+    return values[static_cast<int>(p)];
+}
+
+double ClusterSpec::peak_flops(Precision p) const {
+    MT_CHECK(gpu.peak_dense_tflops.has(p),
+             "[sim] {} ({}) has no {} tensor-core support; choose one of the precisions its "
+             "cluster file lists under peak_dense_tflops",
+             gpu.name, name, precision_name(p));
+    return gpu.peak_dense_tflops.at(p) * 1e12;
+}
+
+EfficiencyParams parse_efficiency_params(std::string_view text, std::string_view source_name) {
+    toml::table t = parse_toml(text, source_name);
+    return efficiency_from_table(t, source_name);
+}
+
+ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_name,
+                               const std::string& efficiency_dir) {
+    toml::table t = parse_toml(text, source_name);
+    const std::string where(source_name);
+    check_keys(t, where, {"name", "efficiency", "gpu", "scale_up", "scale_out"});
+    ClusterSpec c;
+    c.source = where;
+    auto name = t["name"].value<std::string>();
+    MT_CHECK(name.has_value(), "[sim] {}: missing 'name'", where);
+    c.name = *name;
+
+    const auto& gpu = need_table(t, "gpu", where);
+    check_keys(gpu, where + " [gpu]",
+               {"name", "peak_dense_tflops", "hbm_gib", "hbm_gbytes_per_s", "exp_per_s"});
+    c.gpu.name = gpu["name"].value_or(std::string("gpu"));
+    const auto* peaks = gpu["peak_dense_tflops"].as_table();
+    MT_CHECK(peaks != nullptr, "[sim] {} [gpu]: missing peak_dense_tflops = {{ bf16 = ... }}",
+             where);
+    c.gpu.peak_dense_tflops = read_per_precision(*peaks, where + " peak_dense_tflops", false);
+    MT_CHECK(c.gpu.peak_dense_tflops.has(Precision::bf16),
+             "[sim] {}: peak_dense_tflops needs at least bf16", where);
+    c.gpu.hbm_bytes = need_number(gpu, "hbm_gib", where) * 1024.0 * 1024.0 * 1024.0;
+    c.gpu.hbm_bytes_per_s = need_number(gpu, "hbm_gbytes_per_s", where) * 1e9;
+    c.gpu.exp_per_s = need_number(gpu, "exp_per_s", where);
+    MT_CHECK(c.gpu.hbm_bytes > 0 && c.gpu.hbm_bytes_per_s > 0 && c.gpu.exp_per_s > 0,
+             "[sim] {}: GPU memory size, bandwidth and exp rate must be positive", where);
+
+    const auto& up = need_table(t, "scale_up", where);
+    check_keys(up, where + " [scale_up]",
+               {"domain_gpus", "gbytes_per_s", "latency_us", "in_switch_reduction"});
+    auto domain = up["domain_gpus"].value<int64_t>();
+    MT_CHECK(domain.has_value() && *domain >= 1, "[sim] {}: scale_up.domain_gpus must be >= 1",
+             where);
+    c.scale_up.domain_gpus = *domain;
+    c.scale_up.bytes_per_s = need_number(up, "gbytes_per_s", where) * 1e9;
+    c.scale_up.latency_s = need_number(up, "latency_us", where) * 1e-6;
+    c.scale_up.in_switch_reduction = up["in_switch_reduction"].value_or(false);
+
+    const auto& out = need_table(t, "scale_out", where);
+    check_keys(out, where + " [scale_out]", {"gbytes_per_s", "latency_us", "in_network_reduction"});
+    c.scale_out.bytes_per_s = need_number(out, "gbytes_per_s", where) * 1e9;
+    c.scale_out.latency_s = need_number(out, "latency_us", where) * 1e-6;
+    c.scale_out.in_network_reduction = out["in_network_reduction"].value_or(false);
+    MT_CHECK(c.scale_up.bytes_per_s > 0 && c.scale_out.bytes_per_s > 0,
+             "[sim] {}: link bandwidths must be positive", where);
+
+    const auto eff = t["efficiency"];
+    if (const auto* inline_table = eff.as_table()) {
+        c.efficiency = efficiency_from_table(*inline_table, where + " [efficiency]");
+    } else if (auto arch = eff.value<std::string>()) {
+        const std::string path =
+            (std::filesystem::path(efficiency_dir) / (*arch + ".toml")).string();
+        c.efficiency = parse_efficiency_params(read_text_file(path), path);
+        MT_CHECK(c.efficiency.arch == *arch, "[sim] {}: file says arch = '{}', expected '{}'", path,
+                 c.efficiency.arch, *arch);
+    } else {
+        MT_THROW(
+            "[sim] {}: missing 'efficiency': name an architecture (efficiency = \"hopper\") or "
+            "give an inline [efficiency] table",
+            where);
+    }
+    // Every precision the GPU offers needs a GEMM efficiency.
+    for (int i = 0; i < kNumPrecisions; ++i) {
+        auto p = static_cast<Precision>(i);
+        MT_CHECK(!c.gpu.peak_dense_tflops.has(p) || c.efficiency.gemm_max.has(p),
+                 "[sim] {}: efficiency set '{}' has no gemm.max_efficiency for {}", where,
+                 c.efficiency.arch, precision_name(p));
+    }
+    return c;
+}
+
+ClusterSpec load_cluster_spec(const std::string& path) {
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    return parse_cluster_spec(read_text_file(path), path,
+                              (std::filesystem::path(dir) / "efficiency").string());
+}
+
+}  // namespace moetron::sim

@@ -1,0 +1,114 @@
+// The hardware catalog: one cluster file (configs/clusters/*.toml) describes a GPU, its scale-up
+// domain (NVLink) and its scale-out network, plus the efficiency parameters of its architecture.
+// Efficiency parameters come from one shared file per architecture (configs/clusters/efficiency/
+// hopper.toml, blackwell.toml) selected by `efficiency = "<arch>"`, or from an inline
+// [efficiency] table (what a calibrated cluster, e.g. a CPU measured by `moetron calibrate`,
+// writes). Units are in the names: _tflops (1e12 FLOP/s), _gib (2^30 bytes, as nvidia-smi
+// reports memory), _gbytes_per_s (1e9 bytes/s), _us.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace moetron::sim {
+
+// Number formats of the matrix multiplies. tf32 is the router GEMM: Megatron keeps it in fp32
+// (--moe-router-dtype fp32) and NGC PyTorch containers run fp32 matmuls on TF32 tensor cores
+// (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1).
+enum class Precision : uint8_t { tf32, bf16, fp8, mxfp8, fp4 };
+inline constexpr int kNumPrecisions = 5;
+
+std::string_view precision_name(Precision p);
+// "bf16", "fp8", "mxfp8", "fp4" (or "nvfp4"), "tf32"; throws naming the known formats.
+Precision precision_from_name(std::string_view name);
+// Bytes per element of a GEMM operand stored in this format (scales ignored: < 4%).
+double precision_bytes(Precision p);
+bool is_low_precision(Precision p);
+
+// Per-precision values (peak FLOP/s, efficiencies). Absent entries are NaN.
+struct PerPrecision {
+    std::array<double, kNumPrecisions> values;
+    PerPrecision();
+    bool has(Precision p) const;
+    double at(Precision p) const;  // throws if absent
+    void set(Precision p, double v) { values[static_cast<int>(p)] = v; }
+};
+
+// Efficiency of an architecture's kernels and collectives: fractions of peak that real kernels
+// reach, and fixed costs. One set per architecture, the same for every data point.
+struct EfficiencyParams {
+    std::string arch;  // "hopper", "blackwell", "calibrated-cpu", ...
+
+    // Dense GEMM: eff = gemm_max[precision] * s(m) * s(n) * s(k), s(x) = x / (x + half_dim):
+    // small dimensions waste tiles (wave quantization, pipeline fill).
+    PerPrecision gemm_max;
+    double gemm_half_dim = 64;
+    // Grouped GEMM (one GEMM per local expert): the dense curve times grouped_ratio, and the
+    // per-expert token count plays the role of m with its own half-saturation point.
+    double grouped_ratio = 0.9;
+    double grouped_half_tokens = 256;
+    // Flash attention (bf16): fraction of the bf16 peak, forward and backward; the softmax
+    // exponentials also bound it (exp_efficiency of the SFU rate), whichever is slower.
+    double attention_fwd = 0.5;
+    double attention_bwd = 0.4;
+    double exp_efficiency = 0.8;
+    // Memory-bound kernels reach this fraction of the HBM bandwidth.
+    double memory_bw = 0.75;
+    // Fixed costs per kernel: on the GPU (launch latency and tail) and on the host (an eager
+    // framework call: Python, dispatcher, launch). CUDA graphs remove the host part.
+    double kernel_gpu_overhead_s = 2e-6;
+    double kernel_host_overhead_s = 10e-6;
+    double graph_launch_s = 15e-6;
+    // Collectives: fraction of link bandwidth reached per tier, and all-to-all (dispatch and
+    // combine kernels) as its own figure.
+    double scale_up_bw = 0.8;
+    double scale_out_bw = 0.85;
+    double all_to_all_bw = 0.75;
+    // Fraction of SMs a communication kernel occupies while it overlaps compute.
+    double comm_sm_fraction = 0.1;
+};
+
+struct GpuSpec {
+    std::string name;
+    PerPrecision peak_dense_tflops;  // dense (no sparsity) tensor-core peak per format
+    double hbm_bytes = 0;
+    double hbm_bytes_per_s = 0;
+    double exp_per_s = 0;  // special-function unit exponentials per second (softmax)
+};
+
+struct ScaleUpSpec {
+    int64_t domain_gpus = 1;           // GPUs per NVLink domain (8 for HGX, 72 for NVL72)
+    double bytes_per_s = 0;            // per GPU per direction
+    double latency_s = 0;              // alpha of one collective step inside the domain
+    bool in_switch_reduction = false;  // NVLS (NVLink SHARP) all-reduce
+};
+
+struct ScaleOutSpec {
+    double bytes_per_s = 0;             // per GPU per direction (its NIC)
+    double latency_s = 0;               // alpha of one step across domains
+    bool in_network_reduction = false;  // SHARP in the switches
+};
+
+struct ClusterSpec {
+    std::string name;
+    std::string source;  // the file it came from
+    GpuSpec gpu;
+    ScaleUpSpec scale_up;
+    ScaleOutSpec scale_out;
+    EfficiencyParams efficiency;
+
+    // Peak of a precision in FLOP/s; throws "[sim] <gpu> has no <precision> tensor cores".
+    double peak_flops(Precision p) const;
+};
+
+// Loads a cluster file. `efficiency = "<arch>"` reads <dir of file>/efficiency/<arch>.toml.
+ClusterSpec load_cluster_spec(const std::string& path);
+// The same from text; efficiency_dir is where `efficiency = "<arch>"` files are looked up.
+ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_name,
+                               const std::string& efficiency_dir);
+EfficiencyParams parse_efficiency_params(std::string_view text, std::string_view source_name);
+
+}  // namespace moetron::sim

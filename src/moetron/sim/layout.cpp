@@ -1,0 +1,200 @@
+#include "moetron/sim/layout.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "moetron/core/error.h"
+
+namespace moetron::sim {
+
+int64_t ParallelLayout::edp() const {
+    return ep > 0 ? (tp * cp * dp) / ep : 0;
+}
+
+std::string ParallelLayout::to_string() const {
+    return fmt::format("tp{}.pp{}.vpp{}.ep{}.cp{}.dp{}", tp, pp, vpp, ep, cp, dp);
+}
+
+ParallelLayout parse_layout(std::string_view text, int64_t num_gpus) {
+    ParallelLayout l;
+    std::set<std::string> seen;
+    size_t pos = 0;
+    MT_CHECK(!text.empty(), "[sim] empty layout; expected e.g. tp1.pp2.vpp4.ep32");
+    while (pos <= text.size()) {
+        size_t dot = text.find('.', pos);
+        if (dot == std::string_view::npos) dot = text.size();
+        std::string_view part = text.substr(pos, dot - pos);
+        size_t digits = part.find_first_of("0123456789");
+        MT_CHECK(digits != std::string_view::npos && digits > 0,
+                 "[sim] layout '{}': part '{}' is not <name><number> such as tp2", text, part);
+        std::string name(part.substr(0, digits));
+        int64_t value = 0;
+        auto [end, ec] = std::from_chars(part.data() + digits, part.data() + part.size(), value);
+        MT_CHECK(ec == std::errc() && end == part.data() + part.size() && value >= 1,
+                 "[sim] layout '{}': '{}' needs a positive whole number", text, part);
+        MT_CHECK(seen.insert(name).second, "[sim] layout '{}': '{}' given twice", text, name);
+        if (name == "tp")
+            l.tp = value;
+        else if (name == "pp")
+            l.pp = value;
+        else if (name == "vpp")
+            l.vpp = value;
+        else if (name == "ep")
+            l.ep = value;
+        else if (name == "cp")
+            l.cp = value;
+        else if (name == "dp")
+            l.dp = value;
+        else
+            MT_THROW("[sim] layout '{}': unknown part '{}' (known: tp, pp, vpp, ep, cp, dp)", text,
+                     name);
+        pos = dot + 1;
+    }
+    MT_CHECK(num_gpus >= 1, "[sim] the GPU count must be positive, got {}", num_gpus);
+    const int64_t model_parallel = l.tp * l.cp * l.pp;
+    MT_CHECK(num_gpus % model_parallel == 0,
+             "[sim] layout '{}' does not divide the GPUs: tp*cp*pp = {} does not divide {} GPUs",
+             text, model_parallel, num_gpus);
+    const int64_t dp = num_gpus / model_parallel;
+    MT_CHECK(l.dp == 0 || l.dp == dp,
+             "[sim] layout '{}': dp{} given, but {} GPUs / (tp*cp*pp = {}) = {}", text, l.dp,
+             num_gpus, model_parallel, dp);
+    l.dp = dp;
+    return l;
+}
+
+void validate_layout(const ParallelLayout& l, int64_t num_gpus, const ModelConfig& m) {
+    const std::string s = l.to_string();
+    MT_CHECK(l.gpus() == num_gpus, "[sim] layout {} uses {} GPUs, not {}", s, l.gpus(), num_gpus);
+    MT_CHECK(m.num_attention_heads % l.tp == 0,
+             "[sim] layout {}: tp {} does not divide the {} attention heads", s, l.tp,
+             m.num_attention_heads);
+    MT_CHECK(l.vpp == 1 || l.pp > 1, "[sim] layout {}: vpp {} needs pp > 1", s, l.vpp);
+    MT_CHECK(l.pp * l.vpp <= m.num_hidden_layers,
+             "[sim] layout {}: pp*vpp = {} virtual stages for only {} layers (each model chunk "
+             "needs at least one layer)",
+             s, l.pp * l.vpp, m.num_hidden_layers);
+    if (m.n_routed_experts > 0) {
+        MT_CHECK(m.n_routed_experts % l.ep == 0,
+                 "[sim] layout {}: ep {} does not divide the {} routed experts", s, l.ep,
+                 m.n_routed_experts);
+        const int64_t per_stage = num_gpus / l.pp;
+        MT_CHECK(per_stage % l.ep == 0,
+                 "[sim] layout {}: ep {} does not divide the {} GPUs of a pipeline stage", s, l.ep,
+                 per_stage);
+    } else {
+        MT_CHECK(l.ep == 1, "[sim] layout {}: ep {} but the model has no experts", s, l.ep);
+    }
+}
+
+namespace {
+
+// Expands "(...)*n" and "x*n" repetitions of a pipeline layout string.
+std::string expand_layout(std::string_view text, std::string_view whole) {
+    std::string out;
+    size_t i = 0;
+    auto read_count = [&](size_t& pos) {
+        MT_CHECK(pos < text.size() && text[pos] == '*', "[sim] pipeline layout '{}': expected *n",
+                 whole);
+        ++pos;
+        int64_t n = 0;
+        auto [end, ec] = std::from_chars(text.data() + pos, text.data() + text.size(), n);
+        MT_CHECK(ec == std::errc() && n >= 1,
+                 "[sim] pipeline layout '{}': '*' needs a positive count", whole);
+        pos = static_cast<size_t>(end - text.data());
+        return n;
+    };
+    while (i < text.size()) {
+        const char c = text[i];
+        if (c == '(') {
+            int depth = 1;
+            size_t j = i + 1;
+            while (j < text.size() && depth > 0) {
+                depth += text[j] == '(' ? 1 : text[j] == ')' ? -1 : 0;
+                ++j;
+            }
+            MT_CHECK(depth == 0, "[sim] pipeline layout '{}': unbalanced parentheses", whole);
+            const std::string inner = expand_layout(text.substr(i + 1, j - i - 2), whole);
+            i = j;
+            const int64_t n = (i < text.size() && text[i] == '*') ? read_count(i) : 1;
+            for (int64_t k = 0; k < n; ++k) out += inner;
+        } else if (c == 'E' || c == 't' || c == 'm' || c == 'L' || c == '|') {
+            ++i;
+            const int64_t n = (i < text.size() && text[i] == '*') ? read_count(i) : 1;
+            out.append(static_cast<size_t>(n), c);
+        } else {
+            MT_THROW("[sim] pipeline layout '{}': unknown symbol '{}' (known: E t m L | ( ) *n)",
+                     whole, c);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+std::vector<std::string> parse_pipeline_layout(std::string_view text) {
+    const std::string flat = expand_layout(text, text);
+    std::vector<std::string> chunks(1);
+    for (char c : flat) {
+        if (c == '|') {
+            chunks.emplace_back();
+        } else {
+            chunks.back() += c;
+        }
+    }
+    for (size_t i = 0; i < chunks.size(); ++i) {
+        MT_CHECK(!chunks[i].empty(), "[sim] pipeline layout '{}': chunk {} is empty", text, i);
+    }
+    return chunks;
+}
+
+int64_t used_gpus_per_domain(const ParallelLayout& l, int64_t domain_gpus) {
+    const int64_t block = std::lcm(l.ep, l.tp);
+    if (block <= domain_gpus) return (domain_gpus / block) * block;
+    // A block larger than a domain is split evenly over the fewest domains that can hold it.
+    for (int64_t k = 2; k <= block; ++k) {
+        if (block % k == 0 && block / k <= domain_gpus) return block / k;
+    }
+    return 1;
+}
+
+GroupPlacement place_group(int64_t size, int64_t stride, int64_t gpus_per_domain) {
+    GroupPlacement g;
+    g.size = size;
+    int64_t domains = 0;
+    int64_t last = -1;
+    int64_t max_in_one = 0, run = 0;
+    // Ranks are increasing, so equal domains are contiguous in this walk.
+    for (int64_t i = 0; i < size; ++i) {
+        const int64_t d = (i * stride) / gpus_per_domain;
+        if (d != last) {
+            ++domains;
+            last = d;
+            run = 0;
+        }
+        max_in_one = std::max(max_in_one, ++run);
+    }
+    g.domains = domains;
+    g.ranks_per_domain = max_in_one;
+    return g;
+}
+
+LayoutPlacement place_layout(const ParallelLayout& l, int64_t domain_gpus) {
+    LayoutPlacement p;
+    p.gpus_per_domain = used_gpus_per_domain(l, domain_gpus);
+    p.num_domains = (l.gpus() + p.gpus_per_domain - 1) / p.gpus_per_domain;
+    const int64_t u = p.gpus_per_domain;
+    p.tp = place_group(l.tp, 1, u);
+    p.cp = place_group(l.cp, l.tp, u);
+    p.dp = place_group(l.dp, l.tp * l.cp, u);
+    p.ep = place_group(l.ep, 1, u);
+    p.edp = place_group(l.edp(), l.ep, u);
+    p.pp = place_group(l.pp, l.gpus() / l.pp, u);
+    return p;
+}
+
+}  // namespace moetron::sim

@@ -1,0 +1,122 @@
+// The operations one GPU runs for one layer and one micro-batch: FLOPs, HBM bytes, kernel
+// launches, saved activations and communication, forward and backward, derived from the
+// ModelConfig and the layout. This is sim/'s own per-op breakdown of model/flops: each op also
+// carries the FLOPs the Megatron-LM convention counts for it (model_flops), and the test
+// test_sim_ops checks that they add up to flops_per_token(). Executed FLOPs can be higher:
+// MLA's down-projections are duplicated on every TP rank, flash attention's backward recomputes
+// QK^T (2.5x the forward, where the convention counts 2x), the router GEMM is not counted.
+//
+// Names: T tokens of a micro-batch on this rank (sequence-parallel shard), Tf the tokens a
+// column-parallel GEMM sees after the TP all-gather, R = T*K expert rows this rank processes
+// (balanced routing), h = heads per TP rank.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moetron/model/config.h"
+#include "moetron/sim/collectives.h"
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/layout.h"
+
+namespace moetron::sim {
+
+enum class OpKind : uint8_t {
+    gemm,          // dense GEMM (also the tf32 router GEMM)
+    grouped_gemm,  // one GEMM per local expert
+    attention,     // flash attention core
+    memory,        // memory-bound: norms, activations, quantization, permutes, residuals
+    comm_tp,       // TP all-gather / reduce-scatter (sequence parallel)
+    comm_ep,       // MoE dispatch / combine
+    comm_cp,       // context-parallel K/V exchange (overlaps the attention core)
+    sync,          // device-to-host synchronization (dropless MoE reads tokens per expert)
+};
+
+// Recompute modules (Megatron-LM's --recompute-modules names) plus full-layer recompute.
+enum class Module : uint8_t {
+    none,
+    layernorm,
+    mla_up_proj,
+    core_attn,
+    mlp,  // the dense layers' MLP
+    moe_act,
+    shared_expert,
+    moe,  // the whole routed-expert part: router, dispatch, experts, combine
+    count,
+};
+inline constexpr int kNumModules = static_cast<int>(Module::count);
+
+struct Recompute {
+    bool full = false;  // keep only each layer's input, rerun the whole forward in backward
+    std::array<bool, kNumModules> modules{};
+    bool has(Module m) const { return modules[static_cast<int>(m)]; }
+};
+// "none", "full", or a comma list of modules ("mla_up_proj,mlp,moe_act").
+Recompute parse_recompute(const std::string& text);
+std::string recompute_name(const Recompute& r);
+
+struct Op {
+    std::string name;
+    OpKind kind = OpKind::memory;
+    Module module = Module::none;
+    bool in_moe_block = false;  // recomputed by "moe" as well as by its own module
+    bool graphable = true;      // static shapes: a partial CUDA graph can capture it
+    bool is_recompute = false;  // a forward op rerun in backward
+
+    double flops = 0;                        // executed
+    double model_flops = 0;                  // counted by the Megatron-LM convention
+    double bytes = 0;                        // HBM bytes read + written
+    double exps = 0;                         // softmax exponentials (attention)
+    double m = 0, n = 0, k = 0, groups = 1;  // GEMM shape (grouped: m = rows per expert)
+    Precision precision = Precision::bf16;
+    bool attention_backward = false;
+    int kernels = 1;
+
+    CommCost comm;              // comm_* ops
+    bool overlappable = false;  // comm_tp / comm_cp: a neighbouring GEMM can hide it
+
+    double saved_bytes = 0;         // activations kept for backward unless recomputed
+    double saved_always_bytes = 0;  // kept when the op's own module is recomputed (its inputs);
+                                    // dropped when an enclosing region (moe, full) is
+};
+
+enum class BlockKind : uint8_t { dense_layer, moe_layer, embedding, output_head, mtp_extra };
+
+struct OpSettings {
+    Precision precision = Precision::bf16;  // linear layers; attention core and head stay bf16
+    DispatchAlgo dispatcher = DispatchAlgo::two_tier;
+    bool low_precision_dispatch = false;    // dispatch payload in the GEMM format
+    bool cuda_graph_moe_sync_free = false;  // full CUDA graphs: no device-host sync in MoE
+};
+
+struct OpContext {
+    const ModelConfig* model = nullptr;
+    const ClusterSpec* cluster = nullptr;
+    ParallelLayout layout;
+    LayoutPlacement placement;
+    int64_t seq_len = 0;
+    int64_t micro_batch = 1;
+    OpSettings settings;
+};
+
+struct BlockOps {
+    BlockKind kind = BlockKind::dense_layer;
+    std::vector<Op> forward;
+    std::vector<Op> backward;      // without recompute; apply_recompute() adds the reruns
+    double layer_input_bytes = 0;  // what full recompute keeps
+};
+
+// Forward and backward ops of one block for one micro-batch on one rank.
+BlockOps build_block_ops(const OpContext& ctx, BlockKind kind);
+
+// Backward with the recomputed forward ops put in front (marked is_recompute), and the
+// activation bytes the block keeps between its forward and backward.
+struct RecomputedBlock {
+    std::vector<Op> backward;
+    double saved_bytes = 0;
+};
+RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& recompute);
+
+}  // namespace moetron::sim

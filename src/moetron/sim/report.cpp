@@ -1,0 +1,169 @@
+#include "moetron/sim/report.h"
+
+#include <fmt/format.h>
+
+namespace moetron::sim {
+
+namespace {
+
+std::string overlaps(const SimOptions& o) {
+    std::string s;
+    auto add = [&](bool on, const char* name) {
+        if (on) s += fmt::format("{}{}", s.empty() ? "" : "+", name);
+    };
+    add(o.overlap_ep, "ep");
+    add(o.overlap_tp, "tp");
+    add(o.overlap_dp_grad, "dp-grad");
+    add(o.overlap_dp_param, "dp-param");
+    return s.empty() ? "none" : s;
+}
+
+std::string line(const char* label, double seconds, double step) {
+    return fmt::format("  {:<34} {:9.1f} ms  {:5.1f}%\n", label, seconds * 1e3,
+                       step > 0 ? 100 * seconds / step : 0);
+}
+
+}  // namespace
+
+std::string describe_options(const StepResult& r) {
+    const SimOptions& o = r.options;
+    return fmt::format("{} mbs{} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
+                       r.layout.to_string(), o.micro_batch, recompute_name(o.recompute),
+                       cuda_graphs_name(o.cuda_graphs),
+                       o.dispatcher == DispatchAlgo::two_tier ? "two-tier" : "flat",
+                       o.low_precision_dispatch ? " (low-precision payload)" : "", overlaps(o));
+}
+
+std::string format_step_report(const StepResult& r) {
+    const SimOptions& o = r.options;
+    const TimeBreakdown& b = r.breakdown;
+    const double step = r.step_time_s;
+    std::string s;
+    s += fmt::format("moetron simulate: {} on {} x {}\n", r.model_name, r.gpus, r.cluster_name);
+    s += fmt::format("  layout {} (edp {}), {} micro-batches of {} x {} tokens, {}\n",
+                     r.layout.to_string(), r.layout.edp(), r.micro_batches, o.micro_batch,
+                     o.seq_len, precision_name(o.precision));
+    s += fmt::format("  options: {}; MTP {}\n", describe_options(r),
+                     o.count_mtp ? "simulated and counted" : "not simulated, not counted");
+    s += "\n";
+    s += fmt::format("  step time                  {:10.3f} s\n", step);
+    s += fmt::format("  tokens/s/GPU               {:10.0f}\n", r.tokens_per_s_per_gpu);
+    s += fmt::format(
+        "  delivered TFLOPs/GPU       {:10.1f}   ({:.1f} GFLOPs/token, Megatron "
+        "convention)\n",
+        r.tflops_per_gpu, r.model_flops_per_token / 1e9);
+    s += fmt::format("  MFU                        {:10.1f}%  (of {} dense peak)\n", 100 * r.mfu,
+                     precision_name(o.precision));
+    s += "\n";
+    s += fmt::format("  step breakdown (pipeline stage {}, the critical one):\n", r.critical_stage);
+    s += line("compute: GEMM", b.gemm_s, step);
+    s += line("compute: attention core", b.attention_s, step);
+    s += line("compute: memory-bound", b.memory_bound_s, step);
+    s += line("compute: recompute", b.recompute_s, step);
+    s += line("host launch overhead (GPU idle)", b.host_idle_s, step);
+    s += line("exposed TP communication", b.tp_exposed_s, step);
+    s += line("exposed EP communication", b.ep_exposed_s, step);
+    if (b.cp_exposed_s > 0) s += line("exposed CP communication", b.cp_exposed_s, step);
+    s += line("exposed DP communication", b.dp_exposed_s, step);
+    s += line("pipeline bubble", b.pp_bubble_s, step);
+    s += line("optimizer", b.optimizer_s, step);
+    s += "\n";
+    const MemoryBreakdown& m = r.memory;
+    s += fmt::format("  memory per GPU (stage {}, the fullest): {:.1f} of {:.1f} GB\n", m.stage,
+                     m.total_bytes() / 1e9, m.capacity_bytes / 1e9);
+    s += fmt::format(
+        "    weights {:.1f}  gradients {:.1f}  optimizer {:.1f}  activations {:.1f}  buffers "
+        "{:.1f}  reserve {:.1f} GB ({:.2f}B parameters)\n",
+        m.weights_bytes / 1e9, m.grads_bytes / 1e9, m.optimizer_bytes / 1e9,
+        m.activations_bytes / 1e9, m.comm_buffers_bytes / 1e9, m.reserve_bytes / 1e9,
+        m.params / 1e9);
+    return s;
+}
+
+std::string format_layer_ops(const StepResult& r) {
+    auto kind_name = [](OpKind k) {
+        switch (k) {
+            case OpKind::gemm:
+                return "gemm";
+            case OpKind::grouped_gemm:
+                return "grouped";
+            case OpKind::attention:
+                return "attention";
+            case OpKind::memory:
+                return "memory";
+            case OpKind::comm_tp:
+                return "tp-comm";
+            case OpKind::comm_ep:
+                return "ep-comm";
+            case OpKind::comm_cp:
+                return "cp-comm";
+            case OpKind::sync:
+                return "sync";
+        }
+        return "?";
+    };
+    std::string s = "  one layer, one micro-batch (start and duration in microseconds):\n";
+    for (const auto* list : {&r.moe_layer_forward, &r.moe_layer_backward}) {
+        for (const OpEvent& e : *list) {
+            s += fmt::format("    {:>9.1f} {:>8.1f}  {:<10} {}\n", e.start_s * 1e6,
+                             (e.end_s - e.start_s) * 1e6, kind_name(e.kind), e.name);
+        }
+        s += "    --\n";
+    }
+    return s;
+}
+
+nlohmann::json step_report_json(const StepResult& r) {
+    const TimeBreakdown& b = r.breakdown;
+    nlohmann::json mem = nlohmann::json::array();
+    for (const MemoryBreakdown& m : r.memory_per_stage) {
+        mem.push_back({{"stage", m.stage},
+                       {"total_bytes", m.total_bytes()},
+                       {"capacity_bytes", m.capacity_bytes},
+                       {"params", m.params},
+                       {"weights_bytes", m.weights_bytes},
+                       {"grads_bytes", m.grads_bytes},
+                       {"optimizer_bytes", m.optimizer_bytes},
+                       {"activations_bytes", m.activations_bytes},
+                       {"comm_buffers_bytes", m.comm_buffers_bytes},
+                       {"reserve_bytes", m.reserve_bytes}});
+    }
+    return {
+        {"model", r.model_name},
+        {"cluster", r.cluster_name},
+        {"gpus", r.gpus},
+        {"layout", r.layout.to_string()},
+        {"options", describe_options(r)},
+        {"precision", precision_name(r.options.precision)},
+        {"seq_len", r.options.seq_len},
+        {"global_batch", r.options.global_batch},
+        {"micro_batch", r.options.micro_batch},
+        {"micro_batches", r.micro_batches},
+        {"count_mtp", r.options.count_mtp},
+        {"step_time_s", r.step_time_s},
+        {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
+        {"model_flops_per_token", r.model_flops_per_token},
+        {"tflops_per_gpu", r.tflops_per_gpu},
+        {"mfu", r.mfu},
+        {"critical_stage", r.critical_stage},
+        {"breakdown_s",
+         {{"gemm", b.gemm_s},
+          {"attention", b.attention_s},
+          {"memory_bound", b.memory_bound_s},
+          {"recompute", b.recompute_s},
+          {"host_idle", b.host_idle_s},
+          {"tp_exposed", b.tp_exposed_s},
+          {"ep_exposed", b.ep_exposed_s},
+          {"cp_exposed", b.cp_exposed_s},
+          {"dp_exposed", b.dp_exposed_s},
+          {"pp_bubble", b.pp_bubble_s},
+          {"optimizer", b.optimizer_s}}},
+        {"memory_per_stage", mem},
+        {"stage_busy_s", r.schedule.busy_s},
+        {"stage_end_s", r.schedule.end_s},
+        {"chunk_layers", r.stage_layers},
+        {"max_memory_bytes", r.memory.total_bytes()},
+    };
+}
+
+}  // namespace moetron::sim

@@ -1,0 +1,20 @@
+// Reports of a simulated step: a text table for people, JSON for scripts.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "moetron/sim/step.h"
+
+namespace moetron::sim {
+
+std::string format_step_report(const StepResult& r);
+nlohmann::json step_report_json(const StepResult& r);
+
+// One layer's forward and backward ops of one micro-batch: start, duration, kind.
+std::string format_layer_ops(const StepResult& r);
+
+// "tp1.pp2.vpp4.ep32 mbs1 recompute mlp,moe_act, graphs partial, overlap ep+dp" in one line.
+std::string describe_options(const StepResult& r);
+
+}  // namespace moetron::sim

@@ -1,0 +1,57 @@
+// Pipeline schedules as an event simulation: each stage runs its forward and backward tasks in
+// the order Megatron-LM's 1F1B schedule runs them (interleaved over model chunks when vpp > 1),
+// a task starts when its stage is free and its input has arrived from the neighbouring stage
+// (plus the send/recv time), and the bubble is whatever idle time results.
+//
+// Order for stage s of p, v chunks, m micro-batches (Megatron-LM,
+// schedules.forward_backward_pipelining_with_interleaving): N = m*v virtual micro-batches,
+// warm-up = min(N, 2(p-s-1) + (v-1)p) forwards (p-s-1 without interleaving), then 1F1B pairs,
+// then the remaining backwards. Virtual micro-batch k runs chunk (k/p) mod v (backward: v-1 minus
+// that) of micro-batch (k/(p v)) p + k mod p. With merge_steady_state the forward and backward
+// of each steady-state pair run as one task (Megatron's combined 1F1B, which hides the EP
+// all-to-all of one behind the compute of the other).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace moetron::sim {
+
+enum class TaskKind : uint8_t { forward, backward, forward_backward };
+
+struct ScheduledTask {
+    TaskKind kind = TaskKind::forward;
+    int64_t chunk_f = -1, micro_f = -1;  // global model chunk and micro-batch of the forward
+    int64_t chunk_b = -1, micro_b = -1;  // the same of the backward
+    double start_s = 0, end_s = 0;
+};
+
+struct ScheduleInput {
+    int64_t pp = 1, vpp = 1, micro_batches = 1;
+    bool merge_steady_state = false;
+    // Durations by global chunk g = c * pp + s (stage s, its c-th chunk).
+    std::function<double(int64_t g)> forward_s;
+    std::function<double(int64_t g)> backward_s;
+    std::function<double(int64_t g_f, int64_t g_b)> forward_backward_s;
+    double p2p_s = 0;  // send/recv time of one activation (or its gradient) between stages
+};
+
+struct ScheduleResult {
+    std::vector<std::vector<ScheduledTask>> stages;  // per stage, in execution order
+    std::vector<double> busy_s;                      // per stage: sum of task durations
+    std::vector<double> end_s;                       // per stage: end of its last task
+    // Per global chunk: when its last backward ends (its gradients are final).
+    std::vector<double> chunk_grads_ready_s;
+    double makespan_s = 0;
+};
+
+// Throws when the micro-batch count does not suit the schedule (interleaving needs a multiple
+// of pp).
+ScheduleResult run_schedule(const ScheduleInput& in);
+
+// The task order of one stage without timing (used by the memory model too).
+std::vector<ScheduledTask> stage_order(int64_t stage, int64_t pp, int64_t vpp,
+                                       int64_t micro_batches, bool merge_steady_state);
+
+}  // namespace moetron::sim

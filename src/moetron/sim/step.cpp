@@ -1,0 +1,379 @@
+#include "moetron/sim/step.h"
+
+#include <algorithm>
+#include <map>
+
+#include "moetron/core/error.h"
+#include "moetron/model/flops.h"
+#include "moetron/sim/chunks.h"
+#include "moetron/sim/collectives.h"
+#include "moetron/sim/costs.h"
+
+namespace moetron::sim {
+
+namespace {
+
+constexpr int kOptimizerKernels = 100;  // multi-tensor Adam, grad norm and clipping launches
+// Optimizer HBM traffic per sharded parameter: fp32 gradient read (4), fp32 master read+write
+// (8), bf16 Adam moments read+write (8), gradient-norm read (4).
+constexpr double kOptimizerBytesPerParam = 24;
+
+void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelLayout& l,
+                     const SimOptions& o) {
+    validate_layout(l, l.gpus(), m);
+    MT_CHECK(o.precision != Precision::tf32,
+             "[sim] training precision must be bf16, fp8, mxfp8 or fp4 (tf32 is the router's)");
+    (void)c.peak_flops(o.precision);  // throws for a precision the GPU lacks
+    MT_CHECK(l.tp <= c.scale_up.domain_gpus,
+             "[sim] tp {} spans more than one scale-up domain of {} GPUs on {}", l.tp,
+             c.scale_up.domain_gpus, c.name);
+    MT_CHECK(o.seq_len >= 1 && o.seq_len % (2 * l.cp) == 0,
+             "[sim] sequence length {} must be a multiple of 2*cp = {} (causal load balance)",
+             o.seq_len, 2 * l.cp);
+    MT_CHECK(o.seq_len % (l.tp * l.cp) == 0,
+             "[sim] sequence length {} must be a multiple of tp*cp = {} (sequence parallel)",
+             o.seq_len, l.tp * l.cp);
+    MT_CHECK(o.micro_batch >= 1, "[sim] micro-batch size must be >= 1, got {}", o.micro_batch);
+    MT_CHECK(o.global_batch >= 1 && o.global_batch % (l.dp * o.micro_batch) == 0,
+             "[sim] global batch {} is not a multiple of dp {} x micro-batch {} = {}",
+             o.global_batch, l.dp, o.micro_batch, l.dp * o.micro_batch);
+}
+
+}  // namespace
+
+StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
+                         const ParallelLayout& layout, const SimOptions& options) {
+    StepResult r = simulate_step_unchecked(model, cluster, layout, options);
+    check_fits(r.memory, fmt::format("{} on {} x {} with {}", model.name, r.gpus, cluster.name,
+                                     layout.to_string()));
+    return r;
+}
+
+StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& cluster,
+                                   const ParallelLayout& layout, const SimOptions& o) {
+    validate_inputs(model, cluster, layout, o);
+    const WalkOptions wo{o.cuda_graphs, o.overlap_tp};
+    StepResult r;
+    r.model_name = model.name;
+    r.cluster_name = cluster.name;
+    r.layout = layout;
+    r.options = o;
+    r.gpus = layout.gpus();
+    const int64_t pp = layout.pp, vpp = layout.vpp, chunks = pp * vpp;
+    r.micro_batches = o.global_batch / (layout.dp * o.micro_batch);
+
+    OpContext ctx;
+    ctx.model = &model;
+    ctx.cluster = &cluster;
+    ctx.layout = layout;
+    ctx.placement = place_layout(layout, cluster.scale_up.domain_gpus);
+    r.placement = ctx.placement;
+    ctx.seq_len = o.seq_len;
+    ctx.micro_batch = o.micro_batch;
+    ctx.settings.precision = o.precision;
+    ctx.settings.dispatcher = o.dispatcher;
+    ctx.settings.low_precision_dispatch = o.low_precision_dispatch;
+    ctx.settings.cuda_graph_moe_sync_free = o.cuda_graphs == CudaGraphs::full;
+
+    // Blocks, their recomputed backward and their stand-alone cost (for the layout).
+    const bool with_mtp = o.count_mtp && model.num_nextn_predict_layers > 0;
+    std::map<BlockKind, BlockOps> blocks;
+    std::map<BlockKind, RecomputedBlock> recomputed;
+    std::vector<BlockKind> kinds = {BlockKind::dense_layer, BlockKind::embedding,
+                                    BlockKind::output_head};
+    if (model.n_routed_experts > 0) kinds.push_back(BlockKind::moe_layer);
+    if (with_mtp) kinds.push_back(BlockKind::mtp_extra);
+    struct BlockWalks {
+        WalkResult fwd, bwd, fwd_deferred, bwd_deferred;
+    };
+    std::map<BlockKind, BlockWalks> bw;
+    std::map<BlockKind, double> block_cost;
+    const double f_sm = cluster.efficiency.comm_sm_fraction;
+    for (BlockKind k : kinds) {
+        blocks[k] = build_block_ops(ctx, k);
+        recomputed[k] = apply_recompute(blocks[k], o.recompute);
+        OpList f, b;
+        f.append(blocks[k].forward);
+        b.append(recomputed[k].backward);
+        BlockWalks& w = bw[k];
+        w.fwd = walk_ops(cluster, f, wo, false, false);
+        w.bwd = walk_ops(cluster, b, wo, false, false);
+        w.fwd_deferred = walk_ops(cluster, f, wo, true, false);
+        w.bwd_deferred = walk_ops(cluster, b, wo, true, false);
+        const double comm = w.fwd_deferred.ep_comm_s + w.bwd_deferred.ep_comm_s;
+        // With EP overlap a block mostly runs inside combined forward-backward tasks.
+        block_cost[k] =
+            o.overlap_ep
+                ? std::max(w.fwd_deferred.time_s + w.bwd_deferred.time_s + f_sm * comm, comm)
+                : w.fwd.time_s + w.bwd.time_s;
+    }
+
+    std::vector<ChunkBlock> items;
+    items.push_back({BlockKind::embedding, -1, block_cost[BlockKind::embedding]});
+    for (int64_t i = 0; i < model.num_hidden_layers; ++i) {
+        const BlockKind k = model.is_moe_layer(i) ? BlockKind::moe_layer : BlockKind::dense_layer;
+        items.push_back({k, static_cast<int>(i), block_cost[k]});
+    }
+    items.push_back({BlockKind::output_head, -1, block_cost[BlockKind::output_head]});
+    for (int64_t d = 0; with_mtp && d < model.num_nextn_predict_layers; ++d) {
+        items.push_back({BlockKind::mtp_extra, -1, block_cost[BlockKind::mtp_extra]});
+        const BlockKind k = model.mtp_layer_is_moe(d) && model.n_routed_experts > 0
+                                ? BlockKind::moe_layer
+                                : BlockKind::dense_layer;
+        items.push_back({k, -1, block_cost[k]});
+    }
+    // Two layouts: chunks of equal cost, and chunks shifted so that stages have equal cost.
+    // Keep the one whose schedule (on summed block times) ends first.
+    const double act_bytes = static_cast<double>(o.micro_batch * o.seq_len) /
+                             static_cast<double>(layout.tp * layout.cp) *
+                             static_cast<double>(model.hidden_size) * 2;
+    const double p2p_s = send_recv_cost(cluster, ctx.placement.pp.domains > 1, act_bytes).time_s;
+    const bool merge = o.overlap_ep && model.n_routed_experts > 0 && layout.ep > 1;
+    auto approx_makespan = [&](const std::vector<std::vector<ChunkBlock>>& groups) {
+        std::vector<double> f(chunks, 0), b(chunks, 0), fd(chunks, 0), bd(chunks, 0), af(chunks, 0),
+            ab(chunks, 0);
+        for (int64_t g = 0; g < chunks; ++g) {
+            for (const ChunkBlock& it : groups[g]) {
+                const BlockWalks& w = bw[it.kind];
+                f[g] += w.fwd.time_s;
+                b[g] += w.bwd.time_s;
+                fd[g] += w.fwd_deferred.time_s;
+                bd[g] += w.bwd_deferred.time_s;
+                af[g] += w.fwd_deferred.ep_comm_s;
+                ab[g] += w.bwd_deferred.ep_comm_s;
+            }
+        }
+        ScheduleInput in;
+        in.pp = pp;
+        in.vpp = vpp;
+        in.micro_batches = r.micro_batches;
+        in.merge_steady_state = merge;
+        in.forward_s = [&](int64_t g) { return f[g]; };
+        in.backward_s = [&](int64_t g) { return b[g]; };
+        in.forward_backward_s = [&](int64_t gf, int64_t gb) {
+            return std::max(fd[gf] + bd[gb] + f_sm * (af[gf] + ab[gb]), af[gf] + ab[gb]);
+        };
+        in.p2p_s = p2p_s;
+        return run_schedule(in).makespan_s;
+    };
+    std::vector<std::vector<ChunkBlock>> groups;
+    if (!o.pipeline_layout.empty()) {
+        groups = layout_items(model, o.pipeline_layout, chunks, with_mtp, block_cost);
+    } else {
+        groups = partition_items(items, chunks);
+        auto balanced = groups;
+        balance_stages(balanced, pp);
+        if (approx_makespan(balanced) < approx_makespan(groups)) groups = std::move(balanced);
+    }
+
+    // Per chunk: op lists, walks (inline EP and deferred EP), activations, parameters.
+    struct ChunkCost {
+        WalkResult fwd, bwd, fwd_deferred, bwd_deferred;
+        double saved_bytes = 0;
+        BlockParams params;
+    };
+    std::vector<ChunkCost> cc(chunks);
+    r.stage_layers.resize(chunks);
+    r.chunk_block_times.resize(chunks);
+    for (int64_t g = 0; g < chunks; ++g) {
+        OpList f, b;
+        for (const ChunkBlock& it : groups[g]) {
+            f.append(blocks[it.kind].forward);
+            cc[g].saved_bytes += recomputed[it.kind].saved_bytes;
+            const BlockParams bp = block_params_per_gpu(model, it.kind, layout);
+            cc[g].params.dense += bp.dense;
+            cc[g].params.expert += bp.expert;
+            if (it.layer >= 0) r.stage_layers[g].push_back(it.layer);
+            r.chunk_block_times[g].push_back({bw[it.kind].fwd.time_s, bw[it.kind].bwd.time_s});
+        }
+        for (auto it = groups[g].rbegin(); it != groups[g].rend(); ++it) {
+            b.append(recomputed[it->kind].backward);
+        }
+        cc[g].fwd = walk_ops(cluster, f, wo, false, false);
+        cc[g].bwd = walk_ops(cluster, b, wo, false, false);
+        cc[g].fwd_deferred = walk_ops(cluster, f, wo, true, false);
+        cc[g].bwd_deferred = walk_ops(cluster, b, wo, true, false);
+    }
+    auto merged = [&](int64_t gf, int64_t gb) {
+        const double compute = cc[gf].fwd_deferred.time_s + cc[gb].bwd_deferred.time_s;
+        const double comm = cc[gf].fwd_deferred.ep_comm_s + cc[gb].bwd_deferred.ep_comm_s;
+        return std::max(compute + f_sm * comm, comm);
+    };
+
+    // Pipeline schedule.
+    ScheduleInput si;
+    si.pp = pp;
+    si.vpp = vpp;
+    si.micro_batches = r.micro_batches;
+    si.merge_steady_state = merge;
+    si.forward_s = [&](int64_t g) { return cc[g].fwd.time_s; };
+    si.backward_s = [&](int64_t g) { return cc[g].bwd.time_s; };
+    si.forward_backward_s = merged;
+    si.p2p_s = p2p_s;
+    r.schedule = run_schedule(si);
+
+    // Gradient sync, optimizer and parameter gather per stage.
+    const double grad_reduce_bytes = o.memory.grad_bytes_per_param;
+    const double gather_bytes = o.precision == Precision::fp8 ? 1.0 : 2.0;
+    std::vector<double> rs_end(pp), opt_s(pp), ag_exposed(pp), dp_interference(pp);
+    // When each chunk's last backward starts and ends: its gradients become final layer by
+    // layer in between, and Megatron-LM launches each bucket's reduce-scatter then, so only the
+    // last bucket (about one layer) can trail the backward pass.
+    std::vector<double> last_bwd_start(chunks, 0), last_bwd_end(chunks, 0);
+    for (int64_t s = 0; s < pp; ++s) {
+        for (const ScheduledTask& t : r.schedule.stages[s]) {
+            if (t.kind == TaskKind::forward) continue;
+            if (t.end_s >= last_bwd_end[t.chunk_b]) {
+                last_bwd_end[t.chunk_b] = t.end_s;
+                last_bwd_start[t.chunk_b] = t.start_s;
+            }
+        }
+    }
+    auto layers_in = [&](int64_t g) {
+        return static_cast<double>(std::max<size_t>(1, groups[g].size()));
+    };
+    for (int64_t s = 0; s < pp; ++s) {
+        std::vector<std::pair<double, int64_t>> ready;
+        for (int64_t c = 0; c < vpp; ++c) {
+            const int64_t g = c * pp + s;
+            ready.push_back({o.overlap_dp_grad ? last_bwd_start[g] : r.schedule.end_s[s], g});
+        }
+        std::sort(ready.begin(), ready.end());
+        double free_at = 0, hidden = 0, shard = 0;
+        for (const auto& [t, g] : ready) {
+            const double rs = reduce_scatter_cost(cluster, ctx.placement.dp,
+                                                  cc[g].params.dense * grad_reduce_bytes)
+                                  .time_s +
+                              reduce_scatter_cost(cluster, ctx.placement.edp,
+                                                  cc[g].params.expert * grad_reduce_bytes)
+                                  .time_s;
+            const double start = std::max(free_at, t);
+            const double last_bucket =
+                o.overlap_dp_grad ? last_bwd_end[g] + rs / layers_in(g) : start + rs;
+            free_at = std::max(start + rs, last_bucket);
+            hidden += std::max(0.0, std::min(free_at, r.schedule.end_s[s]) - start);
+            shard += cc[g].params.dense / static_cast<double>(layout.dp) +
+                     cc[g].params.expert / static_cast<double>(std::max<int64_t>(1, layout.edp()));
+        }
+        rs_end[s] = std::max(free_at, r.schedule.end_s[s]);
+        dp_interference[s] = f_sm * hidden;
+        opt_s[s] = shard * kOptimizerBytesPerParam /
+                       (cluster.gpu.hbm_bytes_per_s * cluster.efficiency.memory_bw) +
+                   kOptimizerKernels * (cluster.efficiency.kernel_host_overhead_s +
+                                        cluster.efficiency.kernel_gpu_overhead_s);
+        // The next step's forward needs chunk s's first bucket gathered; with overlap the rest
+        // arrives behind the forward of the layers before it.
+        double ag_total = 0, ag_first = 0;
+        for (int64_t c = 0; c < vpp; ++c) {
+            const int64_t g = c * pp + s;
+            const double ag =
+                all_gather_cost(cluster, ctx.placement.dp, cc[g].params.dense * gather_bytes)
+                    .time_s +
+                all_gather_cost(cluster, ctx.placement.edp, cc[g].params.expert * gather_bytes)
+                    .time_s;
+            ag_total += ag;
+            if (c == 0) ag_first = ag / layers_in(g);
+        }
+        ag_exposed[s] = o.overlap_dp_param ? ag_first : ag_total;
+    }
+    // The step waits for the last stage to finish its gradient sync; the breakdown describes
+    // the busiest stage (the one the pipeline runs at the pace of).
+    double compute_end = 0;
+    for (int64_t s = 0; s < pp; ++s)
+        compute_end = std::max(compute_end, rs_end[s] + dp_interference[s]);
+    const int64_t critical = std::max_element(r.schedule.busy_s.begin(), r.schedule.busy_s.end()) -
+                             r.schedule.busy_s.begin();
+    const double opt_max = *std::max_element(opt_s.begin(), opt_s.end());
+    const double ag_max = *std::max_element(ag_exposed.begin(), ag_exposed.end());
+    r.step_time_s = compute_end + opt_max + ag_max;
+    r.dp_end_s = compute_end;
+    r.optimizer_end_s = compute_end + opt_max;
+    r.critical_stage = critical;
+
+    // Breakdown of the critical stage: its tasks, then what the step adds around them.
+    TimeBreakdown bd;
+    for (const ScheduledTask& t : r.schedule.stages[critical]) {
+        if (t.kind == TaskKind::forward) {
+            bd.add(cc[t.chunk_f].fwd.parts);
+        } else if (t.kind == TaskKind::backward) {
+            bd.add(cc[t.chunk_b].bwd.parts);
+        } else {
+            bd.add(cc[t.chunk_f].fwd_deferred.parts);
+            bd.add(cc[t.chunk_b].bwd_deferred.parts);
+            bd.ep_exposed_s += merged(t.chunk_f, t.chunk_b) - (cc[t.chunk_f].fwd_deferred.time_s +
+                                                               cc[t.chunk_b].bwd_deferred.time_s);
+        }
+    }
+    bd.dp_exposed_s =
+        (rs_end[critical] - r.schedule.end_s[critical]) + dp_interference[critical] + ag_max;
+    bd.optimizer_s = opt_max;
+    bd.pp_bubble_s = std::max(0.0, r.step_time_s - bd.total_s());
+    r.breakdown = bd;
+
+    // Memory per stage: static parts plus the peak of activations in flight.
+    r.memory_per_stage.resize(pp);
+    for (int64_t s = 0; s < pp; ++s) {
+        BlockParams sp;
+        bool has_head = false, has_moe = false;
+        for (int64_t c = 0; c < vpp; ++c) {
+            const int64_t g = c * pp + s;
+            sp.dense += cc[g].params.dense;
+            sp.expert += cc[g].params.expert;
+            for (const ChunkBlock& it : groups[g]) {
+                has_head = has_head || it.kind == BlockKind::output_head;
+                has_moe = has_moe || it.kind == BlockKind::moe_layer;
+            }
+        }
+        MemoryBreakdown mb =
+            static_memory(sp, layout, o.precision, o.memory, cluster.gpu.hbm_bytes);
+        mb.stage = s;
+        double cur = 0, peak = 0;
+        for (const ScheduledTask& t : r.schedule.stages[s]) {
+            if (t.kind != TaskKind::backward) {
+                cur += cc[t.chunk_f].saved_bytes;
+                peak = std::max(peak, cur);
+            }
+            if (t.kind != TaskKind::forward) cur -= cc[t.chunk_b].saved_bytes;
+        }
+        mb.activations_bytes = peak;
+        const double tokens =
+            static_cast<double>(o.micro_batch * o.seq_len) / static_cast<double>(layout.cp);
+        const double d_model = static_cast<double>(model.hidden_size);
+        if (has_moe) {
+            // Dispatch receive and combine send buffers of the expert rows (bf16).
+            const double rows = tokens / static_cast<double>(layout.tp) *
+                                static_cast<double>(model.num_experts_per_tok);
+            mb.comm_buffers_bytes += 2 * rows * d_model * 2;
+        }
+        if (layout.tp > 1) mb.comm_buffers_bytes += 2 * tokens * d_model * 2;
+        if (has_head) {
+            // Logits and their gradient for the cross-entropy, live at the same time.
+            mb.comm_buffers_bytes += 2 * tokens * static_cast<double>(model.vocab_size) /
+                                     static_cast<double>(layout.tp) * 2;
+        }
+        r.memory_per_stage[s] = mb;
+    }
+    r.memory = *std::max_element(r.memory_per_stage.begin(), r.memory_per_stage.end(),
+                                 [](const MemoryBreakdown& a, const MemoryBreakdown& b) {
+                                     return a.total_bytes() < b.total_bytes();
+                                 });
+
+    // Throughput in the Megatron-LM FLOP convention.
+    r.model_flops_per_token = flops_per_token(model, o.seq_len, with_mtp).total;
+    const double tokens_per_step = static_cast<double>(o.global_batch * o.seq_len);
+    r.tokens_per_s_per_gpu = tokens_per_step / r.step_time_s / static_cast<double>(r.gpus);
+    r.tflops_per_gpu = r.tokens_per_s_per_gpu * r.model_flops_per_token / 1e12;
+    r.mfu = r.tflops_per_gpu * 1e12 / cluster.peak_flops(o.precision);
+
+    // One MoE (or dense) layer's forward and backward timeline, for the SVG.
+    const BlockKind shown =
+        model.n_routed_experts > 0 ? BlockKind::moe_layer : BlockKind::dense_layer;
+    OpList f, b;
+    f.append(blocks[shown].forward);
+    b.append(recomputed[shown].backward);
+    r.moe_layer_forward = walk_ops(cluster, f, wo, false, true).events;
+    r.moe_layer_backward = walk_ops(cluster, b, wo, false, true).events;
+    return r;
+}
+
+}  // namespace moetron::sim

@@ -1,0 +1,226 @@
+// sim/hardware, sim/layout, sim/collectives: the catalog loads and is consistent, bad files and
+// layouts get errors that name the problem, groups land on the right domains, and the
+// collective formulas behave as alpha-beta models should.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "moetron/core/error.h"
+#include "moetron/model/config.h"
+#include "moetron/sim/collectives.h"
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/layout.h"
+
+namespace moetron::sim {
+namespace {
+
+const std::string kClusters = std::string(MOETRON_SOURCE_DIR) + "/configs/clusters/";
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(SimHardware, EveryCatalogClusterLoads) {
+    for (const char* name :
+         {"h100-hgx", "h200-hgx", "b200-hgx", "b300-hgx", "gb200-nvl72", "gb300-nvl72"}) {
+        const ClusterSpec c = load_cluster_spec(kClusters + name + ".toml");
+        EXPECT_EQ(c.name, name);
+        EXPECT_GT(c.gpu.hbm_bytes, 70e9) << name;
+        EXPECT_GT(c.scale_up.bytes_per_s, c.scale_out.bytes_per_s) << name;
+        // FP8 doubles BF16 on every one of these GPUs.
+        EXPECT_NEAR(c.peak_flops(Precision::fp8), 2 * c.peak_flops(Precision::bf16), 1e12) << name;
+    }
+    const ClusterSpec h100 = load_cluster_spec(kClusters + "h100-hgx.toml");
+    const ClusterSpec gb300 = load_cluster_spec(kClusters + "gb300-nvl72.toml");
+    EXPECT_EQ(h100.efficiency.arch, "hopper");
+    EXPECT_EQ(gb300.efficiency.arch, "blackwell");
+    EXPECT_EQ(gb300.scale_up.domain_gpus, 72);
+    EXPECT_DOUBLE_EQ(gb300.scale_out.bytes_per_s, 100e9);  // ConnectX-8, 800 Gb/s
+}
+
+TEST(SimHardware, UnknownPrecisionForAGpuIsAClearError) {
+    const ClusterSpec h100 = load_cluster_spec(kClusters + "h100-hgx.toml");
+    const std::string msg = error_of([&] { (void)h100.peak_flops(Precision::mxfp8); });
+    EXPECT_NE(msg.find("H100"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("mxfp8"), std::string::npos) << msg;
+    EXPECT_THROW(precision_from_name("fp6"), Error);
+    EXPECT_EQ(precision_from_name("nvfp4"), Precision::fp4);
+}
+
+// A calibrated CPU "cluster" (what `moetron calibrate` is to write): inline efficiency.
+constexpr const char* kCpuCluster = R"(
+name = "calibrated-cpu"
+[gpu]
+name = "2-core x86 host"
+peak_dense_tflops = { bf16 = 0.2, tf32 = 0.1 }
+hbm_gib = 16
+hbm_gbytes_per_s = 20
+exp_per_s = 2e9
+[scale_up]
+domain_gpus = 2
+gbytes_per_s = 10
+latency_us = 2
+[scale_out]
+gbytes_per_s = 1
+latency_us = 30
+[efficiency]
+arch = "calibrated-cpu"
+[efficiency.gemm]
+max_efficiency = { bf16 = 0.6, tf32 = 0.7 }
+half_saturation_dim = 32
+[efficiency.grouped_gemm]
+ratio_to_dense = 0.9
+half_saturation_tokens_per_expert = 16
+[efficiency.attention]
+fwd_efficiency = 0.3
+bwd_efficiency = 0.25
+exp_efficiency = 0.5
+[efficiency.memory]
+bandwidth_efficiency = 0.6
+[efficiency.kernel]
+gpu_overhead_us = 1
+host_overhead_us = 0
+graph_launch_us = 0
+[efficiency.collectives]
+scale_up_bw_efficiency = 0.5
+scale_out_bw_efficiency = 0.5
+all_to_all_bw_efficiency = 0.5
+comm_sm_fraction = 0
+)";
+
+TEST(SimHardware, InlineEfficiencyExpressesACalibratedCpu) {
+    const ClusterSpec c = parse_cluster_spec(kCpuCluster, "cpu.toml", "/nonexistent");
+    EXPECT_EQ(c.efficiency.arch, "calibrated-cpu");
+    EXPECT_DOUBLE_EQ(c.peak_flops(Precision::bf16), 0.2e12);
+    EXPECT_THROW((void)c.peak_flops(Precision::fp8), Error);
+}
+
+TEST(SimHardware, MalformedFilesNameTheProblem) {
+    std::string text = kCpuCluster;
+    text.replace(text.find("hbm_gib"), 7, "hbm_gb");
+    EXPECT_NE(error_of([&] { parse_cluster_spec(text, "x.toml", "/"); }).find("hbm_gb"),
+              std::string::npos);
+    std::string bad_fraction = kCpuCluster;
+    bad_fraction.replace(bad_fraction.find("fwd_efficiency = 0.3"), 20, "fwd_efficiency = 1.3");
+    EXPECT_NE(
+        error_of([&] { parse_cluster_spec(bad_fraction, "x.toml", "/"); }).find("fwd_efficiency"),
+        std::string::npos);
+    EXPECT_NE(
+        error_of([&] { parse_cluster_spec("name = \"x\"\n[gpu\n", "y.toml", "/"); }).find("y.toml"),
+        std::string::npos);
+    EXPECT_THROW(load_cluster_spec(kClusters + "no-such-cluster.toml"), Error);
+}
+
+ModelConfig dsv3_like() {
+    ModelConfig m;
+    m.num_hidden_layers = 61;
+    m.num_attention_heads = 128;
+    m.n_routed_experts = 256;
+    return m;
+}
+
+TEST(SimLayout, ParsesAndDerivesDp) {
+    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    EXPECT_EQ(l.dp, 128);
+    EXPECT_EQ(l.edp(), 4);
+    EXPECT_EQ(l.to_string(), "tp1.pp2.vpp4.ep32.cp1.dp128");
+    validate_layout(l, 256, dsv3_like());
+    EXPECT_EQ(parse_layout("ep64.tp2.vpp4.pp8", 1024).dp, 64);
+}
+
+TEST(SimLayout, ImpossibleLayoutsSayWhy) {
+    const ModelConfig m = dsv3_like();
+    EXPECT_NE(error_of([] { parse_layout("tp3.pp2", 256); }).find("does not divide"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { parse_layout("tp1.pq2", 256); }).find("pq"), std::string::npos);
+    EXPECT_NE(error_of([] { parse_layout("tp1.pp2.dp7", 256); }).find("dp7"), std::string::npos);
+    auto check = [&](const char* text, int64_t gpus) {
+        return error_of([&] { validate_layout(parse_layout(text, gpus), gpus, m); });
+    };
+    EXPECT_NE(check("tp1.pp2.ep48", 96).find("routed experts"), std::string::npos);
+    EXPECT_NE(check("tp1.pp4.ep64", 128).find("pipeline stage"), std::string::npos);
+    EXPECT_NE(check("tp1.pp16.vpp4", 256).find("layers"), std::string::npos);
+    ModelConfig odd_heads = m;
+    odd_heads.num_attention_heads = 6;
+    EXPECT_NE(error_of([&] {
+                  validate_layout(parse_layout("tp4", 4), 4, odd_heads);
+              }).find("attention heads"),
+              std::string::npos);
+}
+
+TEST(SimLayout, PipelineLayoutStrings) {
+    const auto chunks = parse_pipeline_layout("Et|(tt|)*30mL");
+    ASSERT_EQ(chunks.size(), 32u);
+    EXPECT_EQ(chunks[0], "Et");
+    EXPECT_EQ(chunks[1], "tt");
+    EXPECT_EQ(chunks[31], "mL");
+    EXPECT_EQ(parse_pipeline_layout("Et*3|t*2L").at(0), "Ettt");
+    EXPECT_THROW(parse_pipeline_layout("Et|x"), Error);
+    EXPECT_THROW(parse_pipeline_layout("Et||L"), Error);
+}
+
+TEST(SimLayout, GroupsLandOnDomains) {
+    // EP32 on NVL72: a rack holds two EP groups (64 GPUs), so EP never leaves the rack.
+    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const LayoutPlacement p = place_layout(l, 72);
+    EXPECT_EQ(p.gpus_per_domain, 64);
+    EXPECT_EQ(p.ep.domains, 1);
+    EXPECT_EQ(p.edp.domains, 2);  // expert-DP peers 32 ranks apart: two per rack
+    EXPECT_EQ(p.pp.domains, 2);
+    // EP64 with TP2 on HGX: 8 nodes of 8.
+    const LayoutPlacement h = place_layout(parse_layout("tp2.pp8.vpp4.ep64", 1024), 8);
+    EXPECT_EQ(h.ep.domains, 8);
+    EXPECT_EQ(h.ep.ranks_per_domain, 8);
+    EXPECT_EQ(h.tp.domains, 1);
+    EXPECT_EQ(h.dp.ranks_per_domain, 4);
+    // EP128 does not fit a 72-GPU rack: two racks of 64.
+    const LayoutPlacement big = place_layout(parse_layout("tp1.pp1.ep128", 256), 72);
+    EXPECT_EQ(big.gpus_per_domain, 64);
+    EXPECT_EQ(big.ep.domains, 2);
+}
+
+TEST(SimCollectives, AlphaBetaShapes) {
+    const ClusterSpec c = load_cluster_spec(kClusters + "h100-hgx.toml");
+    const GroupPlacement node{8, 1, 8};
+    const double bytes = 1e9;
+    const CommCost ring = all_reduce_ring(c, node, bytes);
+    // Ring: 2(n-1)/n of the buffer at NVLink speed plus 2(n-1) latencies.
+    EXPECT_NEAR(ring.time_s,
+                14 * c.scale_up.latency_s + 2 * 7.0 / 8 * bytes / scale_up_bandwidth(c), 1e-12);
+    // NVLS moves the buffer once: about half the ring's time for large buffers.
+    EXPECT_LT(all_reduce_nvls(c, node, bytes).time_s, 0.6 * ring.time_s);
+    EXPECT_EQ(all_reduce_cost(c, node, bytes).algorithm, "nvls");
+    // Latency dominates small messages: tree beats ring for 64 ranks.
+    const GroupPlacement across{64, 8, 8};
+    EXPECT_LT(all_reduce_tree(c, across, 1e3).time_s, all_reduce_ring(c, across, 1e3).time_s);
+    // Reduce-scatter plus all-gather move what a ring all-reduce moves.
+    EXPECT_NEAR(reduce_scatter_cost(c, node, bytes).time_s + all_gather_cost(c, node, bytes).time_s,
+                ring.time_s, 1e-12);
+    // A flat all-to-all over 8 nodes sends 7/8 of its bytes over the NICs.
+    const CommCost a2a = all_to_all_flat(c, across, bytes);
+    EXPECT_NEAR(a2a.scale_out_bytes, bytes * 56.0 / 64, 1);
+    EXPECT_NEAR(a2a.scale_up_bytes, bytes * 7.0 / 64, 1);
+}
+
+TEST(SimCollectives, TwoTierDispatchCrossesTheNicLess) {
+    const ClusterSpec c = load_cluster_spec(kClusters + "h100-hgx.toml");
+    const GroupPlacement ep{64, 8, 8};
+    const RoutingShape r{256, 8, 4, 8, 64, 8};
+    const double tokens = 2048, token_bytes = 7168 * 2;
+    const CommCost flat = moe_dispatch_cost(c, ep, r, DispatchAlgo::flat, tokens, token_bytes);
+    const CommCost tiered =
+        moe_dispatch_cost(c, ep, r, DispatchAlgo::two_tier, tokens, token_bytes);
+    // Flat: 8 copies, 7/8 of them remote; two-tier: 3.17 remote domains per token.
+    EXPECT_NEAR(flat.scale_out_bytes, tokens * 8 * token_bytes * 56.0 / 64, 1e3);
+    EXPECT_NEAR(tiered.scale_out_bytes / (tokens * token_bytes), 3.17, 0.01);
+    EXPECT_LT(tiered.time_s, 0.5 * flat.time_s);
+}
+
+}  // namespace
+}  // namespace moetron::sim

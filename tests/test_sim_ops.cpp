@@ -1,0 +1,144 @@
+// sim/ops and sim/costs: the per-op FLOPs add up to model/flops' total (the one source of
+// truth), recompute moves forward ops into the backward and drops saved activations, and the
+// efficiency curves and roofline behave.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "moetron/core/error.h"
+#include "moetron/model/config.h"
+#include "moetron/model/flops.h"
+#include "moetron/sim/costs.h"
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/layout.h"
+#include "moetron/sim/ops.h"
+
+namespace moetron::sim {
+namespace {
+
+const std::string kRoot = MOETRON_SOURCE_DIR;
+
+struct Fixture {
+    ModelConfig model = load_model_config(kRoot + "/configs/models/dsv3-671b.toml");
+    ClusterSpec cluster = load_cluster_spec(kRoot + "/configs/clusters/gb300-nvl72.toml");
+
+    OpContext context(const char* layout, int64_t gpus, int64_t seq, int64_t mbs) const {
+        OpContext ctx;
+        ctx.model = &model;
+        ctx.cluster = &cluster;
+        ctx.layout = parse_layout(layout, gpus);
+        ctx.placement = place_layout(ctx.layout, cluster.scale_up.domain_gpus);
+        ctx.seq_len = seq;
+        ctx.micro_batch = mbs;
+        ctx.settings.precision = Precision::mxfp8;
+        return ctx;
+    }
+};
+
+double model_flops(const BlockOps& b) {
+    double sum = 0;
+    for (const Op& op : b.forward) sum += op.model_flops;
+    for (const Op& op : b.backward) sum += op.model_flops;
+    return sum;
+}
+
+// Sum of the ops' convention FLOPs for a whole model, per token of the micro-batch.
+double per_token_from_ops(const Fixture& f, const OpContext& ctx, bool mtp) {
+    const ModelConfig& m = f.model;
+    double sum = model_flops(build_block_ops(ctx, BlockKind::embedding)) +
+                 model_flops(build_block_ops(ctx, BlockKind::output_head));
+    const double dense = model_flops(build_block_ops(ctx, BlockKind::dense_layer));
+    const double moe = model_flops(build_block_ops(ctx, BlockKind::moe_layer));
+    sum += static_cast<double>(m.num_dense_layers()) * dense +
+           static_cast<double>(m.num_moe_layers()) * moe;
+    if (mtp) sum += model_flops(build_block_ops(ctx, BlockKind::mtp_extra)) + moe;
+    // Ops are per rank: scale back to the whole micro-batch, then per token.
+    const double ranks = static_cast<double>(ctx.layout.tp * ctx.layout.cp);
+    return sum * ranks / static_cast<double>(ctx.micro_batch * ctx.seq_len);
+}
+
+TEST(SimOps, PerOpFlopsAddUpToModelFlops) {
+    Fixture f;
+    for (const char* layout : {"tp1.ep8", "tp2.ep8", "tp2.cp2.ep8", "tp8.ep64"}) {
+        for (int64_t seq : {1024, 4096}) {
+            for (bool mtp : {false, true}) {
+                const OpContext ctx = f.context(layout, 64, seq, 2);
+                const double want = flops_per_token(f.model, seq, mtp).total;
+                EXPECT_NEAR(per_token_from_ops(f, ctx, mtp) / want, 1.0, 1e-12)
+                    << layout << " seq " << seq << " mtp " << mtp;
+            }
+        }
+    }
+}
+
+TEST(SimOps, ExecutedFlopsExceedTheConventionWhereRealKernelsDoMore) {
+    Fixture f;
+    const BlockOps moe = build_block_ops(f.context("tp2.ep8", 64, 4096, 1), BlockKind::moe_layer);
+    double executed = 0, counted = 0;
+    for (const auto* list : {&moe.forward, &moe.backward}) {
+        for (const Op& op : *list) {
+            executed += op.flops;
+            counted += op.model_flops;
+        }
+    }
+    // Duplicated MLA down-projections, flash-attention recompute and the router GEMM.
+    EXPECT_GT(executed, counted * 1.02);
+}
+
+TEST(SimOps, RecomputeRerunsForwardOpsAndSavesMemory) {
+    Fixture f;
+    const BlockOps moe = build_block_ops(f.context("tp1.ep32", 256, 4096, 1), BlockKind::moe_layer);
+    const RecomputedBlock none = apply_recompute(moe, parse_recompute("none"));
+    const RecomputedBlock act = apply_recompute(moe, parse_recompute("moe_act"));
+    const RecomputedBlock full = apply_recompute(moe, parse_recompute("full"));
+    EXPECT_EQ(none.backward.size(), moe.backward.size());
+    EXPECT_LT(act.saved_bytes, none.saved_bytes);
+    EXPECT_LT(full.saved_bytes, act.saved_bytes);
+    EXPECT_DOUBLE_EQ(full.saved_bytes, moe.layer_input_bytes);
+    int reruns = 0;
+    for (const Op& op : act.backward) {
+        if (op.is_recompute) {
+            ++reruns;
+            EXPECT_EQ(op.module, Module::moe_act) << op.name;
+        }
+    }
+    EXPECT_EQ(reruns, 1);
+    // Full recompute reruns the whole forward, its all-to-alls included.
+    EXPECT_EQ(full.backward.size(), moe.backward.size() + moe.forward.size());
+    EXPECT_EQ(recompute_name(parse_recompute("mlp,moe_act")), "mlp,moe_act");
+    EXPECT_THROW(parse_recompute("mlp,attention"), Error);
+}
+
+TEST(SimCosts, GemmEfficiencyGrowsWithSizeAndRooflineBoundsIt) {
+    Fixture f;
+    const EfficiencyParams& e = f.cluster.efficiency;
+    const double small = gemm_efficiency(e, Precision::mxfp8, 4096, 32768, 512);
+    const double big = gemm_efficiency(e, Precision::mxfp8, 4096, 7168, 16384);
+    EXPECT_LT(small, big);
+    EXPECT_LT(big, e.gemm_max.at(Precision::mxfp8));
+    EXPECT_LT(grouped_gemm_efficiency(e, Precision::mxfp8, 64, 4096, 7168),
+              grouped_gemm_efficiency(e, Precision::mxfp8, 4096, 4096, 7168));
+    // A skinny GEMM is memory-bound: its time follows the bytes, not the FLOPs.
+    Op op;
+    op.kind = OpKind::gemm;
+    op.precision = Precision::mxfp8;
+    op.m = 1;
+    op.n = 8192;
+    op.k = 8192;
+    op.flops = 2 * op.m * op.n * op.k;
+    op.bytes = op.n * op.k;
+    op.kernels = 0;
+    EXPECT_NEAR(op_gpu_time_s(f.cluster, op),
+                op.bytes / (f.cluster.gpu.hbm_bytes_per_s * e.memory_bw), 1e-12);
+    // A large one is compute-bound at its efficiency.
+    op.m = 8192;
+    op.flops = 2 * op.m * op.n * op.k;
+    op.bytes = 3 * 8192.0 * 8192.0;
+    EXPECT_NEAR(op_gpu_time_s(f.cluster, op),
+                op.flops / (f.cluster.peak_flops(Precision::mxfp8) *
+                            gemm_efficiency(e, Precision::mxfp8, op.m, op.n, op.k)),
+                1e-12);
+}
+
+}  // namespace
+}  // namespace moetron::sim

@@ -1,0 +1,137 @@
+// The cluster model against published DeepSeek-V3 671B pre-training throughput (seq 4096,
+// dropless routing with balanced token distribution), from one efficiency set per
+// architecture (configs/clusters/efficiency/{hopper,blackwell}.toml). Prints predicted vs
+// published and the error, and asserts each within 10%.
+//
+// Software assumed for each point (the options, not the efficiency, change between points):
+//  - GB300 1,088 (earlier software): DeepEP/HybridEP-class two-tier dispatch in bf16, partial
+//    CUDA graphs (attention, router, preprocess, shared expert), no EP overlap, recompute
+//    mlp + moe_act (Megatron-LM's GB200 guide, docs/discussions/deepseek-v3-gb200-optimization).
+//  - H100 338: the published recipe (Megatron-MoE-ModelZoo best_practice/DeepSeekV3/run.sh):
+//    DeepEP, EP all-to-all overlap, recompute mla_up_proj + mlp, one MTP layer (counted),
+//    pipeline layout Et|(tt|)*30mL, no CUDA graphs.
+//  - GB300 1,648 (later software): full CUDA graphs (sync-free MoE), EP overlap, MXFP8
+//    dispatch; layout, micro-batch and recompute are the planner's best.
+//  - 256 -> 1,024 GB300: the later software and the planner's layout, global batch x4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "moetron/model/config.h"
+#include "moetron/sim/planner.h"
+#include "moetron/sim/report.h"
+#include "moetron/sim/step.h"
+
+namespace moetron::sim {
+namespace {
+
+const std::string kRoot = MOETRON_SOURCE_DIR;
+
+struct Row {
+    std::string what;
+    std::string unit;
+    double predicted = 0;
+    double published = 0;
+    double error() const { return predicted / published - 1; }
+};
+
+class Published : public ::testing::Test {
+  protected:
+    static void TearDownTestSuite() {
+        std::printf("\n  %-58s %-14s %10s %10s %8s\n", "DeepSeek-V3 671B, seq 4096", "",
+                    "predicted", "published", "error");
+        for (const Row& r : rows()) {
+            std::printf("  %-58s %-14s %10.1f %10.1f %+7.1f%%\n", r.what.c_str(), r.unit.c_str(),
+                        r.predicted, r.published, 100 * r.error());
+        }
+        std::printf("\n");
+    }
+    static std::vector<Row>& rows() {
+        static std::vector<Row> r;
+        return r;
+    }
+    static void record(const Row& r) {
+        rows().push_back(r);
+        EXPECT_LT(std::fabs(r.error()), 0.10) << r.what << " " << r.unit;
+    }
+
+    ModelConfig dsv3 = load_model_config(kRoot + "/configs/models/dsv3-671b.toml");
+    ClusterSpec gb300 = load_cluster_spec(kRoot + "/configs/clusters/gb300-nvl72.toml");
+    ClusterSpec h100 = load_cluster_spec(kRoot + "/configs/clusters/h100-hgx.toml");
+
+    SimOptions later_software() const {
+        SimOptions o;
+        o.precision = Precision::mxfp8;
+        o.seq_len = 4096;
+        o.global_batch = 4096;
+        o.count_mtp = false;
+        o.cuda_graphs = CudaGraphs::full;
+        o.overlap_ep = true;
+        o.low_precision_dispatch = true;
+        return o;
+    }
+
+    // The default search space around the winners (tp 1-2, pp 1-4), to keep the test fast;
+    // `moetron plan` searches the full space and picks the same layout.
+    static PlanSpace test_space() {
+        PlanSpace s;
+        s.tp = {1, 2};
+        s.pp = {1, 2, 4};
+        s.ep = {16, 32, 64};
+        return s;
+    }
+};
+
+TEST_F(Published, Gb300EarlierSoftware) {
+    SimOptions o;
+    o.precision = Precision::mxfp8;
+    o.seq_len = 4096;
+    o.global_batch = 4096;
+    o.micro_batch = 1;
+    o.count_mtp = false;
+    o.recompute = parse_recompute("mlp,moe_act");
+    o.cuda_graphs = CudaGraphs::partial;
+    const StepResult r = simulate_step(dsv3, gb300, parse_layout("tp1.pp2.vpp4.ep32", 256), o);
+    record({"256 GB300 MXFP8 TP1 PP2 VPP4 EP32 gbs4096 (MTP not counted)", "tokens/s/GPU",
+            r.tokens_per_s_per_gpu, 4357});
+    record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 1088});
+}
+
+TEST_F(Published, H100) {
+    SimOptions o;
+    o.precision = Precision::fp8;
+    o.seq_len = 4096;
+    o.global_batch = 8192;
+    o.micro_batch = 1;
+    o.count_mtp = true;
+    o.recompute = parse_recompute("mla_up_proj,mlp");
+    o.overlap_ep = true;
+    o.pipeline_layout = "Et|(tt|)*30mL";
+    const StepResult r = simulate_step(dsv3, h100, parse_layout("tp2.pp8.vpp4.ep64", 1024), o);
+    record({"1024 H100 FP8 TP2 PP8 VPP4 EP64 gbs8192 (MTP counted)", "tokens/s/GPU",
+            r.tokens_per_s_per_gpu, 1297});
+    record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 338});
+}
+
+TEST_F(Published, Gb300LaterSoftwareAndScaling) {
+    const PlanResult plan = plan_layouts(dsv3, gb300, 256, later_software(), test_space());
+    ASSERT_FALSE(plan.ranked.empty());
+    const StepResult& best = plan.ranked.front().result;
+    std::printf("  planner's best on 256 GB300: %s\n", describe_options(best).c_str());
+    record({"256 GB300 MXFP8 later software, planner's best layout", "TFLOPs/GPU",
+            best.tflops_per_gpu, 1648});
+
+    ParallelLayout wide = best.layout;
+    wide.dp *= 4;
+    SimOptions o = best.options;
+    o.global_batch *= 4;
+    const StepResult at_1024 = simulate_step(dsv3, gb300, wide, o);
+    record({"256 -> 1024 GB300, per-GPU throughput kept (gbs x4)", "%",
+            100 * at_1024.tflops_per_gpu / best.tflops_per_gpu, 98.5});
+}
+
+}  // namespace
+}  // namespace moetron::sim

@@ -1,0 +1,167 @@
+// sim/step, sim/memory, sim/report, sim/svg: a simulated step is self-consistent (the breakdown
+// adds up to the step, overlap never slows a step down, memory adds up), impossible inputs and
+// out-of-memory layouts are rejected with a message that says why and by how much, and the
+// reports render.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "moetron/core/error.h"
+#include "moetron/model/config.h"
+#include "moetron/sim/report.h"
+#include "moetron/sim/step.h"
+#include "moetron/sim/svg.h"
+
+namespace moetron::sim {
+namespace {
+
+const std::string kRoot = MOETRON_SOURCE_DIR;
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+struct Fixture {
+    ModelConfig dsv3 = load_model_config(kRoot + "/configs/models/dsv3-671b.toml");
+    ClusterSpec gb300 = load_cluster_spec(kRoot + "/configs/clusters/gb300-nvl72.toml");
+    ClusterSpec h100 = load_cluster_spec(kRoot + "/configs/clusters/h100-hgx.toml");
+
+    SimOptions gb300_options() const {
+        SimOptions o;
+        o.precision = Precision::mxfp8;
+        o.seq_len = 4096;
+        o.global_batch = 4096;
+        o.micro_batch = 1;
+        o.count_mtp = false;
+        o.recompute = parse_recompute("mlp,moe_act");
+        o.cuda_graphs = CudaGraphs::partial;
+        return o;
+    }
+};
+
+TEST(SimStep, BreakdownAddsUpToTheStep) {
+    Fixture f;
+    const StepResult r =
+        simulate_step(f.dsv3, f.gb300, parse_layout("tp1.pp2.vpp4.ep32", 256), f.gb300_options());
+    EXPECT_NEAR(r.breakdown.total_s(), r.step_time_s, 1e-9 * r.step_time_s);
+    EXPECT_EQ(r.micro_batches, 32);
+    EXPECT_NEAR(r.tokens_per_s_per_gpu * r.step_time_s * 256, 4096.0 * 4096, 1);
+    EXPECT_NEAR(r.tflops_per_gpu, r.tokens_per_s_per_gpu * r.model_flops_per_token / 1e12, 1e-9);
+    EXPECT_GT(r.mfu, 0.05);
+    EXPECT_LT(r.mfu, 0.6);
+    // Every main layer sits in exactly one model chunk.
+    std::vector<int> seen(61, 0);
+    for (const auto& chunk : r.stage_layers) {
+        for (int layer : chunk) ++seen.at(static_cast<size_t>(layer));
+    }
+    for (int count : seen) EXPECT_EQ(count, 1);
+    EXPECT_EQ(r.memory_per_stage.size(), 2u);
+}
+
+TEST(SimStep, OverlapAndGraphsNeverSlowAStepDown) {
+    Fixture f;
+    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const SimOptions base = f.gb300_options();
+    const double t0 = simulate_step(f.dsv3, f.gb300, l, base).step_time_s;
+    SimOptions o = base;
+    o.overlap_ep = true;
+    const double t_ep = simulate_step(f.dsv3, f.gb300, l, o).step_time_s;
+    EXPECT_LT(t_ep, t0);
+    o.cuda_graphs = CudaGraphs::full;
+    EXPECT_LE(simulate_step(f.dsv3, f.gb300, l, o).step_time_s, t_ep);
+    SimOptions no_dp = base;
+    no_dp.overlap_dp_grad = false;
+    no_dp.overlap_dp_param = false;
+    EXPECT_GT(simulate_step(f.dsv3, f.gb300, l, no_dp).step_time_s, t0);
+    SimOptions no_graphs = base;
+    no_graphs.cuda_graphs = CudaGraphs::none;
+    EXPECT_GE(simulate_step(f.dsv3, f.gb300, l, no_graphs).step_time_s, t0);
+}
+
+TEST(SimStep, RecomputeTradesTimeForMemory) {
+    Fixture f;
+    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    SimOptions light = f.gb300_options();
+    light.recompute = parse_recompute("none");
+    SimOptions heavy = light;
+    heavy.recompute = parse_recompute("full");
+    const StepResult a = simulate_step_unchecked(f.dsv3, f.gb300, l, light);
+    const StepResult b = simulate_step_unchecked(f.dsv3, f.gb300, l, heavy);
+    EXPECT_LT(b.memory.activations_bytes, 0.2 * a.memory.activations_bytes);
+    EXPECT_GT(b.step_time_s, a.step_time_s);
+    EXPECT_GT(b.breakdown.recompute_s, 0.1 * b.step_time_s);
+}
+
+TEST(SimStep, OutOfMemorySaysByHowMuch) {
+    Fixture f;
+    // All of DeepSeek-V3 on 8 H100s cannot fit.
+    SimOptions o;
+    o.precision = Precision::fp8;
+    o.global_batch = 64;
+    const std::string msg =
+        error_of([&] { simulate_step(f.dsv3, f.h100, parse_layout("tp1.pp1.ep8", 8), o); });
+    EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("GB over"), std::string::npos) << msg;
+    const StepResult r = simulate_step_unchecked(f.dsv3, f.h100, parse_layout("tp1.pp1.ep8", 8), o);
+    EXPECT_GT(r.memory.total_bytes(), 10 * r.memory.capacity_bytes);
+}
+
+TEST(SimStep, ImpossibleInputsAreRejected) {
+    Fixture f;
+    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    SimOptions o = f.gb300_options();
+    o.global_batch = 4000;  // not a multiple of dp 128 x mbs 1
+    EXPECT_NE(error_of([&] { simulate_step(f.dsv3, f.gb300, l, o); }).find("global batch"),
+              std::string::npos);
+    o = f.gb300_options();
+    o.global_batch = 128 * 3;  // 3 micro-batches: not a multiple of pp for interleaving
+    EXPECT_NE(error_of([&] { simulate_step(f.dsv3, f.gb300, l, o); }).find("multiple of pp"),
+              std::string::npos);
+    // MXFP8 on an H100.
+    SimOptions mx = f.gb300_options();
+    mx.global_batch = 8192;
+    const std::string msg = error_of(
+        [&] { simulate_step(f.dsv3, f.h100, parse_layout("tp2.pp8.vpp4.ep64", 1024), mx); });
+    EXPECT_NE(msg.find("mxfp8"), std::string::npos) << msg;
+    // TP across NVLink domains.
+    SimOptions fp8 = mx;
+    fp8.precision = Precision::fp8;
+    EXPECT_NE(error_of([&] {
+                  simulate_step(f.dsv3, f.h100, parse_layout("tp16.pp8.ep64", 1024), fp8);
+              }).find("domain"),
+              std::string::npos);
+    // A Megatron layout string that does not match the model.
+    SimOptions bad_layout = f.gb300_options();
+    bad_layout.pipeline_layout = "Et|(tt|)*6L";
+    EXPECT_NE(error_of([&] { simulate_step(f.dsv3, f.gb300, l, bad_layout); }).find("layers"),
+              std::string::npos);
+}
+
+TEST(SimStep, ReportsRender) {
+    Fixture f;
+    const StepResult r =
+        simulate_step(f.dsv3, f.gb300, parse_layout("tp1.pp2.vpp4.ep32", 256), f.gb300_options());
+    const std::string text = format_step_report(r);
+    for (const char* needle :
+         {"tokens/s/GPU", "TFLOPs/GPU", "MFU", "exposed EP", "bubble", "memory per GPU"}) {
+        EXPECT_NE(text.find(needle), std::string::npos) << needle;
+    }
+    const nlohmann::json j = step_report_json(r);
+    EXPECT_DOUBLE_EQ(j["step_time_s"].get<double>(), r.step_time_s);
+    EXPECT_EQ(j["memory_per_stage"].size(), 2u);
+    const std::string svg = step_timeline_svg(r);
+    EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+    EXPECT_NE(svg.find("</svg>"), std::string::npos);
+    EXPECT_NE(svg.find("stage 1"), std::string::npos);
+    const std::string chart = scaling_svg({{256, 1500, 1.0}, {1024, 1480, 0.987}}, "scaling");
+    EXPECT_NE(chart.find("98.7%"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace moetron::sim
