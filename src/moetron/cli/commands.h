@@ -11,5 +11,11 @@ namespace moetron::cli {
 // Parses argv, runs the chosen subcommand, returns the process exit code.
 int run(int argc, char** argv);
 
+void register_info(CLI::App& app);  // moetron info: parameters, FLOPs and memory of a config
+void register_train(CLI::App& app);    // moetron train: single-process training
+void register_prepare(CLI::App& app);  // moetron prepare: text -> byte-level token shard
+void register_sample(CLI::App& app);   // moetron sample: generate text from saved weights
+void register_simulate(CLI::App& app);  // moetron simulate: predict a step on a GPU cluster
+void register_plan(CLI::App& app);      // moetron plan: search layouts for a GPU cluster
 
 }  // namespace moetron::cli

@@ -1,0 +1,168 @@
+#include "moetron/train/metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "moetron/core/error.h"
+#include "moetron/core/timer.h"
+#include "moetron/kernels/cpu/matmul.h"
+
+namespace moetron {
+
+namespace {
+
+// Appends formatted text to a fixed buffer; text past its end is cut, never allocated.
+class LineWriter {
+  public:
+    LineWriter(char* data, size_t capacity) : data_(data), capacity_(capacity) {}
+
+    template <class... Args>
+    void add(fmt::format_string<Args...> format, Args&&... args) {
+        const size_t room = capacity_ - size_;
+        const auto result =
+            fmt::format_to_n(data_ + size_, room, format, std::forward<Args>(args)...);
+        size_ += std::min(result.size, room);
+    }
+    // A JSON member "key":value; JSON has no NaN or infinity, so those become null.
+    void json_number(const char* key, double value) {
+        if (std::isfinite(value)) {
+            add(",\"{}\":{:.7g}", key, value);
+        } else {
+            add(",\"{}\":null", key);
+        }
+    }
+    size_t size() const { return size_; }
+
+  private:
+    char* data_;
+    size_t capacity_;
+    size_t size_ = 0;
+};
+
+}  // namespace
+
+double measure_gemm_peak_gflops(int64_t n, double seconds) {
+    MT_CHECK(n > 0 && seconds > 0, "[metrics] GEMM peak needs n > 0 and seconds > 0");
+    const auto count = static_cast<size_t>(n * n);
+    std::vector<float> a(count, 0.5f), b(count, 0.25f), c(count, 0.0f);
+    cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);  // warm-up: threads, caches
+    const double flops =
+        2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+    double best_s = 1e30;
+    Timer total;
+    int runs = 0;
+    while (runs < 3 || total.elapsed_s() < seconds) {
+        Timer t;
+        cpu::matmul(c.data(), a.data(), b.data(), n, n, n, false, false);
+        best_s = std::min(best_s, t.elapsed_s());
+        ++runs;
+    }
+    return flops / best_s / 1e9;
+}
+
+MetricsLog::MetricsLog(int64_t total_steps, int64_t print_every, const std::string& jsonl_path,
+                       bool terminal, std::FILE* out)
+    : total_steps_(total_steps),
+      print_every_(std::max<int64_t>(1, print_every)),
+      terminal_(terminal),
+      out_(out),
+      jsonl_path_(jsonl_path) {
+    if (!jsonl_path.empty()) {
+        jsonl_ = std::fopen(jsonl_path.c_str(), "w");
+        MT_CHECK(jsonl_ != nullptr, "[metrics] cannot create the JSONL log '{}': {}", jsonl_path,
+                 detail::errno_message());
+    }
+}
+
+MetricsLog::~MetricsLog() {
+    if (jsonl_) std::fclose(jsonl_);  // finish() reports errors; a destructor must not throw
+}
+
+void MetricsLog::write_out(const char* text, size_t size) {
+    MT_CHECK(std::fwrite(text, 1, size, out_) == size, "[metrics] writing the log failed: {}",
+             detail::errno_message());
+}
+
+void MetricsLog::log_step(const StepRecord& r) {
+    compute_s_ += r.step_s;
+    ++steps_logged_;
+    const bool validated = !std::isnan(r.val_loss);
+    const bool plain_line =
+        validated || r.step == 1 || r.step == total_steps_ || r.step % print_every_ == 0;
+    if (plain_line && (!terminal_ || validated)) {
+        LineWriter w(line_.data(), line_.size());
+        if (terminal_ && bar_open_) w.add("\r\x1b[K");
+        w.add("step {:>{}}/{} | loss {:.4f}", r.step, fmt::formatted_size("{}", total_steps_),
+              total_steps_, r.loss);
+        if (validated) w.add(" | val {:.4f}", r.val_loss);
+        if (r.mtp_loss != 0) w.add(" | mtp {:.4f}", r.mtp_loss);
+        w.add(" | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | {:.3f} TFLOP/s", r.lr, r.grad_norm,
+              r.tokens_per_s, r.model_tflops);
+        if (r.mfu > 0) w.add(" | MFU {:.1f}%", 100 * r.mfu);
+        if (r.expert_load_max_over_mean > 0)
+            w.add(" | load max/mean {:.2f} min/mean {:.2f}", r.expert_load_max_over_mean,
+                  r.expert_load_min_over_mean);
+        w.add(" | {:.1f} ms\n", r.step_s * 1e3);
+        write_out(line_.data(), w.size());
+        bar_open_ = false;
+    }
+    if (terminal_) {
+        constexpr int kBarWidth = 24;
+        const int filled =
+            static_cast<int>(kBarWidth * r.step / std::max<int64_t>(1, total_steps_));
+        const double eta_s = compute_s_ / static_cast<double>(steps_logged_) *
+                             static_cast<double>(total_steps_ - r.step);
+        LineWriter w(line_.data(), line_.size());
+        w.add("\r\x1b[K{:>{}}/{} [{:#<{}}{:.<{}}] loss {:.4f} | {:.0f} tok/s", r.step,
+              fmt::formatted_size("{}", total_steps_), total_steps_, "", filled, "",
+              kBarWidth - filled, r.loss, r.tokens_per_s);
+        if (r.mfu > 0) w.add(" | MFU {:.1f}%", 100 * r.mfu);
+        w.add(" | eta {:.0f}s", eta_s);
+        write_out(line_.data(), w.size());
+        bar_open_ = true;
+    }
+    MT_CHECK(std::fflush(out_) == 0, "[metrics] flushing the log failed: {}",
+             detail::errno_message());
+
+    if (jsonl_) {
+        LineWriter w(line_.data(), line_.size());
+        w.add("{{\"step\":{}", r.step);
+        w.json_number("loss", r.loss);
+        w.json_number("mtp_loss", r.mtp_loss);
+        w.json_number("balance_loss", r.balance_loss);
+        w.json_number("lr", r.lr);
+        w.json_number("grad_norm", r.grad_norm);
+        w.json_number("step_ms", r.step_s * 1e3);
+        w.json_number("tokens_per_s", r.tokens_per_s);
+        w.json_number("tflops", r.model_tflops);
+        w.json_number("mfu", r.mfu);
+        w.json_number("expert_load_max_over_mean", r.expert_load_max_over_mean);
+        w.json_number("expert_load_min_over_mean", r.expert_load_min_over_mean);
+        if (validated) w.json_number("val_loss", r.val_loss);
+        w.add("}}\n");
+        MT_CHECK(std::fwrite(line_.data(), 1, w.size(), jsonl_) == w.size(),
+                 "[metrics] writing the JSONL log '{}' failed: {}", jsonl_path_,
+                 detail::errno_message());
+    }
+}
+
+void MetricsLog::finish() {
+    if (bar_open_) {
+        write_out("\n", 1);
+        bar_open_ = false;
+    }
+    MT_CHECK(std::fflush(out_) == 0, "[metrics] flushing the log failed: {}",
+             detail::errno_message());
+    if (jsonl_) {
+        const int flushed = std::fflush(jsonl_);
+        const int closed = std::fclose(jsonl_);
+        jsonl_ = nullptr;
+        MT_CHECK(flushed == 0 && closed == 0, "[metrics] writing the JSONL log '{}' failed: {}",
+                 jsonl_path_, detail::errno_message());
+    }
+}
+
+}  // namespace moetron

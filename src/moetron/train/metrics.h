@@ -1,0 +1,66 @@
+// Per-step training metrics: the record, the machine's measured GEMM peak that MFU is taken
+// against, and the log that shows them: a progress bar on a terminal, plain lines otherwise,
+// and optionally one JSON object per step in a .jsonl file. Lines are formatted into a buffer
+// owned by the log, so logging a step allocates nothing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+
+namespace moetron {
+
+struct StepRecord {
+    int64_t step = 0;         // 1-based: the number of optimizer steps done
+    double loss = 0;          // mean next-token cross-entropy over the step's micro-batches
+    double mtp_loss = 0;      // mean MTP cross-entropy (0 without MTP)
+    double balance_loss = 0;  // alpha-weighted sequence-wise balance loss
+    double lr = 0;
+    double grad_norm = 0;  // global norm before clipping
+    double step_s = 0;     // wall time of the step's compute (not of its logging)
+    double tokens_per_s = 0;
+    double model_tflops = 0;               // model FLOPs (model/flops.h) per second, in TFLOP/s
+    double mfu = 0;                        // model FLOP/s over the measured GEMM peak
+    double expert_load_max_over_mean = 0;  // worst MoE layer
+    double expert_load_min_over_mean = 0;
+    double val_loss = std::numeric_limits<double>::quiet_NaN();  // set on validation steps
+};
+
+// Best sustained single-precision GEMM rate of this machine in GFLOP/s, with the threads now
+// configured: square n x n x n sgemm through cpu::matmul, repeated for about `seconds`.
+double measure_gemm_peak_gflops(int64_t n = 1024, double seconds = 0.3);
+
+class MetricsLog {
+  public:
+    // total_steps: for the bar and the plain-line rhythm (plain lines every print_every steps,
+    // and always at the first and last step and on validation). jsonl_path: "" for none.
+    // terminal: draw a progress bar (use isatty on the output) instead of plain lines.
+    MetricsLog(int64_t total_steps, int64_t print_every, const std::string& jsonl_path,
+               bool terminal, std::FILE* out = stdout);
+    ~MetricsLog();
+    MetricsLog(const MetricsLog&) = delete;
+    MetricsLog& operator=(const MetricsLog&) = delete;
+
+    void log_step(const StepRecord& record);
+    // Ends the bar's line and flushes the JSONL file (checking that every write landed).
+    void finish();
+
+  private:
+    void write_out(const char* text, size_t size);
+
+    int64_t total_steps_;
+    int64_t print_every_;
+    bool terminal_;
+    std::FILE* out_;
+    std::string jsonl_path_;
+    std::FILE* jsonl_ = nullptr;
+    bool bar_open_ = false;  // the bar's line has no newline yet
+    double compute_s_ = 0;   // of the steps logged so far, for the bar's time estimate
+    int64_t steps_logged_ = 0;
+    std::array<char, 1024> line_{};
+};
+
+}  // namespace moetron

@@ -1,0 +1,29 @@
+#include "moetron/train/threads.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+
+extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS extension
+
+namespace moetron {
+
+ThreadChoice choose_and_set_threads(int requested, double flops_per_work_unit) {
+    ThreadChoice choice;
+    if (requested > 0) {
+        choice = {requested, "--threads"};
+    } else if (std::getenv("OMP_NUM_THREADS") != nullptr) {
+        choice = {omp_get_max_threads(), "OMP_NUM_THREADS"};
+    } else if (flops_per_work_unit < kSingleThreadFlops) {
+        choice = {1,
+                  "auto: small steps run on one thread, robust on a busy machine; --threads N to "
+                  "override"};
+    } else {
+        choice = {omp_get_max_threads(), "auto: all cores"};
+    }
+    omp_set_num_threads(choice.num_threads);
+    openblas_set_num_threads(choice.num_threads);
+    return choice;
+}
+
+}  // namespace moetron

@@ -1,0 +1,26 @@
+// How many compute threads a run uses, set for OpenMP and OpenBLAS together.
+//
+// Small steps run on one thread unless asked otherwise. A tiny model's step is a few milliseconds
+// of work split into hundreds of small kernels, and at every kernel boundary OpenMP's and
+// OpenBLAS's thread pools wait for each other. On an idle machine a second thread still helps a
+// little (tiny preset, 200 steps: 3.2 s on 1 thread, 2.2 s on 2), but when other jobs share the
+// cores the waiting threads spin against each other and the same run took 190 s on 2 threads
+// against 5-8 s on 1. So when nobody asked for a count, steps under kSingleThreadFlops run on one
+// thread: at worst a little slower, never pathologically slow.
+#pragma once
+
+namespace moetron {
+
+inline constexpr double kSingleThreadFlops = 5e9;
+
+struct ThreadChoice {
+    int num_threads = 1;
+    const char* reason = "";  // for the run's header
+};
+
+// requested > 0 wins; then the OMP_NUM_THREADS environment variable; then one thread for work
+// units under kSingleThreadFlops, else every core OpenMP offers. Applies the count to OpenMP and
+// OpenBLAS.
+ThreadChoice choose_and_set_threads(int requested, double flops_per_work_unit);
+
+}  // namespace moetron

@@ -1,0 +1,227 @@
+// The [train] table: one key table maps each TOML key to its TrainConfig field.
+#include "moetron/train/train_config.h"
+
+#include <toml++/toml.h>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <variant>
+
+#include "moetron/core/error.h"
+
+namespace moetron {
+
+namespace {
+
+using FieldMember =
+    std::variant<int64_t TrainConfig::*, double TrainConfig::*, uint64_t TrainConfig::*>;
+
+struct Field {
+    std::string_view key;
+    FieldMember member;
+};
+
+const Field kFields[] = {
+    {"batch_size", &TrainConfig::batch_size},
+    {"seq_len", &TrainConfig::seq_len},
+    {"grad_accum", &TrainConfig::grad_accum},
+    {"steps", &TrainConfig::steps},
+    {"lr", &TrainConfig::lr},
+    {"min_lr", &TrainConfig::min_lr},
+    {"warmup_steps", &TrainConfig::warmup_steps},
+    {"weight_decay", &TrainConfig::weight_decay},
+    {"beta1", &TrainConfig::beta1},
+    {"beta2", &TrainConfig::beta2},
+    {"eps", &TrainConfig::eps},
+    {"grad_clip", &TrainConfig::grad_clip},
+    {"seed", &TrainConfig::seed},
+    {"bias_update_speed", &TrainConfig::bias_update_speed},
+    {"balance_loss_alpha", &TrainConfig::balance_loss_alpha},
+    {"mtp_lambda", &TrainConfig::mtp_lambda},
+    {"eval_every", &TrainConfig::eval_every},
+    {"eval_batches", &TrainConfig::eval_batches},
+    {"val_fraction", &TrainConfig::val_fraction},
+};
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diagonal = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+            diagonal = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+        }
+    }
+    return row[b.size()];
+}
+
+std::string where_of(std::string_view source_name, const toml::node& node) {
+    const auto& begin = node.source().begin;
+    return fmt::format("{}:{}:{}", source_name, begin.line, begin.column);
+}
+
+std::string_view type_name(const toml::node& node) {
+    switch (node.type()) {
+        case toml::node_type::table:
+            return "table";
+        case toml::node_type::array:
+            return "array";
+        case toml::node_type::string:
+            return "string";
+        case toml::node_type::integer:
+            return "integer";
+        case toml::node_type::floating_point:
+            return "floating-point number";
+        case toml::node_type::boolean:
+            return "boolean";
+        case toml::node_type::date:
+            return "date";
+        case toml::node_type::time:
+            return "time";
+        case toml::node_type::date_time:
+            return "date-time";
+        case toml::node_type::none:
+            break;
+    }
+    return "value of unknown type";
+}
+
+void assign(TrainConfig& config, const Field& field, const toml::node& value,
+            const std::string& where) {
+    std::visit(
+        [&](auto member) {
+            using T = std::remove_reference_t<decltype(config.*member)>;
+            if constexpr (std::is_same_v<T, double>) {
+                // Integers are numbers too: lr = 1 is as good as lr = 1.0.
+                if (const auto* f = value.as_floating_point()) {
+                    config.*member = f->get();
+                } else if (const auto* i = value.as_integer()) {
+                    config.*member = static_cast<double>(i->get());
+                } else {
+                    MT_THROW("[train-config] {}: '{}' must be a number, got a {}", where, field.key,
+                             type_name(value));
+                }
+            } else {
+                const auto* i = value.as_integer();
+                MT_CHECK(i != nullptr, "[train-config] {}: '{}' must be an integer, got a {}",
+                         where, field.key, type_name(value));
+                if constexpr (std::is_same_v<T, uint64_t>) {
+                    MT_CHECK(i->get() >= 0, "[train-config] {}: '{}' must not be negative, got {}",
+                             where, field.key, i->get());
+                    config.*member = static_cast<uint64_t>(i->get());
+                } else {
+                    config.*member = i->get();
+                }
+            }
+        },
+        field.member);
+}
+
+}  // namespace
+
+const std::vector<std::string_view>& train_config_keys() {
+    static const std::vector<std::string_view> keys = [] {
+        std::vector<std::string_view> k;
+        for (const Field& f : kFields) k.push_back(f.key);
+        return k;
+    }();
+    return keys;
+}
+
+std::string_view closest_known_key(std::string_view key,
+                                   const std::vector<std::string_view>& known) {
+    std::string_view best;
+    size_t best_distance = std::numeric_limits<size_t>::max();
+    for (std::string_view candidate : known) {
+        const size_t d = edit_distance(key, candidate);
+        if (d < best_distance) best_distance = d, best = candidate;
+    }
+    return best;
+}
+
+TrainConfig parse_train_config_toml(std::string_view text, std::string_view source_name) {
+    toml::table root;
+    try {
+        root = toml::parse(text, source_name);
+    } catch (const toml::parse_error& e) {
+        MT_THROW("[train-config] {}:{}:{}: TOML syntax error: {}", source_name,
+                 e.source().begin.line, e.source().begin.column, e.description());
+    }
+    TrainConfig config;
+    const toml::node* train_node = root.get("train");
+    if (!train_node) return config;
+    const toml::table* train = train_node->as_table();
+    MT_CHECK(train != nullptr, "[train-config] {}: 'train' must be a table ([train]), got a {}",
+             where_of(source_name, *train_node), type_name(*train_node));
+    for (const auto& [key_node, value] : *train) {
+        const std::string_view key = key_node.str();
+        const std::string where = where_of(source_name, value);
+        const Field* field = nullptr;
+        for (const Field& f : kFields)
+            if (f.key == key) field = &f;
+        if (!field) {
+            MT_THROW("[train-config] {}: unknown key '{}' in [train] (did you mean '{}'?)", where,
+                     key, closest_known_key(key, train_config_keys()));
+        }
+        assign(config, *field, value, where);
+    }
+    try {
+        validate_train_config(config);
+    } catch (const Error& e) {
+        MT_THROW("{} (in [train] of {})", e.what(), source_name);
+    }
+    return config;
+}
+
+TrainConfig load_train_config(const std::string& path) {
+    namespace fs = std::filesystem;
+    fs::path file = path;
+    if (fs::is_directory(file)) file /= "config.json";
+    std::ifstream in(file, std::ios::binary);
+    MT_CHECK(in.good(), "[train-config] cannot open '{}': {}", file.string(),
+             fs::exists(file) ? "not readable" : "no such file");
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    MT_CHECK(!in.bad(), "[train-config] error reading '{}'", file.string());
+    const std::string text = buffer.str();
+    // A Hugging Face config.json carries no training settings: the defaults apply.
+    const size_t first = text.find_first_not_of(" \t\r\n");
+    if (first != std::string::npos && text[first] == '{') return TrainConfig{};
+    return parse_train_config_toml(text, file.string());
+}
+
+void validate_train_config(const TrainConfig& c) {
+    MT_CHECK(c.batch_size >= 1, "[train-config] batch_size must be >= 1, got {}", c.batch_size);
+    MT_CHECK(c.seq_len >= 2, "[train-config] seq_len must be >= 2, got {}", c.seq_len);
+    MT_CHECK(c.grad_accum >= 1, "[train-config] grad_accum must be >= 1, got {}", c.grad_accum);
+    MT_CHECK(c.steps >= 1, "[train-config] steps must be >= 1, got {}", c.steps);
+    MT_CHECK(c.lr > 0, "[train-config] lr must be > 0, got {}", c.lr);
+    MT_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr,
+             "[train-config] min_lr must lie in [0, lr = {}], got {}", c.lr, c.min_lr);
+    MT_CHECK(c.warmup_steps >= 0, "[train-config] warmup_steps must be >= 0, got {}",
+             c.warmup_steps);
+    MT_CHECK(c.weight_decay >= 0, "[train-config] weight_decay must be >= 0, got {}",
+             c.weight_decay);
+    MT_CHECK(c.beta1 >= 0 && c.beta1 < 1, "[train-config] beta1 must lie in [0, 1), got {}",
+             c.beta1);
+    MT_CHECK(c.beta2 >= 0 && c.beta2 < 1, "[train-config] beta2 must lie in [0, 1), got {}",
+             c.beta2);
+    MT_CHECK(c.eps > 0, "[train-config] eps must be > 0, got {}", c.eps);
+    MT_CHECK(c.bias_update_speed >= 0, "[train-config] bias_update_speed must be >= 0, got {}",
+             c.bias_update_speed);
+    MT_CHECK(c.balance_loss_alpha >= 0, "[train-config] balance_loss_alpha must be >= 0, got {}",
+             c.balance_loss_alpha);
+    MT_CHECK(c.mtp_lambda >= 0, "[train-config] mtp_lambda must be >= 0, got {}", c.mtp_lambda);
+    MT_CHECK(c.eval_every >= 0, "[train-config] eval_every must be >= 0, got {}", c.eval_every);
+    MT_CHECK(c.eval_batches >= 1, "[train-config] eval_batches must be >= 1, got {}",
+             c.eval_batches);
+    MT_CHECK(c.val_fraction > 0 && c.val_fraction < 1,
+             "[train-config] val_fraction must lie in (0, 1), got {}", c.val_fraction);
+}
+
+}  // namespace moetron

@@ -1,0 +1,123 @@
+// train/metrics: the plain-line rhythm, the terminal bar, the JSONL records, the GEMM peak.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moetron/core/error.h"
+#include "moetron/train/metrics.h"
+
+namespace moetron {
+namespace {
+
+StepRecord record(int64_t step) {
+    StepRecord r;
+    r.step = step;
+    r.loss = 2.5;
+    r.lr = 1e-3;
+    r.grad_norm = 0.5;
+    r.step_s = 0.01;
+    r.tokens_per_s = 1000;
+    r.model_tflops = 0.001;
+    r.mfu = 0.25;
+    return r;
+}
+
+std::string read_all(std::FILE* f) {
+    std::rewind(f);
+    std::string text;
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) text.append(buffer, n);
+    return text;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+}
+
+TEST(MetricsLog, PlainLinesAtFirstEveryNthValidationAndLastStep) {
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    {
+        MetricsLog log(20, /*print_every=*/5, "", /*terminal=*/false, out);
+        for (int64_t s = 1; s <= 20; ++s) {
+            StepRecord r = record(s);
+            if (s == 7) r.val_loss = 2.25;
+            log.log_step(r);
+        }
+        log.finish();
+    }
+    const std::vector<std::string> lines = lines_of(read_all(out));
+    std::fclose(out);
+    ASSERT_EQ(lines.size(), 6u);  // steps 1, 5, 7 (validation), 10, 15, 20
+    EXPECT_EQ(lines[0].rfind("step  1/20 | loss 2.5000", 0), 0u) << lines[0];
+    EXPECT_NE(lines[2].find("step  7/20 | loss 2.5000 | val 2.2500"), std::string::npos);
+    EXPECT_NE(lines[5].find("MFU 25.0%"), std::string::npos) << lines[5];
+    EXPECT_EQ(lines[1].find('\r'), std::string::npos) << "no terminal codes in plain mode";
+}
+
+TEST(MetricsLog, TerminalModeRedrawsOneBarLine) {
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    {
+        MetricsLog log(4, 1, "", /*terminal=*/true, out);
+        for (int64_t s = 1; s <= 4; ++s) log.log_step(record(s));
+        log.finish();
+    }
+    const std::string text = read_all(out);
+    std::fclose(out);
+    EXPECT_NE(text.find("\r\x1b[K4/4 [########################] loss 2.5000"), std::string::npos)
+        << text;
+    EXPECT_EQ(text.back(), '\n');
+    EXPECT_EQ(lines_of(text).size(), 1u) << "the bar stays on one line";
+}
+
+TEST(MetricsLog, JsonlHasOneObjectPerStepAndNullForNonFinite) {
+    const std::string path = ::testing::TempDir() + "moetron_metrics_test.jsonl";
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    {
+        MetricsLog log(2, 1, path, false, out);
+        StepRecord r = record(1);
+        r.grad_norm = std::numeric_limits<double>::infinity();
+        log.log_step(r);
+        r = record(2);
+        r.val_loss = 2.0;
+        log.log_step(r);
+        log.finish();
+    }
+    std::fclose(out);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::vector<std::string> lines = lines_of(text.str());
+    std::remove(path.c_str());
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_EQ(lines[0].rfind("{\"step\":1,\"loss\":2.5,", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find("\"grad_norm\":null"), std::string::npos) << lines[0];
+    EXPECT_EQ(lines[0].find("val_loss"), std::string::npos);
+    EXPECT_NE(lines[1].find("\"val_loss\":2}"), std::string::npos) << lines[1];
+    EXPECT_NE(lines[1].find("\"tokens_per_s\":1000"), std::string::npos) << lines[1];
+}
+
+TEST(MetricsLog, UnwritableJsonlPathIsAnError) {
+    EXPECT_THROW(MetricsLog(1, 1, "/nonexistent-dir/log.jsonl", false), Error);
+}
+
+TEST(GemmPeak, MeasuresAPositiveRate) {
+    const double gflops = measure_gemm_peak_gflops(/*n=*/128, /*seconds=*/0.01);
+    EXPECT_GT(gflops, 0.1);
+    EXPECT_TRUE(std::isfinite(gflops));
+}
+
+}  // namespace
+}  // namespace moetron
