@@ -1,5 +1,9 @@
 // GEMMs through BLAS: the plain matmul, the linear layer y = x W^T, and the grouped linear layer
 // of the routed experts (one call for all local experts over contiguous token segments).
+//
+// Threads: each call uses omp_get_max_threads() OpenMP threads (one when called inside a parallel
+// region), with BLAS single-threaded on blocks the threads own; the first call sets OpenBLAS's
+// process-wide thread count to 1 (see matmul.cpp for why). Dimensions must fit a 32-bit int.
 #pragma once
 
 #include <cstdint>

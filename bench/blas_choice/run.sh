@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds and runs the OpenBLAS vs oneDNN comparison on moetron's training GEMM shapes.
+# Needs libopenblas-dev and libdnnl-dev. Not part of the main build: the product does not
+# depend on oneDNN. Usage: bench/blas_choice/run.sh [min_seconds_per_measurement]
+#
+# Each library runs in its own process (their thread pools would steal each other's cores), first
+# on one thread timed in thread CPU time (a per-core figure that holds on a busy machine), then on
+# all cores in wall time (meaningful only on a quiet machine).
+#
+# OpenBLAS 0.3.21 (Debian 12) does not recognise AMD Zen 5 and falls back to its Haswell (AVX2)
+# kernels; OPENBLAS_CORETYPE=SkylakeX forces its AVX-512 kernels, shown as a third column.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+build="${TMPDIR:-/tmp}/moetron-blas-choice"
+mkdir -p "$build"
+g++ -std=c++20 -O2 -march=x86-64-v3 -fopenmp -Wall -Wextra -Werror \
+    $(pkg-config --cflags openblas) "$here/blas_choice.cpp" -o "$build/blas_choice" \
+    $(pkg-config --libs openblas) -ldnnl
+for threads in one all; do
+    echo "######## threads: $threads"
+    echo "== oneDNN"
+    "$build/blas_choice" onednn "$threads" "$@"
+    echo "== OpenBLAS, default core selection"
+    "$build/blas_choice" openblas "$threads" "$@"
+    echo "== OpenBLAS, OPENBLAS_CORETYPE=SkylakeX (AVX-512 kernels)"
+    OPENBLAS_CORETYPE=SkylakeX "$build/blas_choice" openblas "$threads" "$@"
+    echo
+done

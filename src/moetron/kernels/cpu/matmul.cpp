@@ -1,0 +1,215 @@
+// GEMMs through OpenBLAS (cblas_sgemm, row-major). See matmul.h for shapes and README.md for the
+// gradient rule: activation gradients are written, weight gradients accumulate (beta = 1).
+//
+// Threading: all CPU parallelism is OpenMP, the thread pool of every other kernel. BLAS runs
+// single-threaded on blocks of C that OpenMP threads own. Debian's default OpenBLAS is the
+// pthread build: its own worker threads spin-wait between calls, as do OpenMP's, so two pools on
+// the same cores steal time from each other whenever GEMMs and OpenMP kernels alternate (as they
+// do in every layer). Owning the split also lets the grouped GEMM hand whole experts to threads.
+#include "moetron/kernels/cpu/matmul.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+
+#include "moetron/core/error.h"
+
+extern "C" {
+// OpenBLAS extensions; not declared by every cblas.h variant.
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int num_threads);
+}
+
+namespace moetron::cpu {
+
+namespace {
+
+// Below this many FLOPs a GEMM runs on the calling thread: a parallel region costs a few
+// microseconds, about what one core needs for 1 MFLOP.
+constexpr double kMinParallelFlops = 4e6;
+// The grouped GEMM hands whole experts to threads when every thread gets at least this many
+// (dynamic scheduling then evens out uneven routing); with fewer, each expert's GEMM is split
+// over all threads instead. Chosen with bench/bench_kernels (ratio_vs_plain).
+constexpr int64_t kMinExpertsPerThread = 4;
+// Column blocks start on 64-byte boundaries.
+constexpr int64_t kColumnAlign = 16;
+
+// Debian's OpenBLAS is built with 32-bit BLAS integers, so every dimension must fit an int.
+void check_blas_dims(int64_t m, int64_t n, int64_t k, const char* op) {
+    for (const auto& [value, what] : {std::pair{m, "rows M"}, {n, "columns N"}, {k, "inner K"}}) {
+        MT_CHECK(value >= 0 && value <= INT_MAX, "[{}] {} = {} must be in [0, {}] for BLAS", op,
+                 what, value, INT_MAX);
+    }
+}
+
+// The process-wide OpenBLAS thread count is set to 1 once (by whichever GEMM runs first);
+// OpenMP decides how many cores a GEMM uses.
+void make_blas_single_threaded() {
+    if (!omp_in_parallel() && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+// C (M, N) = op(A) op(B) + beta C, row-major, with dimensions already checked.
+struct Gemm {
+    float* c;
+    const float* a;
+    const float* b;
+    int64_t m, n, k;
+    bool trans_a, trans_b;
+    float beta;
+};
+
+// Rows [r0, r1) x columns [c0, c1) of C, on the calling thread. The degenerate shapes BLAS
+// rejects are handled here: nothing to do when the block is empty; with K = 0 the product is zero,
+// so C = beta C (C = 0 when beta = 0, never reading C, as BLAS does).
+void gemm_block(const Gemm& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (r1 <= r0 || c1 <= c0) return;
+    float* c = g.c + r0 * g.n + c0;
+    if (g.k == 0) {
+        for (int64_t r = 0; r < r1 - r0; ++r) {
+            float* row = c + r * g.n;
+            for (int64_t j = 0; j < c1 - c0; ++j) row[j] = g.beta == 0.0f ? 0.0f : g.beta * row[j];
+        }
+        return;
+    }
+    // op(A) rows r0.. start at row r0 of A, or at column r0 of A^T; op(B) columns likewise.
+    const float* a = g.trans_a ? g.a + r0 : g.a + r0 * g.k;
+    const float* b = g.trans_b ? g.b + c0 * g.k : g.b + c0;
+    const int lda = static_cast<int>(g.trans_a ? g.m : g.k);
+    const int ldb = static_cast<int>(g.trans_b ? g.k : g.n);
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                g.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(r1 - r0),
+                static_cast<int>(c1 - c0), static_cast<int>(g.k), 1.0f, a, lda, b, ldb, g.beta, c,
+                static_cast<int>(g.n));
+}
+
+int available_threads() {
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+}
+
+// The whole GEMM over all threads: C is cut along its longer side, because each block packs the
+// whole of the other operand (cutting rows repacks op(B) per thread, cutting columns op(A)).
+void gemm_parallel(const Gemm& g) {
+    const int num_threads = available_threads();
+    if (num_threads <= 1 || 2.0 * g.m * g.n * g.k < kMinParallelFlops) {
+        gemm_block(g, 0, g.m, 0, g.n);
+        return;
+    }
+    const bool split_rows = g.m >= g.n;
+#pragma omp parallel num_threads(num_threads)
+    {
+        const int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+        if (split_rows) {
+            gemm_block(g, g.m * t / count, g.m * (t + 1) / count, 0, g.n);
+        } else {
+            auto column = [&](int64_t i) {
+                return i == count ? g.n
+                                  : std::min(g.n, g.n * i / count / kColumnAlign * kColumnAlign);
+            };
+            gemm_block(g, 0, g.m, column(t), column(t + 1));
+        }
+    }
+}
+
+// Validates everything before the expert loop: nothing may throw inside an OpenMP region.
+void check_grouped_args(const int64_t* offsets, int64_t num_experts, int64_t in_dim,
+                        int64_t out_dim, const char* op) {
+    MT_CHECK(num_experts >= 0, "[{}] num_experts = {} must not be negative", op, num_experts);
+    MT_CHECK(offsets != nullptr, "[{}] offsets must not be null", op);
+    MT_CHECK(offsets[0] == 0, "[{}] offsets[0] = {} must be 0 (segments start at row 0)", op,
+             offsets[0]);
+    for (int64_t e = 0; e < num_experts; ++e) {
+        MT_CHECK(offsets[e + 1] >= offsets[e],
+                 "[{}] offsets must be non-decreasing: offsets[{}] = {} < offsets[{}] = {}", op,
+                 e + 1, offsets[e + 1], e, offsets[e]);
+    }
+    check_blas_dims(offsets[num_experts], out_dim, in_dim, op);
+}
+
+// Runs run_expert(e, run_gemm) for every expert with rows (an empty expert has nothing to
+// compute; its dweight gets += 0, i.e. is left alone). run_expert passes its GEMMs to run_gemm,
+// which either runs them on the calling thread (whole experts per thread) or splits each over
+// all threads (few experts), see kMinExpertsPerThread.
+template <class RunExpert>
+void for_each_expert(const int64_t* offsets, int64_t num_experts, RunExpert run_expert) {
+    int64_t num_busy = 0;
+    for (int64_t e = 0; e < num_experts; ++e) num_busy += offsets[e + 1] > offsets[e] ? 1 : 0;
+    const int num_threads = available_threads();
+    const auto on_this_thread = [](const Gemm& g) { gemm_block(g, 0, g.m, 0, g.n); };
+    if (num_threads > 1 && num_busy >= kMinExpertsPerThread * num_threads) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+        for (int64_t e = 0; e < num_experts; ++e) {
+            if (offsets[e + 1] > offsets[e]) run_expert(e, on_this_thread);
+        }
+        return;
+    }
+    for (int64_t e = 0; e < num_experts; ++e) {
+        if (offsets[e + 1] > offsets[e]) run_expert(e, gemm_parallel);
+    }
+}
+
+}  // namespace
+
+void matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool trans_a,
+            bool trans_b, float beta) {
+    check_blas_dims(m, n, k, "matmul");
+    make_blas_single_threaded();
+    gemm_parallel({c, a, b, m, n, k, trans_a, trans_b, beta});
+}
+
+// ---- linear: y = x W^T, W in the Hugging Face (out_features, in_features) layout ----
+
+void linear_forward(float* out, const float* inp, const float* weight, int64_t num_rows,
+                    int64_t in_dim, int64_t out_dim) {
+    check_blas_dims(num_rows, out_dim, in_dim, "linear_forward");
+    make_blas_single_threaded();
+    gemm_parallel({out, inp, weight, num_rows, out_dim, in_dim, false, true, 0.0f});
+}
+
+void linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                     const float* weight, int64_t num_rows, int64_t in_dim, int64_t out_dim) {
+    check_blas_dims(num_rows, out_dim, in_dim, "linear_backward");
+    make_blas_single_threaded();
+    // dinp (M, I) = dout (M, O) @ W (O, I): written.
+    if (dinp != nullptr) {
+        gemm_parallel({dinp, dout, weight, num_rows, in_dim, out_dim, false, false, 0.0f});
+    }
+    // dW (O, I) += dout^T (O, M) @ inp (M, I): accumulated.
+    gemm_parallel({dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f});
+}
+
+// ---- grouped linear: expert e multiplies rows [offsets[e], offsets[e+1]) by weight[e] ----
+
+void grouped_linear_forward(float* out, const float* inp, const float* weight,
+                            const int64_t* offsets, int64_t num_experts, int64_t in_dim,
+                            int64_t out_dim) {
+    check_grouped_args(offsets, num_experts, in_dim, out_dim, "grouped_linear_forward");
+    make_blas_single_threaded();
+    for_each_expert(offsets, num_experts, [&](int64_t e, auto run_gemm) {
+        const int64_t row0 = offsets[e], num_rows = offsets[e + 1] - offsets[e];
+        run_gemm(Gemm{out + row0 * out_dim, inp + row0 * in_dim, weight + e * out_dim * in_dim,
+                      num_rows, out_dim, in_dim, false, true, 0.0f});
+    });
+}
+
+void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const int64_t* offsets, int64_t num_experts,
+                             int64_t in_dim, int64_t out_dim) {
+    check_grouped_args(offsets, num_experts, in_dim, out_dim, "grouped_linear_backward");
+    make_blas_single_threaded();
+    for_each_expert(offsets, num_experts, [&](int64_t e, auto run_gemm) {
+        const int64_t row0 = offsets[e], num_rows = offsets[e + 1] - offsets[e];
+        const int64_t weight_offset = e * out_dim * in_dim;
+        const float* dout_e = dout + row0 * out_dim;
+        if (dinp != nullptr) {
+            run_gemm(Gemm{dinp + row0 * in_dim, dout_e, weight + weight_offset, num_rows, in_dim,
+                          out_dim, false, false, 0.0f});
+        }
+        run_gemm(Gemm{dweight + weight_offset, dout_e, inp + row0 * in_dim, out_dim, in_dim,
+                      num_rows, true, false, 1.0f});
+    });
+}
+
+}  // namespace moetron::cpu
