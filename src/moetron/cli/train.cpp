@@ -1,11 +1,17 @@
-// moetron train: single-process training of a model preset on a token file, a text file or the
-// built-in synthetic dataset. With no arguments it trains the tiny preset on synthetic text.
+// moetron train: training of a model preset on a token file, a text file or the built-in
+// synthetic dataset. With no arguments it trains the tiny preset on synthetic text on one process.
+// Under an MPI launcher, or with --layout, every rank of the job trains its part of the same run:
+//   mpirun -np 4 moetron train --layout dp4.ep2
+// (batch_size and grad_accum stay those of the whole job; see train/trainer.h). Only rank 0
+// prints; an error on any rank ends the whole job.
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -14,6 +20,9 @@
 #include "moetron/core/timer.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
+#include "moetron/parallel/communicator.h"
+#include "moetron/train/atomic_dir.h"
+#include "moetron/train/checkpoint.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/metrics.h"
@@ -33,7 +42,21 @@ struct TrainOptions {
     std::string text_path;
     std::string log_jsonl_path;
     std::string save_final_path;
+    // Checkpoints (train/checkpoint.h).
+    std::string save_dir;
+    std::string resume_dir;
+    int64_t save_every = 0;
+    int64_t keep = 0;
+    int64_t max_skipped_steps = 5;
     int threads = 0;
+    // Distributed runs.
+    std::string layout;
+    int domain_size = 0;
+    double comm_timeout_s = 300.0;
+    double bucket_mb = 4.0;
+    bool no_zero1 = false;
+    bool no_overlap = false;
+    CLI::Option* layout_opt = nullptr;
     // Overrides of the preset's [train] table; applied only when given (count() > 0).
     int64_t steps = 0, batch_size = 0, seq_len = 0, grad_accum = 0, eval_every = 0;
     double lr = 0;
@@ -47,8 +70,38 @@ double to_mib(double bytes) {
     return bytes / (1024.0 * 1024.0);
 }
 
-void run_train(const TrainOptions& o) {
+// True when an MPI launcher started this process as one of several.
+bool launched_as_mpi_job() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+        const char* value = std::getenv(name);
+        if (value != nullptr && std::atoi(value) > 1) return true;
+    }
+    return false;
+}
+
+// Where the run's output goes: stdout on rank 0 (or one process), nowhere on the other ranks.
+class RankOutput {
+  public:
+    explicit RankOutput(bool root) : out_(root ? stdout : std::fopen("/dev/null", "w")) {
+        MT_CHECK(out_ != nullptr, "[train] cannot open /dev/null: {}", detail::errno_message());
+    }
+    ~RankOutput() {
+        if (out_ != stdout) std::fclose(out_);
+    }
+    RankOutput(const RankOutput&) = delete;
+    RankOutput& operator=(const RankOutput&) = delete;
+    std::FILE* get() const { return out_; }
+
+  private:
+    std::FILE* out_;
+};
+
+// world: every rank of the job, or null for one process.
+void run_train(const TrainOptions& o, parallel::Communicator* world) {
     const Timer wall;
+    const bool root = world == nullptr || world->rank() == 0;
+    const RankOutput rank_output(root);
+    std::FILE* out = rank_output.get();
     const std::string config_path = o.config_path.empty() ? find_preset("tiny") : o.config_path;
     const ModelConfig model_config = load_model_config(config_path);
     TrainConfig config = load_train_config(config_path);
@@ -78,20 +131,66 @@ void run_train(const TrainOptions& o) {
     DataLoader loader(std::move(data.tokens), data.source, model_config.vocab_size, config.seq_len,
                       config.val_fraction, config.seed);
 
-    std::printf("moetron train: %s\n", config_path.c_str());
-    std::printf("model   %s\n", describe_model_config(model_config).c_str());
-    std::printf("data    %s\n", data_description.c_str());
-    std::printf("        %lld training tokens, %lld held out (%lld validation windows)\n",
-                static_cast<long long>(loader.num_train_tokens()),
-                static_cast<long long>(loader.num_val_tokens()),
-                static_cast<long long>(loader.num_val_windows()));
-    Trainer trainer(model_config, config, std::move(loader));
+    std::fprintf(out, "moetron train: %s\n", config_path.c_str());
+    std::fprintf(out, "model   %s\n", describe_model_config(model_config).c_str());
+    std::fprintf(out, "data    %s\n", data_description.c_str());
+    std::fprintf(out, "        %lld training tokens, %lld held out (%lld validation windows)\n",
+                 static_cast<long long>(loader.num_train_tokens()),
+                 static_cast<long long>(loader.num_val_tokens()),
+                 static_cast<long long>(loader.num_val_windows()));
+    TrainParallel parallel;
+    parallel.world = world;
+    parallel.layout = o.layout;
+    parallel.domain_size = o.domain_size;
+    parallel.bucket_mb = o.bucket_mb;
+    parallel.zero1 = !o.no_zero1;
+    parallel.overlap = !o.no_overlap;
+    Trainer trainer(model_config, config, std::move(loader), parallel);
+    MT_CHECK(o.save_final_path.empty() || trainer.topology().ep == 1,
+             "[train] --save-final with expert parallelism (ep {}) is not supported yet: each "
+             "rank holds only its experts",
+             trainer.topology().ep);
+    MT_CHECK(!trainer.distributed() || (o.save_dir.empty() && o.resume_dir.empty()),
+             "[train] --save and --resume are not supported in a distributed run yet");
+    trainer.set_max_skipped_steps(o.max_skipped_steps);
+    if (!o.resume_dir.empty()) {
+        const auto dir = load_checkpoint(trainer, o.resume_dir);
+        std::fprintf(out, "resumed from %s at step %lld\n", dir.c_str(),
+                     static_cast<long long>(trainer.steps_done()));
+        for (const std::string& line : train_config_differences(dir, config))
+            std::fprintf(out, "note    the checkpoint's run had other settings: %s\n",
+                         line.c_str());
+    }
+    if (!o.save_dir.empty()) {
+        // A fresh run must not mix its checkpoints (and `latest`) with another run's.
+        MT_CHECK(!o.resume_dir.empty() || list_checkpoint_dirs(o.save_dir).empty(),
+                 "[train] --save root '{}' already holds checkpoints of another run; continue it "
+                 "with --resume {} or save into another root",
+                 o.save_dir, o.save_dir);
+        remove_stale_entries(o.save_dir);
+    }
+    RunControl control({o.save_dir, o.save_every, static_cast<size_t>(o.keep), out});
+    if (!trainer.distributed()) {
+        install_stop_signal_handlers();
+        trainer.set_run_control(&control);
+    }
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
-    std::printf("params  %.3fM (main model and MTP); model arenas %.1f MiB\n",
-                static_cast<double>(trainer.model().num_params()) / 1e6,
-                to_mib(static_cast<double>(trainer.model().planned_bytes())));
-    std::printf(
+    std::fprintf(out, "params  %.3fM (main model and MTP%s); model arenas %.1f MiB\n",
+                 static_cast<double>(trainer.model().num_params()) / 1e6,
+                 trainer.topology().ep > 1 ? ", this rank's experts" : "",
+                 to_mib(static_cast<double>(trainer.model().planned_bytes())));
+    if (trainer.distributed()) {
+        std::fprintf(out, "ranks   %s; %s, %.1f MiB gradient buckets%s\n",
+                     trainer.topology().str().c_str(),
+                     parallel.zero1 ? "ZeRO-1 optimizer" : "replicated optimizer", o.bucket_mb,
+                     parallel.overlap ? " posted during the backward" : " posted after it");
+        std::fprintf(out, "        per rank: %lld of the %lld sequences of each micro-batch\n",
+                     static_cast<long long>(config.batch_size / trainer.topology().dp),
+                     static_cast<long long>(config.batch_size));
+    }
+    std::fprintf(
+        out,
         "train   %lld steps x %lld micro-batch(es) of %lld x %lld tokens = %lld tokens/step; lr "
         "%.2e -> %.2e (warmup %lld), wd %.2g, clip %.2g, seed %llu\n",
         static_cast<long long>(config.steps), static_cast<long long>(config.grad_accum),
@@ -99,45 +198,72 @@ void run_train(const TrainOptions& o) {
         static_cast<long long>(config.tokens_per_step()), config.lr, config.min_lr,
         static_cast<long long>(config.warmup_steps), config.weight_decay, config.grad_clip,
         static_cast<unsigned long long>(config.seed));
-    std::printf(
-        "compute %d thread(s) (%s); measured sgemm peak %.1f GFLOP/s; %.3f model "
-        "GFLOP/step\n",
-        threads.num_threads, threads.reason, peak_gflops, trainer.model_flops_per_step() / 1e9);
+    std::fprintf(out,
+                 "compute %d thread(s) (%s); measured sgemm peak %.1f GFLOP/s; %.3f model "
+                 "GFLOP/step\n",
+                 threads.num_threads, threads.reason, peak_gflops,
+                 trainer.model_flops_per_step() / 1e9);
     const double initial_val = trainer.evaluate();
-    std::printf("step 0 | val %.4f (uniform guess: ln %lld = %.4f)\n", initial_val,
-                static_cast<long long>(model_config.vocab_size),
-                std::log(static_cast<double>(model_config.vocab_size)));
-    MT_CHECK(std::fflush(stdout) == 0, "[train] writing to stdout failed: {}",
+    std::fprintf(out, "step 0 | val %.4f (uniform guess: ln %lld = %.4f)\n", initial_val,
+                 static_cast<long long>(model_config.vocab_size),
+                 std::log(static_cast<double>(model_config.vocab_size)));
+    MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
              detail::errno_message());
 
     const int64_t print_every = std::max<int64_t>(1, config.steps / 25);
-    MetricsLog log(config.steps, print_every, o.log_jsonl_path, isatty(fileno(stdout)) == 1);
+    MetricsLog log(config.steps, print_every, root ? o.log_jsonl_path : std::string(),
+                   // mpirun forwards stdout through a pseudo-terminal: plain lines read better
+                   world == nullptr && isatty(fileno(stdout)) == 1, out);
     const TrainSummary s = trainer.run(log);
+    if (s.skipped_steps > 0)
+        std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm\n",
+                     static_cast<long long>(s.skipped_steps));
 
-    std::printf(
-        "done    %lld steps in %.1f s of compute (%.1f s wall); train loss %.4f -> %.4f; "
-        "val %.4f -> %.4f",
-        static_cast<long long>(s.steps), s.train_s, wall.elapsed_s(), s.first_loss, s.last_loss,
-        initial_val, s.last_val_loss);
-    if (std::isfinite(entropy_floor)) std::printf(" (data entropy %.4f)", entropy_floor);
-    std::printf("\nspeed   %.0f tokens/s, %.4f model TFLOP/s, MFU %.1f%% of the sgemm peak\n",
-                s.tokens_per_s, s.model_tflops,
-                peak_gflops > 0 ? 100.0 * s.model_tflops * 1e3 / peak_gflops : 0.0);
-    const double moments_bytes = 2.0 * 4.0 * static_cast<double>(trainer.model().num_params());
-    std::printf(
-        "memory  peak RSS %.1f MiB; planned: model arenas %.1f MiB + AdamW moments %.1f "
-        "MiB\n",
-        to_mib(static_cast<double>(peak_rss_bytes())),
-        to_mib(static_cast<double>(trainer.model().planned_bytes())), to_mib(moments_bytes));
-    if (!o.save_final_path.empty()) {
+    std::fprintf(out,
+                 "done    %lld steps in %.1f s of compute (%.1f s wall); train loss %.4f -> %.4f; "
+                 "val %.4f -> %.4f",
+                 static_cast<long long>(s.steps), s.train_s, wall.elapsed_s(), s.first_loss,
+                 s.last_loss, initial_val, s.last_val_loss);
+    if (std::isfinite(entropy_floor)) std::fprintf(out, " (data entropy %.4f)", entropy_floor);
+    std::fprintf(out,
+                 "\nspeed   %.0f tokens/s, %.4f model TFLOP/s%s, MFU %.1f%% of the sgemm peak\n",
+                 s.tokens_per_s, s.model_tflops, trainer.distributed() ? " per rank" : "",
+                 peak_gflops > 0 ? 100.0 * s.model_tflops * 1e3 / peak_gflops : 0.0);
+    const double moments_bytes = 4.0 * static_cast<double>(trainer.optimizer_state_numel());
+    std::fprintf(out,
+                 "memory  peak RSS %.1f MiB; planned: model arenas %.1f MiB + AdamW state %.1f "
+                 "MiB\n",
+                 to_mib(static_cast<double>(peak_rss_bytes())),
+                 to_mib(static_cast<double>(trainer.model().planned_bytes())),
+                 to_mib(moments_bytes));
+    if (!o.save_final_path.empty() && root) {
         save_weights(o.save_final_path, trainer.model());
-        std::printf(
-            "saved   weights to %s (sample with: moetron sample --config %s --weights %s "
-            "--prompt TEXT)\n",
-            o.save_final_path.c_str(), config_path.c_str(), o.save_final_path.c_str());
+        std::fprintf(out,
+                     "saved   weights to %s (sample with: moetron sample --config %s --weights %s "
+                     "--prompt TEXT)\n",
+                     o.save_final_path.c_str(), config_path.c_str(), o.save_final_path.c_str());
     }
-    MT_CHECK(std::fflush(stdout) == 0, "[train] writing to stdout failed: {}",
+    MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
              detail::errno_message());
+}
+
+// The MPI job around run_train: one MpiSession, the world communicator, and MPI_Abort of every
+// rank when any rank fails (the others would otherwise wait in a collective until the timeout).
+void run_train_mpi(const TrainOptions& o) {
+    parallel::MpiSession session(nullptr, nullptr);
+    int rank = -1;
+    try {
+        parallel::CommunicatorOptions options;
+        options.timeout_s = o.comm_timeout_s;
+        std::unique_ptr<parallel::Communicator> world = parallel::make_mpi_world(session, options);
+        rank = world->rank();
+        run_train(o, world.get());
+        world->barrier();  // no rank finalizes while another still needs it
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "moetron: error on rank %d: %s\n", rank, e.what());
+        std::fflush(stderr);
+        parallel::MpiSession::abort_job(1);
+    }
 }
 
 }  // namespace
@@ -170,13 +296,51 @@ void register_train(CLI::App& app) {
                                         "validate every N steps (0: only after the last)")
                             ->check(CLI::NonNegativeNumber);
     cmd->add_option("--log-jsonl", o->log_jsonl_path, "write one JSON object per step here");
+    cmd->add_option("--save", o->save_dir,
+                    "checkpoint root: step-XXXXXXXX directories and a `latest` pointer; saves at "
+                    "the last step, every --save-every steps and on SIGTERM/SIGINT");
+    cmd->add_option("--save-every", o->save_every, "save a checkpoint every N steps (0: never)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--keep", o->keep, "keep the newest K checkpoints (0: all)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--resume", o->resume_dir,
+                    "continue from a checkpoint directory, or a checkpoint root (its `latest`)");
+    cmd->add_option("--max-skipped-steps", o->max_skipped_steps,
+                    "stop after this many steps in a row with a non-finite loss or gradient norm "
+                    "(such steps update nothing)")
+        ->check(CLI::PositiveNumber);
     cmd->add_option("--save-final", o->save_final_path,
                     "write the trained weights here (for moetron sample)");
     cmd->add_option("--threads", o->threads,
                     "compute threads (default: OMP_NUM_THREADS, else 1 for steps under 5 model "
                     "GFLOP, else all cores)")
         ->check(CLI::PositiveNumber);
-    cmd->callback([o] { run_train(*o); });
+    o->layout_opt = cmd->add_option(
+        "--layout", o->layout,
+        "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2 (dp: data-parallel ranks, ep: "
+        "ranks the routed experts are split over; tensor parallelism is not supported yet). "
+        "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
+    cmd->add_option("--domain-size", o->domain_size,
+                    "ranks per scale-up domain (0: the whole job is one domain)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--comm-timeout-s", o->comm_timeout_s,
+                    "a collective waiting longer than this ends the job with an error naming it")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--bucket-mb", o->bucket_mb,
+                    "gradient-sync bucket size in MiB (buckets are posted as their gradients are "
+                    "final during the backward)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_flag("--no-zero1", o->no_zero1,
+                  "replicate the optimizer state on every data-parallel rank (all-reduce) "
+                  "instead of sharding it (ZeRO-1: reduce-scatter and all-gather)");
+    cmd->add_flag("--no-overlap", o->no_overlap,
+                  "post the gradient sync after the backward instead of during it");
+    cmd->callback([o] {
+        if (o->layout_opt->count() > 0 || launched_as_mpi_job())
+            run_train_mpi(*o);
+        else
+            run_train(*o, nullptr);
+    });
 }
 
 }  // namespace moetron::cli

@@ -7,11 +7,21 @@
 //     suffices); then the main head, loss and head backward.
 //   backward: MTP depths in reverse (each adds its gradient on h_{d-1} to the previous depth's, or
 //     the main stream's), main blocks in reverse, embedding.
+// With a GradReadyCallback, each parameter group is announced as soon as its gradient is final:
+// the head and final norm after the main head's backward, each MTP module and main block after its
+// backward, the embedding last.
+//
+// Expert parallelism: this rank's tree binds only its ExpertShard of each MoE layer's experts, and
+// one ExpertDispatcher (one slot per MoE layer) moves the token copies over the EP group.
 #include "moetron/model/model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "moetron/core/rng.h"
+#include "moetron/parallel/communicator.h"
+#include "moetron/parallel/expert_dispatcher.h"
 
 #include "moetron/kernels/cpu/cross_entropy.h"
 #include "moetron/kernels/cpu/elementwise.h"
@@ -36,17 +46,57 @@ struct ModelParams {
     std::vector<MtpParams> mtp;
 };
 
+// An unbound tree whose MoE layers hold `shard` of the routed experts (bind_moe_params reads it).
+ModelParams sharded_tree(const ModelConfig& c, const ExpertShard& shard) {
+    ModelParams p;
+    p.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (BlockParams& layer : p.layers) layer.moe.experts = shard;
+    p.mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
+    for (MtpParams& m : p.mtp) m.block.moe.experts = shard;
+    return p;
+}
+
+// Binds p, whose vectors sharded_tree() sized.
 void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
     const int64_t V = c.vocab_size, D = c.hidden_size;
     b.weight(p.embed, "embed", {V, D});
-    p.layers.resize(static_cast<size_t>(c.num_hidden_layers));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
         bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
     b.norm(p.final_norm, "final_norm", D);
     b.weight(p.head, "head", {V, D});
-    p.mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
     for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
         bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
+}
+
+std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard) {
+    std::vector<TensorSpec> specs;
+    ParamBinder binder(&specs, static_cast<float>(c.initializer_range));
+    ModelParams tree = sharded_tree(c, shard);
+    bind_model_params(binder, tree, c);
+    return specs;
+}
+
+ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel) {
+    if (parallel.ep == nullptr || parallel.ep->size() == 1 || c.n_routed_experts == 0) return {};
+    const int64_t ep = parallel.ep->size();
+    MT_CHECK(c.n_routed_experts % ep == 0,
+             "[model] the {} routed experts of model '{}' do not split over the EP group '{}' of "
+             "{} ranks",
+             c.n_routed_experts, c.name, parallel.ep->name(), ep);
+    // Every rank routes its own tokens with replicated router biases: they stay alike only if the
+    // loads they move by are summed over all of those ranks.
+    MT_CHECK(parallel.load != nullptr && parallel.load->size() >= ep,
+             "[model] expert parallelism over '{}' needs ModelParallel::load: the group over which "
+             "expert loads are summed (every rank that routes different tokens)",
+             parallel.ep->name());
+    const int64_t local = c.n_routed_experts / ep;
+    return {parallel.ep->rank() * local, local};
+}
+
+int64_t num_moe_slots(const ModelConfig& c) {
+    int64_t slots = c.num_moe_layers();
+    for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) slots += c.mtp_layer_is_moe(d);
+    return slots;
 }
 
 // The final norm, output head and cross-entropy; shared by the main model and the MTP depths.
@@ -68,13 +118,13 @@ void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, in
     b(s.d_normed, "head.d_normed", {n, c.hidden_size});
 }
 
-// Mean cross-entropy of head(rmsnorm(hidden)) against targets. When d_hidden is not null, also
-// its backward for a loss weight of loss_grad on the mean: d_hidden (N, D) written; the norm's
-// and head's gradients accumulate.
+// Cross-entropy of head(rmsnorm(hidden)) against targets. When d_hidden is not null, also the
+// backward of loss_grad * (loss sum / denominator), denominator <= 0 meaning this call's valid
+// count (its mean): d_hidden (N, D) written; the norm's and head's gradients accumulate.
 cpu::CrossEntropyResult head_loss(float* d_hidden, const float* hidden, const int32_t* targets,
                                   const float* norm_w, float* norm_g, const float* head_w,
                                   float* head_g, const HeadScratch& s, const ModelConfig& c,
-                                  int64_t n, float loss_grad) {
+                                  int64_t n, float loss_grad, int64_t denominator) {
     const int64_t D = c.hidden_size, V = c.vocab_size;
     cpu::rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, n, D,
                          static_cast<float>(c.rms_norm_eps));
@@ -83,7 +133,8 @@ cpu::CrossEntropyResult head_loss(float* d_hidden, const float* hidden, const in
         cpu::cross_entropy_forward(s.losses, s.lse, s.logits, targets, n, V, kIgnoreIndex);
     if (d_hidden == nullptr) return ce;
 
-    const float per_token = ce.num_valid > 0 ? loss_grad / static_cast<float>(ce.num_valid) : 0.0f;
+    const int64_t count = denominator > 0 ? denominator : ce.num_valid;
+    const float per_token = count > 0 ? loss_grad / static_cast<float>(count) : 0.0f;
     cpu::cross_entropy_backward(s.logits, s.logits, s.lse, targets, n, V, kIgnoreIndex, per_token);
     cpu::linear_backward(s.d_normed, head_g, s.logits, s.normed, head_w, n, D, V);
     cpu::rmsnorm_backward(d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd, n, D);
@@ -114,20 +165,71 @@ void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
 }  // namespace
 
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config) {
-    std::vector<TensorSpec> specs;
-    ParamBinder binder(&specs, static_cast<float>(config.initializer_range));
-    ModelParams unused;
-    bind_model_params(binder, unused, config);
-    return specs;
+    return sharded_param_specs(config, {});
 }
+
+LossDenominators& LossDenominators::operator+=(const LossDenominators& other) {
+    lm_tokens += other.lm_tokens;
+    for (size_t d = 0; d < mtp_tokens.size(); ++d) mtp_tokens[d] += other.mtp_tokens[d];
+    sequences += other.sequences;
+    return *this;
+}
+
+LossDenominators count_loss_denominators(const ModelConfig& config, const int32_t* targets,
+                                         int64_t batch, int64_t seq_len) {
+    MT_CHECK(config.num_nextn_predict_layers <= kMaxMtpDepths,
+             "[model] {} MTP depths; loss denominators hold at most {}",
+             config.num_nextn_predict_layers, kMaxMtpDepths);
+    LossDenominators d;
+    d.sequences = batch;
+    for (int64_t i = 0; i < batch * seq_len; ++i) d.lm_tokens += targets[i] != kIgnoreIndex;
+    // MTP depth k predicts target t + k + 1 from position t, inside the sequence (mtp.h).
+    for (int64_t depth = 0; depth < config.num_nextn_predict_layers; ++depth) {
+        const int64_t shift = depth + 1;
+        for (int64_t b = 0; b < batch; ++b)
+            for (int64_t t = 0; t + shift < seq_len; ++t)
+                d.mtp_tokens[depth] += targets[b * seq_len + t + shift] != kIgnoreIndex;
+    }
+    return d;
+}
+
+namespace {
+
+// [begin, end) of the flat buffer, in floats.
+struct FloatRange {
+    int64_t begin = 0;
+    int64_t end = 0;
+};
+
+// The range of the entries accepted by `member`; throws when they are not contiguous (the
+// readiness notifications rely on each group being one range).
+template <class Member>
+FloatRange entries_range(const ParamTable& table, const std::string& what, Member member) {
+    FloatRange r{std::numeric_limits<int64_t>::max(), 0};
+    int64_t numel = 0;
+    for (const ParamEntry& e : table.entries()) {
+        if (!member(e.name)) continue;
+        r.begin = std::min(r.begin, e.offset);
+        r.end = std::max(r.end, e.offset + e.numel);
+        numel += e.numel;
+    }
+    if (numel == 0) return {};
+    MT_CHECK(r.end - r.begin == numel, "[model] the parameters of {} are not contiguous", what);
+    return r;
+}
+
+}  // namespace
 
 struct Model::Impl {
     ModelConfig config;
     ModelRuntime runtime;
     LossWeights loss_weights;
+    ModelParallel parallel;
+    ExpertShard shard;
     ParamTable table;
     Arena params, grads, acts;
     ModelParams w, g;  // the same tree, pointing into params and into grads
+    std::unique_ptr<parallel::ExpertDispatcher> dispatcher;  // null without routed experts
 
     RopeTables rope;
     std::vector<float*> residual;  // L + 1 of (N, D): the stream entering each block, and after
@@ -144,10 +246,25 @@ struct Model::Impl {
     std::vector<float*> slot_bias;                  // (E) each slot's correction bias
     std::vector<const int32_t*> slot_topk_ids;      // (N, K) each slot's last routing
     std::vector<std::vector<int64_t>> load_counts;  // [slot][expert]
+    std::vector<double> load_sum;                   // (slots * E) for summing over ranks
+    bool load_summed = false;
     int64_t last_num_tokens = 0;
 
-    Impl(const ModelConfig& c, const ModelRuntime& r, const LossWeights& lw)
-        : config(c), runtime(r), loss_weights(lw), table(model_param_specs(c)) {
+    // Gradient readiness: the parameter groups in the order their gradients become final.
+    GradReadyCallback grad_ready;
+    FloatRange head_range, embed_range;
+    std::vector<FloatRange> layer_range, mtp_range;
+
+    Impl(const ModelConfig& c, const ModelRuntime& r, const LossWeights& lw,
+         const ModelParallel& par)
+        : config(c),
+          runtime(r),
+          loss_weights(lw),
+          parallel(par),
+          shard(expert_shard_of(c, par)),
+          table(sharded_param_specs(c, shard)),
+          w(sharded_tree(c, shard)),
+          g(sharded_tree(c, shard)) {
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
         for (const ParamEntry& e : table.entries()) param_plan.add(e.name, e.shape);
         params = Arena(param_plan, host_memory());
@@ -156,6 +273,17 @@ struct Model::Impl {
         ParamBinder bind_g(table, static_cast<float*>(grads.base()));
         bind_model_params(bind_w, w, c);
         bind_model_params(bind_g, g, c);
+
+        if (c.n_routed_experts > 0) {
+            parallel::ExpertDispatchConfig dc;
+            dc.num_experts = c.n_routed_experts;
+            dc.top_k = c.num_experts_per_tok;
+            dc.hidden = c.hidden_size;
+            dc.max_tokens = r.batch_size * r.seq_len;
+            dc.num_slots = num_moe_slots(c);
+            dc.recv_capacity_rows = par.dispatch_capacity_rows;
+            dispatcher = parallel::make_expert_dispatcher(dc, shard.count > 0 ? par.ep : nullptr);
+        }
 
         ArenaPlan act_plan("activations");
         bind_activations(BufferBinder(act_plan));
@@ -170,20 +298,57 @@ struct Model::Impl {
             main_slot.push_back(add_slot(w.layers[l], layers[l]));
         for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
             mtp_slot.push_back(add_slot(w.mtp[d].block, mtp[d].block));
+        load_sum.resize(load_counts.size() * static_cast<size_t>(c.n_routed_experts));
+        plan_grad_ranges();
     }
 
-    int64_t add_slot(const BlockParams& bp, const BlockActivations& ba) {
+    int64_t add_slot(const BlockParams& bp, BlockActivations& ba) {
         if (!bp.is_moe) return -1;
+        const auto slot = static_cast<int64_t>(slot_bias.size());
+        ba.moe.dispatcher = dispatcher.get();
+        ba.moe.dispatch_slot = slot;
         slot_bias.push_back(bp.moe.correction_bias);
         slot_topk_ids.push_back(ba.moe.topk_ids);
         load_counts.emplace_back(static_cast<size_t>(config.n_routed_experts), 0);
-        return static_cast<int64_t>(slot_bias.size()) - 1;
+        return slot;
+    }
+
+    void plan_grad_ranges() {
+        const ModelConfig& c = config;
+        int64_t covered = 0;
+        auto add = [&covered](FloatRange r) {
+            covered += r.end - r.begin;
+            return r;
+        };
+        head_range = add(entries_range(table, "the head and final norm", [](const std::string& n) {
+            return n == "final_norm" || n == "head";
+        }));
+        embed_range = add(entries_range(table, "the embedding",
+                                        [](const std::string& n) { return n == "embed"; }));
+        for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+            const std::string prefix = main_layer_prefix(l);
+            layer_range.push_back(add(entries_range(
+                table, prefix, [&prefix](const std::string& n) { return n.starts_with(prefix); })));
+        }
+        for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
+            const std::string prefix = mtp_prefix(d);
+            mtp_range.push_back(add(entries_range(
+                table, prefix, [&prefix](const std::string& n) { return n.starts_with(prefix); })));
+        }
+        MT_CHECK(covered == table.total_numel(),
+                 "[model] the gradient-readiness groups cover {} of {} parameters", covered,
+                 table.total_numel());
+    }
+
+    void notify_grads_ready(const FloatRange& r) const {
+        if (grad_ready && r.end > r.begin) grad_ready(r.begin, r.end);
     }
 
     // Plans (first call) or binds (second call) every activation buffer.
     void bind_activations(BufferBinder b) {
         const ModelConfig& c = config;
         const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
+        const int64_t expert_rows = dispatcher ? dispatcher->capacity_rows() : 0;
         float* cos = nullptr;
         float* sin = nullptr;
         b(cos, "rope.cos", {S, c.qk_rope_head_dim / 2});
@@ -192,11 +357,16 @@ struct Model::Impl {
         for (int64_t l = 0; l <= c.num_hidden_layers; ++l)
             b(residual[l], "residual." + std::to_string(l), {n, D});
         layers.resize(static_cast<size_t>(c.num_hidden_layers));
-        for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+            layers[l].moe.expert_rows = expert_rows;
             bind_block_activations(b, layers[l], main_layer_prefix(l), c, c.is_moe_layer(l), B, S);
+        }
         mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
-        for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
+        for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
+            mtp[d].block.moe.expert_rows = expert_rows;
             bind_mtp_activations(b, mtp[d], mtp_prefix(d), c, d, B, S);
+        }
+        block_scratch.moe.expert_rows = expert_rows;
         bind_block_scratch(b, block_scratch, "scratch.block.", c, n);
         if (c.num_nextn_predict_layers > 0) bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, n);
         bind_head_scratch(b, head, c, n);
@@ -204,11 +374,14 @@ struct Model::Impl {
         b(d_h_prev, "d_h_prev", {n, D});
     }
 
-    BlockMoeOptions moe_options(int64_t slot, bool backward, float grad_scale) {
+    // balance_scale turns the balance loss's mean over this micro-batch's sequences into its share
+    // of the mean over the denominators' sequences.
+    BlockMoeOptions moe_options(int64_t slot, bool backward, float grad_scale,
+                                float balance_scale) {
         BlockMoeOptions o;
         o.load_counts = (backward && slot >= 0) ? load_counts[slot].data() : nullptr;
-        o.balance_alpha = loss_weights.balance_alpha;
-        o.balance_grad = loss_weights.balance_alpha * grad_scale;
+        o.balance_alpha = loss_weights.balance_alpha * balance_scale;
+        o.balance_grad = loss_weights.balance_alpha * grad_scale * balance_scale;
         return o;
     }
 
@@ -240,21 +413,46 @@ struct Model::Impl {
         }
     }
 
+    void check_denominators(const LossDenominators& den, const int32_t* targets, int64_t batch,
+                            int64_t seq_len) const {
+        const LossDenominators own = count_loss_denominators(config, targets, batch, seq_len);
+        bool covers = den.lm_tokens >= own.lm_tokens && den.sequences >= own.sequences;
+        for (size_t d = 0; d < own.mtp_tokens.size(); ++d)
+            covers = covers && den.mtp_tokens[d] >= own.mtp_tokens[d];
+        MT_CHECK(covers,
+                 "[model] the loss denominators ({} tokens, {} sequences) are smaller than this "
+                 "micro-batch's own counts ({} tokens, {} sequences): they must count the whole "
+                 "batch it is a slice of",
+                 den.lm_tokens, den.sequences, own.lm_tokens, own.sequences);
+    }
+
     MicroBatchLosses run(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                         int64_t seq_len, bool backward, float grad_scale) {
+                         int64_t seq_len, bool backward, float grad_scale,
+                         const LossDenominators* den) {
         check_inputs(tokens, targets, batch, seq_len);
+        if (den != nullptr) check_denominators(*den, targets, batch, seq_len);
+        MT_CHECK(!(backward && load_summed),
+                 "[model] forward_backward after sum_expert_load_over_ranks() and before "
+                 "update_router_bias(): its loads would not be summed");
         const ModelConfig& c = config;
         const int64_t n = batch * seq_len, D = c.hidden_size, L = c.num_hidden_layers;
         const int64_t num_mtp = c.num_nextn_predict_layers;
+        const float balance_scale = den == nullptr
+                                        ? 1.0f
+                                        : static_cast<float>(static_cast<double>(batch) /
+                                                             static_cast<double>(den->sequences));
+        auto moe = [&](int64_t slot, bool counting) {
+            return moe_options(slot, counting, grad_scale, balance_scale);
+        };
         last_num_tokens = n;
         MicroBatchLosses losses;
 
         // Forward: embedding and main blocks.
         cpu::embedding_forward(residual[0], tokens, w.embed, n, c.vocab_size, D);
         for (int64_t l = 0; l < L; ++l) {
-            losses.balance_loss += block_forward(
-                residual[l + 1], layers[l], residual[l], w.layers[l], block_scratch, rope, c,
-                moe_options(main_slot[l], backward, grad_scale), batch, seq_len);
+            losses.balance_loss +=
+                block_forward(residual[l + 1], layers[l], residual[l], w.layers[l], block_scratch,
+                              rope, c, moe(main_slot[l], backward), batch, seq_len);
         }
 
         // MTP depths, each with its loss (and that loss's head backward) right away.
@@ -263,70 +461,115 @@ struct Model::Impl {
             num_mtp > 0 ? grad_scale * loss_weights.mtp_lambda / static_cast<float>(num_mtp) : 0;
         for (int64_t d = 0; d < num_mtp; ++d) {
             const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-            losses.balance_loss += mtp_forward(
-                mtp[d], h_prev, tokens, targets, w.embed, w.mtp[d], mtp_scratch, block_scratch,
-                rope, c, moe_options(mtp_slot[d], backward, grad_scale), d, batch, seq_len);
+            losses.balance_loss +=
+                mtp_forward(mtp[d], h_prev, tokens, targets, w.embed, w.mtp[d], mtp_scratch,
+                            block_scratch, rope, c, moe(mtp_slot[d], backward), d, batch, seq_len);
+            const int64_t mtp_den = den == nullptr ? 0 : den->mtp_tokens[d];
             const cpu::CrossEntropyResult ce =
                 head_loss(run_mtp_backward ? mtp[d].d_out : nullptr, mtp[d].out, mtp[d].targets,
                           w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head, head, c, n,
-                          mtp_loss_grad);
-            losses.mtp_loss += ce.mean();
+                          mtp_loss_grad, mtp_den);
+            losses.mtp_loss += mean_loss(ce, mtp_den);
         }
         if (num_mtp > 0) losses.mtp_loss /= static_cast<double>(num_mtp);
 
         // Main head last, so that logits() holds its logits after forward().
+        const int64_t lm_den = den == nullptr ? 0 : den->lm_tokens;
         const cpu::CrossEntropyResult main_ce =
             head_loss(backward ? d_stream : nullptr, residual[L], targets, w.final_norm,
-                      g.final_norm, w.head, g.head, head, c, n, grad_scale);
-        losses.lm_loss = main_ce.mean();
+                      g.final_norm, w.head, g.head, head, c, n, grad_scale, lm_den);
+        losses.lm_loss = mean_loss(main_ce, lm_den);
         losses.num_tokens = main_ce.num_valid;
         if (!backward) return losses;
+        notify_grads_ready(head_range);
 
         // Backward: MTP depths in reverse; depth d's gradient on h_{d-1} joins depth d-1's output
         // gradient, and depth 1's joins the main stream.
-        if (run_mtp_backward) {
-            for (int64_t d = num_mtp - 1; d >= 0; --d) {
+        for (int64_t d = num_mtp - 1; d >= 0; --d) {
+            if (run_mtp_backward) {
                 const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-                mtp_backward_one(d, h_prev, batch, seq_len, grad_scale);
+                mtp_backward(d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d], mtp_scratch,
+                             block_scratch, rope, c, moe(mtp_slot[d], false), batch, seq_len);
                 cpu::add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev, n * D);
             }
+            notify_grads_ready(mtp_range[d]);
         }
         for (int64_t l = L - 1; l >= 0; --l) {
             block_backward(d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
-                           block_scratch, rope, c, moe_options(main_slot[l], false, grad_scale),
-                           batch, seq_len);
+                           block_scratch, rope, c, moe(main_slot[l], false), batch, seq_len);
+            notify_grads_ready(layer_range[l]);
         }
         cpu::embedding_backward(g.embed, d_stream, tokens, n, c.vocab_size, D);
+        notify_grads_ready(embed_range);
         return losses;
     }
 
-    void mtp_backward_one(int64_t d, const float* h_prev, int64_t batch, int64_t seq_len,
-                          float grad_scale) {
-        mtp_backward(d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d], mtp_scratch,
-                     block_scratch, rope, config, moe_options(mtp_slot[d], false, grad_scale),
-                     batch, seq_len);
+    static double mean_loss(const cpu::CrossEntropyResult& ce, int64_t denominator) {
+        if (denominator <= 0) return ce.mean();
+        return ce.loss_sum / static_cast<double>(denominator);
+    }
+
+    void sum_loads() {
+        if (load_summed) return;
+        load_summed = true;
+        if (parallel.load == nullptr || parallel.load->size() == 1) return;
+        const size_t E = static_cast<size_t>(config.n_routed_experts);
+        for (size_t s = 0; s < load_counts.size(); ++s)
+            for (size_t e = 0; e < E; ++e)
+                load_sum[s * E + e] = static_cast<double>(load_counts[s][e]);
+        // Counts are far below 2^53, so the sum in doubles is exact.
+        parallel.load->all_reduce_sum(load_sum.data(), load_sum.size(), DType::f64);
+        for (size_t s = 0; s < load_counts.size(); ++s)
+            for (size_t e = 0; e < E; ++e)
+                load_counts[s][e] = static_cast<int64_t>(load_sum[s * E + e]);
+    }
+
+    void init_expert_shard(uint64_t seed) {
+        if (shard.first == 0) return;  // the first shard's global indices are its local ones
+        for (size_t i = 0; i < table.specs().size(); ++i) {
+            const TensorSpec& spec = table.specs()[i];
+            if (!is_routed_expert_param(spec.name)) continue;
+            const ParamEntry& e = table.entries()[i];
+            const int64_t per_expert = e.numel / shard.count;
+            const ParamRng rng(seed, spec.name);
+            rng.fill_normal(static_cast<float*>(params.base()) + e.offset,
+                            static_cast<uint64_t>(e.numel), spec.init_stddev,
+                            static_cast<uint64_t>(shard.first * per_expert));
+        }
     }
 };
 
-Model::Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights) {
+Model::Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights,
+             const ModelParallel& parallel) {
     check_model_config(config, runtime);
-    impl_ = std::make_unique<Impl>(config, runtime, weights);
+    impl_ = std::make_unique<Impl>(config, runtime, weights, parallel);
 }
 
 Model::~Model() = default;
 
 void Model::init_parameters(uint64_t seed) {
     impl_->table.initialize(params(), seed);
+    impl_->init_expert_shard(seed);
 }
 
 MicroBatchLosses Model::forward_backward(const int32_t* tokens, const int32_t* targets,
                                          int64_t batch, int64_t seq_len, float grad_scale) {
-    return impl_->run(tokens, targets, batch, seq_len, true, grad_scale);
+    return impl_->run(tokens, targets, batch, seq_len, true, grad_scale, nullptr);
+}
+
+MicroBatchLosses Model::forward_backward(const int32_t* tokens, const int32_t* targets,
+                                         int64_t batch, int64_t seq_len, float grad_scale,
+                                         const LossDenominators& denominators) {
+    return impl_->run(tokens, targets, batch, seq_len, true, grad_scale, &denominators);
 }
 
 MicroBatchLosses Model::forward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                 int64_t seq_len) {
-    return impl_->run(tokens, targets, batch, seq_len, false, 0.0f);
+    return impl_->run(tokens, targets, batch, seq_len, false, 0.0f, nullptr);
+}
+
+void Model::set_grad_ready_callback(GradReadyCallback callback) {
+    impl_->grad_ready = std::move(callback);
 }
 
 const float* Model::logits() const {
@@ -345,7 +588,12 @@ std::vector<int32_t> Model::last_routing() const {
     return out;
 }
 
+void Model::sum_expert_load_over_ranks() {
+    impl_->sum_loads();
+}
+
 void Model::update_router_bias(float gamma) {
+    impl_->sum_loads();
     const int64_t E = impl_->config.n_routed_experts;
     for (size_t slot = 0; slot < impl_->load_counts.size(); ++slot) {
         std::vector<int64_t>& counts = impl_->load_counts[slot];
@@ -361,6 +609,7 @@ void Model::update_router_bias(float gamma) {
         }
         std::fill(counts.begin(), counts.end(), 0);
     }
+    impl_->load_summed = false;
 }
 
 ExpertLoadStats Model::expert_load() const {
@@ -399,6 +648,24 @@ const std::vector<ParamEntry>& Model::param_entries() const {
     return impl_->table.entries();
 }
 
+std::vector<parallel::ParamSpan> Model::param_spans() const {
+    std::vector<parallel::ParamSpan> spans;
+    spans.reserve(impl_->table.entries().size());
+    for (const ParamEntry& e : impl_->table.entries()) {
+        // Routed experts are replicated over the expert-data-parallel group (the whole
+        // data-parallel group when ep = 1); everything else over the data-parallel group.
+        const auto group = is_routed_expert_param(e.name)
+                               ? parallel::ReplicaGroup::expert_data_parallel
+                               : parallel::ReplicaGroup::data_parallel;
+        spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay});
+    }
+    return spans;
+}
+
+ExpertShard Model::expert_shard() const {
+    return impl_->shard;
+}
+
 TensorView Model::param(const std::string& name) const {
     const ParamEntry& e = impl_->table.entry(name);
     return {static_cast<float*>(impl_->params.base()) + e.offset, e.shape, DType::f32};
@@ -410,7 +677,9 @@ TensorView Model::grad(const std::string& name) const {
 }
 
 size_t Model::planned_bytes() const {
-    return impl_->params.size_bytes() + impl_->grads.size_bytes() + impl_->acts.size_bytes();
+    const size_t dispatch = impl_->dispatcher ? impl_->dispatcher->buffer_bytes() : 0;
+    return impl_->params.size_bytes() + impl_->grads.size_bytes() + impl_->acts.size_bytes() +
+           dispatch;
 }
 
 }  // namespace moetron

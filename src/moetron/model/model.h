@@ -7,14 +7,22 @@
 // below keep their meaning.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "moetron/core/tensor.h"
 #include "moetron/model/config.h"
+#include "moetron/model/moe.h"     // ExpertShard
 #include "moetron/model/params.h"  // ParamEntry, TensorSpec
+#include "moetron/parallel/grad_buckets.h"
+
+namespace moetron::parallel {
+class Communicator;
+}
 
 namespace moetron {
 
@@ -38,6 +46,45 @@ struct MicroBatchLosses {
     int64_t num_tokens = 0;   // tokens with a valid target
 };
 
+// Where the model sits in a distributed job (DESIGN.md sec. 3). The communicators belong to the
+// caller and must outlive the model. The default is one process holding every expert.
+struct ModelParallel {
+    // The routed experts are split over this group: its rank r holds experts [r*El, (r+1)*El),
+    // El = E / size, and every MoE layer exchanges token copies over it. Null or one rank: all E.
+    parallel::Communicator* ep = nullptr;
+    // The group over which expert loads are summed before the router bias update: every rank
+    // that routes different tokens (the world when tp = 1). Null: this process only.
+    parallel::Communicator* load = nullptr;
+    // Expert-side rows per MoE layer (see DispatchConfig::recv_capacity_rows); 0: dropless worst
+    // case. Only used with expert parallelism.
+    int64_t dispatch_capacity_rows = 0;
+};
+
+inline constexpr int64_t kMaxMtpDepths = 8;
+
+// The denominators of the mean losses that forward_backward differentiates. By default each
+// micro-batch is normalized by its own counts. A rank whose micro-batch is one slice of a larger
+// batch (data parallelism, gradient accumulation) passes the whole batch's counts instead: its
+// losses and gradients are then its share of the whole batch's means, and the shares add up to
+// them (sum the gradients over ranks and micro-batches, and the returned losses likewise).
+struct LossDenominators {
+    int64_t lm_tokens = 0;                            // valid targets of the main head
+    std::array<int64_t, kMaxMtpDepths> mtp_tokens{};  // valid targets of each MTP depth
+    int64_t sequences = 0;                            // for the sequence-wise balance loss
+
+    LossDenominators& operator+=(const LossDenominators& other);
+};
+
+// The counts of one micro-batch: what it contributes to LossDenominators.
+LossDenominators count_loss_denominators(const ModelConfig& config, const int32_t* targets,
+                                         int64_t batch, int64_t seq_len);
+
+// Called by the backward of forward_backward each time a range [begin, end) of grads() (in floats)
+// has received its last contribution of the micro-batch, so that gradient reduction can start
+// while the backward goes on. Ranges come in backward order: head and final norm, MTP modules,
+// main layers last to first, embedding; together they cover the whole buffer once.
+using GradReadyCallback = std::function<void(int64_t begin, int64_t end)>;
+
 // Expert load of the tokens seen since the last reset, per MoE layer: the main model's MoE layers
 // in order, then the MoE blocks of the MTP modules (each has its own router and correction bias,
 // as layer 61 of DeepSeek-V3's checkpoint). Only forward_backward counts (training tokens).
@@ -49,12 +96,14 @@ struct ExpertLoadStats {
 
 class Model {
   public:
-    Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights);
+    Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights,
+          const ModelParallel& parallel = {});
     ~Model();
     Model(const Model&) = delete;
     Model& operator=(const Model&) = delete;
 
-    // Counter-based initialization: element i of parameter P from (seed, P's name, i).
+    // Counter-based initialization: element i of parameter P from (seed, P's name, i), i the
+    // global index, so a rank's slice of the experts equals the same slice of the full model.
     void init_parameters(uint64_t seed);
 
     // Forward and backward of one micro-batch of B x S tokens (B, S <= the runtime's). targets are
@@ -64,6 +113,14 @@ class Model {
     // over this micro-batch), times grad_scale. Also counts the expert loads.
     MicroBatchLosses forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                       int64_t seq_len, float grad_scale);
+    // The same with the denominators of a larger batch this micro-batch is a slice of: every mean
+    // of the loss (the returned ones included) divides by them instead of this micro-batch's
+    // counts. num_tokens stays this micro-batch's count.
+    MicroBatchLosses forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
+                                      int64_t seq_len, float grad_scale,
+                                      const LossDenominators& denominators);
+    // Null (the default) turns the notifications off.
+    void set_grad_ready_callback(GradReadyCallback callback);
     // Forward only (validation, sampling). Afterwards logits() holds the (B*S, V) main-head logits.
     // Touches neither the gradients nor the load counts.
     MicroBatchLosses forward(const int32_t* tokens, const int32_t* targets, int64_t batch,
@@ -77,8 +134,15 @@ class Model {
     std::vector<int32_t> last_routing() const;
 
     // The aux-loss-free balancing step, after each optimizer step:
-    // bias_e += gamma * sign(mean load - load_e) from the loads counted since the last call.
+    // bias_e += gamma * sign(mean load - load_e) from the loads counted since the last call,
+    // summed over ModelParallel::load first (a collective over it), so every rank moves its bias
+    // alike.
     void update_router_bias(float gamma);
+    // Sums the loads counted since the last bias update over ModelParallel::load (a collective
+    // over it; once per step: later calls before the update do nothing). update_router_bias()
+    // does it itself; call it earlier to read the global loads from expert_load().
+    void sum_expert_load_over_ranks();
+    // The loads counted on this rank, or over ModelParallel::load after sum_expert_load_over_ranks.
     ExpertLoadStats expert_load() const;
 
     const ModelConfig& config() const;
@@ -89,6 +153,11 @@ class Model {
     float* grads();
     int64_t num_params() const;
     const std::vector<ParamEntry>& param_entries() const;
+    // The flat buffer as gradient synchronization sees it: one span per entry, with its replica
+    // group (the routed experts: the expert-data-parallel group; the rest: data-parallel).
+    std::vector<parallel::ParamSpan> param_spans() const;
+    // Which routed experts this rank holds.
+    ExpertShard expert_shard() const;
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report

@@ -1,9 +1,9 @@
 #include "moetron/model/moe.h"
 
 #include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/permute.h"
 #include "moetron/kernels/cpu/router.h"
 #include "moetron/kernels/cpu/swiglu.h"
+#include "moetron/parallel/expert_dispatcher.h"
 
 namespace moetron {
 
@@ -35,15 +35,38 @@ TokenBalanceSums token_balance_sums(const float* scores, const float* load_fract
     return s;
 }
 
+int64_t expert_side_rows(int64_t planned_rows, int64_t num_tokens, int64_t top_k) {
+    return planned_rows > 0 ? planned_rows : num_tokens * top_k;
+}
+
+parallel::ExpertDispatcher& dispatcher_of(const MoeActivations& saved, int64_t expert_rows,
+                                          int64_t local_experts) {
+    MT_CHECK(saved.dispatcher != nullptr, "[moe] the layer has no expert dispatcher");
+    parallel::ExpertDispatcher& d = *saved.dispatcher;
+    MT_CHECK(d.num_local_experts() == local_experts && d.capacity_rows() <= expert_rows,
+             "[moe] the dispatcher ({} local experts, {} rows) does not fit the layer ({} local "
+             "experts, {} rows)",
+             d.num_local_experts(), d.capacity_rows(), local_experts, expert_rows);
+    return d;
+}
+
 }  // namespace
+
+bool is_routed_expert_param(std::string_view name) {
+    return name.ends_with("experts.gate_up") || name.ends_with("experts.down");
+}
 
 void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix,
                      const ModelConfig& c) {
     const int64_t E = c.n_routed_experts, D = c.hidden_size, F = c.moe_intermediate_size;
+    const int64_t El = p.experts.local_experts(E);
+    MT_CHECK(p.experts.first >= 0 && p.experts.count >= 0 && p.experts.first + El <= E,
+             "[moe] experts [{}, {}) of layer '{}' are not within the {} routed experts",
+             p.experts.first, p.experts.first + El, prefix, E);
     b.weight(p.gate, prefix + "router", {E, D});
     b.correction_bias(p.correction_bias, prefix + "router_bias", E);
-    b.weight(p.experts_gate_up, prefix + "experts.gate_up", {E, 2 * F, D});
-    b.weight(p.experts_down, prefix + "experts.down", {E, D, F});
+    b.weight(p.experts_gate_up, prefix + "experts.gate_up", {El, 2 * F, D});
+    b.weight(p.experts_down, prefix + "experts.down", {El, D, F});
     if (c.n_shared_experts > 0)
         bind_mlp_params(b, p.shared, prefix + "shared.", D, shared_ffn_dim(c));
 }
@@ -52,15 +75,14 @@ void bind_moe_activations(BufferBinder& b, MoeActivations& a, const std::string&
                           const ModelConfig& c, int64_t batch, int64_t seq_len) {
     const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+    const int64_t R = expert_side_rows(a.expert_rows, n, K);
     b(a.scores, prefix + "scores", {n, E});
     b(a.topk_ids, prefix + "topk_ids", {n, K});
     b(a.topk_weights, prefix + "topk_weights", {n, K});
-    b(a.copy_to_row, prefix + "copy_to_row", {n * K});
-    b(a.expert_offsets, prefix + "expert_offsets", {E + 1});
-    b(a.permuted, prefix + "permuted", {n * K, D});
-    b(a.expert_gate_up, prefix + "expert_gate_up", {n * K, 2 * F});
-    b(a.expert_hidden, prefix + "expert_hidden", {n * K, F});
-    b(a.expert_out, prefix + "expert_out", {n * K, D});
+    b(a.permuted, prefix + "permuted", {R, D});
+    b(a.expert_gate_up, prefix + "expert_gate_up", {R, 2 * F});
+    b(a.expert_hidden, prefix + "expert_hidden", {R, F});
+    b(a.expert_out, prefix + "expert_out", {R, D});
     b(a.load_fraction, prefix + "load_fraction", {batch, E});
     if (c.n_shared_experts > 0)
         bind_mlp_activations(b, a.shared, prefix + "shared.", n, shared_ffn_dim(c));
@@ -70,12 +92,13 @@ void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
                       const ModelConfig& c, int64_t num_tokens) {
     const int64_t n = num_tokens, E = c.n_routed_experts, K = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+    const int64_t R = expert_side_rows(s.expert_rows, n, K);
     b(s.logits, prefix + "logits", {n, E});
     b(s.d_topk_weights, prefix + "d_topk_weights", {n, K});
     b(s.d_scores, prefix + "d_scores", {n, E});
-    b(s.d_expert_out, prefix + "d_expert_out", {n * K, D});
-    b(s.d_expert_hidden, prefix + "d_expert_hidden", {n * K, F});
-    b(s.d_expert_gate_up, prefix + "d_expert_gate_up", {n * K, 2 * F});
+    b(s.d_expert_out, prefix + "d_expert_out", {R, D});
+    b(s.d_expert_hidden, prefix + "d_expert_hidden", {R, F});
+    b(s.d_expert_gate_up, prefix + "d_expert_gate_up", {R, 2 * F});
 }
 
 double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
@@ -92,15 +115,22 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
         for (int64_t i = 0; i < n * K; ++i) ++load_counts[saved.topk_ids[i]];
     }
 
-    // Routed experts: sort token copies by expert, one grouped SwiGLU, weighted sum back.
-    cpu::moe_permute_layout(saved.copy_to_row, saved.expert_offsets, saved.topk_ids, n, K, E);
-    cpu::permute_forward(saved.permuted, inp, saved.copy_to_row, n, K, D);
-    cpu::grouped_linear_forward(saved.expert_gate_up, saved.permuted, w.experts_gate_up,
-                                saved.expert_offsets, E, D, 2 * F);
-    cpu::swiglu_forward(saved.expert_hidden, saved.expert_gate_up, n * K, F);
-    cpu::grouped_linear_forward(saved.expert_out, saved.expert_hidden, w.experts_down,
-                                saved.expert_offsets, E, F, D);
-    cpu::unpermute_forward(out, saved.expert_out, saved.topk_weights, saved.copy_to_row, n, K, D);
+    // Routed experts: the copies go to their experts' ranks sorted by local expert, one grouped
+    // SwiGLU there, and come back summed with their weights.
+    const int64_t El = w.experts.local_experts(E);
+    parallel::ExpertDispatcher& dispatch =
+        dispatcher_of(saved, expert_side_rows(saved.expert_rows, n, K), El);
+    const int64_t slot = saved.dispatch_slot;
+    dispatch.route(slot, saved.topk_ids, n);
+    const int64_t R = dispatch.num_expert_rows(slot);
+    const int64_t* offsets = dispatch.expert_offsets(slot).data();
+    dispatch.dispatch_forward(slot, saved.permuted, inp);
+    cpu::grouped_linear_forward(saved.expert_gate_up, saved.permuted, w.experts_gate_up, offsets,
+                                El, D, 2 * F);
+    cpu::swiglu_forward(saved.expert_hidden, saved.expert_gate_up, R, F);
+    cpu::grouped_linear_forward(saved.expert_out, saved.expert_hidden, w.experts_down, offsets, El,
+                                F, D);
+    dispatch.combine_forward(slot, out, saved.expert_out, saved.topk_weights);
 
     // Shared experts see every token (eq. 12).
     if (c.n_shared_experts > 0)
@@ -137,20 +167,25 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
 
-    // Routed experts, in reverse. d_expert_out is free again once d_expert_hidden exists, so it
-    // takes the gradient of the permuted inputs.
-    cpu::unpermute_backward(scratch.d_expert_out, scratch.d_topk_weights, dout, saved.expert_out,
-                            saved.topk_weights, saved.copy_to_row, n, K, D);
+    // Routed experts, in reverse: combine's backward sends the output gradients to the experts'
+    // ranks, dispatch's brings the input gradients back. d_expert_out is free again once
+    // d_expert_hidden exists, so it takes the gradient of the permuted inputs.
+    const int64_t El = w.experts.local_experts(E);
+    parallel::ExpertDispatcher& dispatch =
+        dispatcher_of(saved, expert_side_rows(saved.expert_rows, n, K), El);
+    const int64_t slot = saved.dispatch_slot;
+    const int64_t R = dispatch.num_expert_rows(slot);
+    const int64_t* offsets = dispatch.expert_offsets(slot).data();
+    dispatch.combine_backward(slot, scratch.d_expert_out, scratch.d_topk_weights, dout,
+                              saved.topk_weights, saved.expert_out);
     cpu::grouped_linear_backward(scratch.d_expert_hidden, grads.experts_down, scratch.d_expert_out,
-                                 saved.expert_hidden, w.experts_down, saved.expert_offsets, E, F,
-                                 D);
-    cpu::swiglu_backward(scratch.d_expert_gate_up, scratch.d_expert_hidden, saved.expert_gate_up,
-                         n * K, F);
+                                 saved.expert_hidden, w.experts_down, offsets, El, F, D);
+    cpu::swiglu_backward(scratch.d_expert_gate_up, scratch.d_expert_hidden, saved.expert_gate_up, R,
+                         F);
     float* d_permuted = scratch.d_expert_out;
     cpu::grouped_linear_backward(d_permuted, grads.experts_gate_up, scratch.d_expert_gate_up,
-                                 saved.permuted, w.experts_gate_up, saved.expert_offsets, E, D,
-                                 2 * F);
-    cpu::permute_backward(dinp, d_permuted, saved.copy_to_row, n, K, D);
+                                 saved.permuted, w.experts_gate_up, offsets, El, D, 2 * F);
+    dispatch.dispatch_backward(slot, dinp, d_permuted);
 
     if (c.n_shared_experts > 0)
         mlp_backward(dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch, n, D,

@@ -2,7 +2,11 @@
 //   logits = x Wg^T; s = sigmoid(logits); group-limited top-K of s + b (b: correction bias, for
 //   selection only); w = normalized s of the chosen experts x routed_scaling_factor
 //   out = sum_k w_k SwiGLU_{e_k}(x) + SwiGLU_shared(x)
-// The routed experts run as one grouped GEMM over tokens sorted by expert (permute / unpermute).
+// The routed experts run as one grouped GEMM over the token copies sorted by expert. An
+// ExpertDispatcher (parallel/expert_dispatcher.h) moves the copies there and back: a local
+// permutation when this rank holds every expert, an all-to-all over the EP group when the experts
+// are split (expert parallelism: this rank holds El = E / ep of them; the router still scores all
+// E).
 //
 // Also the sequence-wise balance loss (eq. 17-20), per sequence of T tokens:
 //   f_i = E / (K T) sum_t 1[i in topk(t)],  s'_{i,t} = s_{i,t} / sum_j s_{j,t},
@@ -13,42 +17,70 @@
 #include <cstdint>
 #include <string>
 
+#include <string_view>
+
 #include "moetron/model/mlp.h"
 #include "moetron/model/params.h"
 
+namespace moetron::parallel {
+class ExpertDispatcher;
+}
+
 namespace moetron {
 
-// Letters: E experts, K experts per token, F = moe_intermediate_size, Fs = n_shared_experts * F.
+// The routed experts a rank holds: global experts [first, first + count). count 0 means all E
+// (one process). Counter-based initialization reads it, so that expert e gets the same numbers on
+// whichever rank holds it.
+struct ExpertShard {
+    int64_t first = 0;
+    int64_t count = 0;
+    int64_t local_experts(int64_t num_experts) const { return count > 0 ? count : num_experts; }
+};
+
+// Letters: E experts, El local experts (E without expert parallelism), K experts per token,
+// F = moe_intermediate_size, Fs = n_shared_experts * F, R rows on the expert side (N*K without
+// expert parallelism).
 struct MoeParams {
+    ExpertShard experts;               // set before binding (bind_moe_params reads it)
     float* gate = nullptr;             // (E, D) router weight (HF mlp.gate.weight)
     float* correction_bias = nullptr;  // (E) e_score_correction_bias: selection only, not trained
-    float* experts_gate_up = nullptr;  // (E, 2F, D): per expert [gate_proj; up_proj]
-    float* experts_down = nullptr;     // (E, D, F)
+    float* experts_gate_up = nullptr;  // (El, 2F, D): per local expert [gate_proj; up_proj]
+    float* experts_down = nullptr;     // (El, D, F)
     MlpParams shared;                  // (2Fs, D), (D, Fs); unset when n_shared_experts == 0
 };
 
+// True for the routed experts' tensors ("...experts.gate_up", "...experts.down"): split over the
+// EP group, their gradients summed over the expert-data-parallel group only.
+bool is_routed_expert_param(std::string_view name);
+
 struct MoeActivations {
-    float* scores = nullptr;            // (N, E) sigmoid scores s
-    int32_t* topk_ids = nullptr;        // (N, K) chosen experts
-    float* topk_weights = nullptr;      // (N, K) their gating weights
-    int32_t* copy_to_row = nullptr;     // (N*K) where token copy t*K+j sits in expert order
-    int64_t* expert_offsets = nullptr;  // (E + 1) row segments per expert
-    float* permuted = nullptr;          // (N*K, D) expert inputs, sorted by expert
-    float* expert_gate_up = nullptr;    // (N*K, 2F)
-    float* expert_hidden = nullptr;     // (N*K, F)
-    float* expert_out = nullptr;        // (N*K, D)
-    float* load_fraction = nullptr;     // (B, E) f_i of eq. 18 per sequence
-    MlpActivations shared;              // (N, 2Fs), (N, Fs)
+    // Set before binding: R, the rows of the expert-side buffers (0: N*K, every expert here).
+    int64_t expert_rows = 0;
+    // Set after binding: who moves this layer's token copies, and the dispatcher's slot that
+    // keeps the layer's routing from the forward to the backward.
+    parallel::ExpertDispatcher* dispatcher = nullptr;
+    int64_t dispatch_slot = 0;
+
+    float* scores = nullptr;          // (N, E) sigmoid scores s
+    int32_t* topk_ids = nullptr;      // (N, K) chosen experts (global ids)
+    float* topk_weights = nullptr;    // (N, K) their gating weights
+    float* permuted = nullptr;        // (R, D) expert inputs, sorted by local expert
+    float* expert_gate_up = nullptr;  // (R, 2F)
+    float* expert_hidden = nullptr;   // (R, F)
+    float* expert_out = nullptr;      // (R, D)
+    float* load_fraction = nullptr;   // (B, E) f_i of eq. 18 per sequence
+    MlpActivations shared;            // (N, 2Fs), (N, Fs)
 };
 
 // Temporaries shared by every MoE layer (they run one at a time).
 struct MoeScratch {
+    int64_t expert_rows = 0;            // set before binding: R as in MoeActivations
     float* logits = nullptr;            // (N, E) router logits; their gradient in backward
     float* d_topk_weights = nullptr;    // (N, K)
     float* d_scores = nullptr;          // (N, E) the balance loss's gradient on s
-    float* d_expert_out = nullptr;      // (N*K, D); later the gradient of the expert inputs
-    float* d_expert_hidden = nullptr;   // (N*K, F)
-    float* d_expert_gate_up = nullptr;  // (N*K, 2F)
+    float* d_expert_out = nullptr;      // (R, D); later the gradient of the expert inputs
+    float* d_expert_hidden = nullptr;   // (R, F)
+    float* d_expert_gate_up = nullptr;  // (R, 2F)
 };
 
 void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix, const ModelConfig& c);
@@ -58,7 +90,9 @@ void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
                       const ModelConfig& c, int64_t num_tokens);
 
 // out (N, D) written. When load_counts (E) is not null, the tokens routed to each expert are
-// added to it. Returns alpha * (the balance loss averaged over the B sequences); 0 when alpha = 0.
+// added to it. With expert parallelism every rank of the EP group must call it (it exchanges the
+// token copies), and likewise moe_backward. Returns alpha * (the balance loss averaged over the B
+// sequences); 0 when alpha = 0.
 double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
                    const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
                    float balance_alpha, int64_t batch, int64_t seq_len);

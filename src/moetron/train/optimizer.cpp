@@ -61,4 +61,11 @@ void AdamW::step(float* params, const float* grads, double lr) {
     }
 }
 
+void AdamW::restore_state(const float* m, const float* v, int64_t step_count) {
+    MT_CHECK(step_count >= 0, "[optimizer] cannot restore a negative step count {}", step_count);
+    std::copy(m, m + m_.size(), m_.begin());
+    std::copy(v, v + v_.size(), v_.begin());
+    step_count_ = step_count;
+}
+
 }  // namespace moetron

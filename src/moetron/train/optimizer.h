@@ -33,6 +33,8 @@ class AdamW {
     void step(float* params, const float* grads, double lr);
 
     int64_t step_count() const { return step_count_; }
+    // Sets the moments (num_params floats each) and the step count, as a checkpoint saved them.
+    void restore_state(const float* m, const float* v, int64_t step_count);
     // The moment buffers (num_params floats each; untouched where an entry is not trainable).
     const std::vector<float>& first_moment() const { return m_; }
     const std::vector<float>& second_moment() const { return v_; }

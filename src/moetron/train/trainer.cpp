@@ -2,28 +2,41 @@
 
 #include <sys/resource.h>
 
+#include <array>
 #include <cmath>
+#include <cstdio>
+#include <span>
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 #include "moetron/model/flops.h"
+#include "moetron/train/checkpoint.h"
 
 namespace moetron {
 
 namespace {
 
-std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainConfig& config) {
+ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communicator* world) {
+    ModelParallel mp;
+    if (world == nullptr) return mp;
+    mp.ep = groups.ep.get();
+    mp.load = world;  // every rank routes tokens of its own (tp = 1)
+    return mp;
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainConfig& config,
+                                  int64_t rank_rows, const ModelParallel& parallel) {
     validate_train_config(config);
     MT_CHECK(config.seq_len <= model_config.max_position_embeddings,
              "[train] seq_len {} is longer than the model's max_position_embeddings {}",
              config.seq_len, model_config.max_position_embeddings);
     ModelRuntime runtime;
-    runtime.batch_size = config.batch_size;
+    runtime.batch_size = rank_rows;
     runtime.seq_len = config.seq_len;
     LossWeights weights;
     weights.mtp_lambda = static_cast<float>(config.mtp_lambda);
     weights.balance_alpha = static_cast<float>(config.balance_loss_alpha);
-    auto model = std::make_unique<Model>(model_config, runtime, weights);
+    auto model = std::make_unique<Model>(model_config, runtime, weights, parallel);
     model->init_parameters(config.seed);
     return model;
 }
@@ -38,52 +51,169 @@ AdamWConfig adamw_config(const TrainConfig& c) {
     return a;
 }
 
+parallel::DistributedAdamWConfig distributed_adamw_config(const TrainConfig& c) {
+    parallel::DistributedAdamWConfig a;
+    a.beta1 = c.beta1;
+    a.beta2 = c.beta2;
+    a.eps = c.eps;
+    a.weight_decay = c.weight_decay;
+    a.grad_clip = c.grad_clip;
+    return a;
+}
+
+// The topology of a distributed run, checked against the world, the model and the batch.
+parallel::Topology make_train_topology(const ModelConfig& model, const TrainConfig& config,
+                                       const TrainParallel& p) {
+    if (p.world == nullptr) return {};
+    const parallel::Topology t =
+        parallel::make_topology(parallel::parse_layout(p.layout), p.world->size(), p.domain_size);
+    parallel::validate_topology_for_model(t, model);
+    MT_CHECK(t.tp == 1,
+             "[train] layout '{}': tensor parallelism (tp {}) is not supported by the trainer yet",
+             p.layout, t.tp);
+    MT_CHECK(config.batch_size % t.dp == 0,
+             "[train] batch_size {} sequences do not split over the {} data-parallel ranks of "
+             "layout '{}'; use a multiple of {}",
+             config.batch_size, t.dp, p.layout, t.dp);
+    MT_CHECK(p.bucket_mb > 0, "[train] --bucket-mb must be positive, got {}", p.bucket_mb);
+    return t;
+}
+
+// Sums a few doubles over the data-parallel group (no-op on one process).
+template <size_t N>
+void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& values) {
+    if (groups.dp != nullptr) groups.dp->all_reduce_sum(std::span<double>(values));
+}
+
 }  // namespace
 
-Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader)
+Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader,
+                 const TrainParallel& parallel)
     : config_(config),
+      world_(parallel.world),
+      topology_(make_train_topology(model_config, config, parallel)),
+      groups_(world_ != nullptr ? parallel::build_groups(*world_, topology_)
+                                : parallel::ParallelGroups{}),
       loader_(std::move(loader)),
-      model_(make_model(model_config, config)),
-      optimizer_(model_->param_entries(), model_->num_params(), adamw_config(config)),
+      model_(make_model(model_config, config, config.batch_size / topology_.dp,
+                        model_parallel(groups_, world_))),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
-      tokens_(static_cast<size_t>(config.batch_size * config.seq_len)),
-      targets_(static_cast<size_t>(config.batch_size * config.seq_len)) {
+      tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
+      targets_(tokens_.size()) {
     MT_CHECK(loader_.seq_len() == config.seq_len,
              "[train] the data loader cuts windows of {} tokens, the run wants seq_len {}",
              loader_.seq_len(), config.seq_len);
+    rank_rows_ = config.batch_size / topology_.dp;
+    if (world_ == nullptr) {
+        optimizer_ = std::make_unique<AdamW>(model_->param_entries(), model_->num_params(),
+                                             adamw_config(config));
+    } else {
+        first_rank_row_ = groups_.dp->rank() * rank_rows_;
+        parallel::GradSyncOptions so;
+        so.bucket_bytes = static_cast<int64_t>(parallel.bucket_mb * 1024.0 * 1024.0);
+        so.shard_data_parallel = parallel.zero1;
+        so.overlap = parallel.overlap;
+        const std::vector<parallel::ParamSpan> spans = model_->param_spans();
+        sync_ = std::make_unique<parallel::GradSync>(spans, model_->num_params(), model_->grads(),
+                                                     *groups_.dp, *groups_.edp, so);
+        model_->set_grad_ready_callback(
+            [sync = sync_.get()](int64_t begin, int64_t end) { sync->grads_ready(begin, end); });
+        dist_optimizer_ = std::make_unique<parallel::DistributedAdamW>(
+            *sync_, *world_, distributed_adamw_config(config));
+    }
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
+}
+
+const AdamW& Trainer::optimizer() const {
+    MT_CHECK(optimizer_ != nullptr,
+             "[train] a distributed trainer keeps its optimizer state sharded; it has no AdamW");
+    return *optimizer_;
+}
+
+AdamW& Trainer::mutable_optimizer() {
+    MT_CHECK(optimizer_ != nullptr,
+             "[train] a distributed trainer keeps its optimizer state sharded; it has no AdamW");
+    return *optimizer_;
+}
+
+int Trainer::rank() const {
+    return world_ != nullptr ? world_->rank() : 0;
+}
+
+int Trainer::world_size() const {
+    return world_ != nullptr ? world_->size() : 1;
+}
+
+int64_t Trainer::optimizer_state_numel() const {
+    return dist_optimizer_ != nullptr ? dist_optimizer_->state_numel() : 2 * model_->num_params();
+}
+
+parallel::GradSyncStats Trainer::last_sync_stats() const {
+    return sync_ != nullptr ? sync_->last_stats() : parallel::GradSyncStats{};
 }
 
 StepRecord Trainer::step() {
     StepRecord r;
     Timer timer;
     model_->zero_grads();
-    const float grad_scale = 1.0f / static_cast<float>(config_.grad_accum);
+    // The whole step's batch first: its counts normalize every micro-batch, so the step's loss is
+    // the mean over all its valid tokens however it is split over micro-batches and ranks.
+    const int64_t B = config_.batch_size, S = config_.seq_len, micro_tokens = B * S;
+    for (int64_t micro = 0; micro < config_.grad_accum; ++micro)
+        loader_.next_train_batch(tokens_.data() + micro * micro_tokens,
+                                 targets_.data() + micro * micro_tokens, B);
+    const LossDenominators den =
+        count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
+    std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
     for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-        loader_.next_train_batch(tokens_.data(), targets_.data(), config_.batch_size);
+        if (sync_ != nullptr && micro + 1 == config_.grad_accum) sync_->arm();
+        const int64_t first = micro * micro_tokens + first_rank_row_ * S;
         const MicroBatchLosses l = model_->forward_backward(
-            tokens_.data(), targets_.data(), config_.batch_size, config_.seq_len, grad_scale);
-        r.loss += l.lm_loss;
-        r.mtp_loss += l.mtp_loss;
-        r.balance_loss += l.balance_loss;
+            tokens_.data() + first, targets_.data() + first, rank_rows_, S, 1.0f, den);
+        losses[0] += l.lm_loss;
+        losses[1] += l.mtp_loss;
+        losses[2] += l.balance_loss;
     }
-    // The mean over micro-batches: what the scaled gradients differentiate.
-    const auto micro_batches = static_cast<double>(config_.grad_accum);
-    r.loss /= micro_batches;
-    r.mtp_loss /= micro_batches;
-    r.balance_loss /= micro_batches;
+    if (sync_ != nullptr) sync_->finish();
+    sum_over_ranks(groups_, losses);
+    r.loss = losses[0];
+    r.mtp_loss = losses[1];
+    r.balance_loss = losses[2];
 
-    r.step = optimizer_.step_count() + 1;
-    r.grad_norm = optimizer_.clip_gradients(model_->grads());
-    // Stop before the update: the parameters stay those of the last good step.
-    MT_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm),
-             "[train] step {}: training diverged (loss {}, gradient norm {}); try a lower --lr "
-             "or a smaller grad_clip",
-             r.step, r.loss, r.grad_norm);
-    r.lr = schedule_.lr_at(optimizer_.step_count());
-    optimizer_.step(model_->params(), model_->grads(), r.lr);
+    r.step = steps_done_ + 1;
+    if (grad_hook_) grad_hook_(r.step, model_->grads());
+    r.grad_norm = dist_optimizer_ != nullptr ? dist_optimizer_->clip_gradients(model_->grads())
+                                             : optimizer_->clip_gradients(model_->grads());
+    // A non-finite loss or norm skips the update: parameters, moments and router bias stay those
+    // of the last good step, while the data and the schedule move on (the step is counted).
+    // Every rank sees the same summed loss and global norm, so they all skip together.
+    r.lr = schedule_.lr_at(steps_done_);
+    last_step_skipped_ = !(std::isfinite(r.loss) && std::isfinite(r.grad_norm));
+    if (last_step_skipped_) {
+        ++skipped_steps_;
+        ++consecutive_skipped_;
+        ++steps_done_;
+        // gamma 0 resets the load counts (a collective when distributed) and moves no bias.
+        model_->update_router_bias(0.0f);
+        MT_CHECK(consecutive_skipped_ < max_skipped_steps_,
+                 "[train] step {}: {} steps in a row had a non-finite loss or gradient norm "
+                 "(loss {}, gradient norm {}); stopping. Last good checkpoint: {}. Try a lower "
+                 "--lr or a smaller grad_clip",
+                 r.step, consecutive_skipped_, r.loss, r.grad_norm,
+                 last_checkpoint_.empty() ? std::string("none") : last_checkpoint_);
+        r.step_s = timer.elapsed_s();
+        return r;
+    }
+    consecutive_skipped_ = 0;
+    if (dist_optimizer_ != nullptr)
+        dist_optimizer_->step(model_->params(), model_->grads(), r.lr);
+    else
+        optimizer_->step(model_->params(), model_->grads(), r.lr);
+    ++steps_done_;
+    // The loads of every rank, so that the logged balance is the job's.
+    model_->sum_expert_load_over_ranks();
     double compute_s = timer.elapsed_s();
 
     // The loads must be read before the bias update resets them; expert_load() allocates, so it
@@ -95,25 +225,30 @@ StepRecord Trainer::step() {
     model_->update_router_bias(static_cast<float>(config_.bias_update_speed));
     compute_s += timer.elapsed_s();
 
+    // Throughput of the whole job; model FLOP/s and MFU per rank (per GPU, DESIGN.md sec. 1).
+    const auto ranks = static_cast<double>(world_size());
     r.step_s = compute_s;
     r.tokens_per_s = static_cast<double>(config_.tokens_per_step()) / compute_s;
-    r.model_tflops = model_flops_per_step_ / compute_s / 1e12;
-    r.mfu =
-        gemm_peak_gflops_ > 0 ? model_flops_per_step_ / compute_s / (gemm_peak_gflops_ * 1e9) : 0.0;
+    r.model_tflops = model_flops_per_step_ / ranks / compute_s / 1e12;
+    r.mfu = gemm_peak_gflops_ > 0
+                ? model_flops_per_step_ / ranks / compute_s / (gemm_peak_gflops_ * 1e9)
+                : 0.0;
     return r;
 }
 
 double Trainer::evaluate() {
-    double loss_sum = 0;
-    int64_t num_tokens = 0;
+    std::array<double, 2> sums{};  // loss sum, valid tokens
+    const int64_t B = config_.batch_size, S = config_.seq_len;
     for (int64_t i = 0; i < config_.eval_batches; ++i) {
-        loader_.val_batch(tokens_.data(), targets_.data(), config_.batch_size, i);
+        loader_.val_batch(tokens_.data(), targets_.data(), B, i);
+        const int64_t first = first_rank_row_ * S;
         const MicroBatchLosses l =
-            model_->forward(tokens_.data(), targets_.data(), config_.batch_size, config_.seq_len);
-        loss_sum += l.lm_loss * static_cast<double>(l.num_tokens);
-        num_tokens += l.num_tokens;
+            model_->forward(tokens_.data() + first, targets_.data() + first, rank_rows_, S);
+        sums[0] += l.lm_loss * static_cast<double>(l.num_tokens);
+        sums[1] += static_cast<double>(l.num_tokens);
     }
-    return num_tokens > 0 ? loss_sum / static_cast<double>(num_tokens) : 0.0;
+    sum_over_ranks(groups_, sums);
+    return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
 TrainSummary Trainer::run(MetricsLog& log) {
@@ -130,13 +265,28 @@ TrainSummary Trainer::run(MetricsLog& log) {
         s.last_loss = r.loss;
         s.train_s += r.step_s;
         log.log_step(r);
+        if (last_step_skipped_) {
+            ++s.skipped_steps;
+            if (rank() == 0)
+                std::fprintf(stderr,
+                             "moetron: step %lld skipped: loss %g, gradient norm %g (%lld in a "
+                             "row, %lld in all)\n",
+                             static_cast<long long>(r.step), r.loss, r.grad_norm,
+                             static_cast<long long>(consecutive_skipped_),
+                             static_cast<long long>(skipped_steps_));
+        }
+        if (run_control_ != nullptr && run_control_->after_step(*this, r)) {
+            s.stopped_by_signal = true;
+            break;
+        }
     }
     log.finish();
     s.steps = steps_done() - first_step;
     if (s.train_s > 0) {
         const auto steps = static_cast<double>(s.steps);
         s.tokens_per_s = steps * static_cast<double>(config_.tokens_per_step()) / s.train_s;
-        s.model_tflops = steps * model_flops_per_step_ / s.train_s / 1e12;
+        s.model_tflops =
+            steps * model_flops_per_step_ / static_cast<double>(world_size()) / s.train_s / 1e12;
     }
     return s;
 }

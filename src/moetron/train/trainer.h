@@ -1,18 +1,33 @@
-// The single-process training loop. One optimizer step:
-//   zero the gradients once; for each of grad_accum micro-batches draw batch_size windows and run
-//   forward_backward with grad_scale 1 / grad_accum (so the step's gradient is the mean over
-//   micro-batches); clip the global gradient norm; AdamW at the schedule's learning rate; then
-//   the aux-loss-free router bias update from the loads the step counted.
+// The training loop, on one process or on every rank of an MPI job. One optimizer step:
+//   zero the gradients once; draw the step's global batch (grad_accum micro-batches of batch_size
+//   windows); run forward_backward on each micro-batch, normalized by the whole step's counts (so
+//   the step's loss and gradient are means over all its valid tokens); clip the global gradient
+//   norm; AdamW at the schedule's learning rate; then the aux-loss-free router bias update from
+//   the loads the step counted.
+// A step whose loss or gradient norm is not finite updates nothing (parameters, moments, router
+// bias) and is counted; max_skipped_steps of them in a row end the run with an error. Checkpoints
+// (train/checkpoint.h) save and restore the whole state; run() consults a RunControl after each
+// step to save and to stop on SIGTERM/SIGINT.
+// Distributed (TrainParallel::world set): batch_size and grad_accum keep their meaning for the
+// whole job, so N ranks train the same model as one process. Every rank draws the same global
+// micro-batch and runs its slice of batch_size / dp sequences; the routed experts are split over
+// the EP group; gradients are summed over the data-parallel groups in buckets posted during the
+// last micro-batch's backward (parallel/grad_sync.h) and the optimizer is ZeRO-1 by default
+// (parallel/zero_optimizer.h). Losses, validation and expert loads are summed over the ranks.
 // Everything a step touches (model arenas, optimizer moments, token buffers) is allocated in the
 // constructor; only the expert-load statistics for the log allocate, outside the step's timing.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "moetron/model/config.h"
 #include "moetron/model/model.h"
+#include "moetron/parallel/grad_sync.h"
+#include "moetron/parallel/topology.h"
+#include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/lr_schedule.h"
 #include "moetron/train/metrics.h"
@@ -20,6 +35,8 @@
 #include "moetron/train/train_config.h"
 
 namespace moetron {
+
+class RunControl;  // train/checkpoint.h
 
 struct TrainSummary {
     int64_t steps = 0;
@@ -29,12 +46,29 @@ struct TrainSummary {
     double train_s = 0;       // sum of the steps' compute times
     double tokens_per_s = 0;  // over the whole run
     double model_tflops = 0;  // over the whole run
+    // Steps of this run skipped for a non-finite loss or gradient norm.
+    int64_t skipped_steps = 0;
+    // A RunControl stopped the run early (SIGTERM/SIGINT).
+    bool stopped_by_signal = false;
+};
+
+// Where the trainer runs. The default (world null) is one process without MPI.
+struct TrainParallel {
+    parallel::Communicator* world = nullptr;  // every rank of the job; outlives the Trainer
+    std::string layout;                       // as parse_layout: "dp4", "ep2", "dp4.ep2", ...
+    int domain_size = 0;                      // ranks per scale-up domain (0: one domain)
+    double bucket_mb = 4.0;                   // gradient-sync bucket size in MiB
+    bool zero1 = true;    // shard the optimizer state over the data-parallel group
+    bool overlap = true;  // post gradient buckets during the backward
 };
 
 class Trainer {
   public:
-    // Builds and initializes the model (seed from config), the optimizer and the buffers.
-    Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader);
+    // Builds and initializes the model (seed from config), the optimizer and the buffers; with a
+    // world, also the parallel groups (a collective over it). Throws for a layout that does not
+    // fit the world or the model, or a batch_size that does not split over dp.
+    Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader,
+            const TrainParallel& parallel = {});
 
     // One optimizer step; returns its record (val_loss NaN).
     StepRecord step();
@@ -48,22 +82,67 @@ class Trainer {
     void set_gemm_peak_gflops(double peak) { gemm_peak_gflops_ = peak; }
 
     Model& model() { return *model_; }
-    const AdamW& optimizer() const { return optimizer_; }
+    // The single-process optimizer; a distributed trainer has none (it throws).
+    const AdamW& optimizer() const;
+    // Checkpointing (train/checkpoint.h) restores these.
+    AdamW& mutable_optimizer();
+    void set_steps_done(int64_t steps) { steps_done_ = steps; }
+    // Steps whose loss or gradient norm was not finite: they update nothing (no parameters,
+    // moments or router bias). After max_skipped_steps in a row, step() throws naming
+    // last_checkpoint (set by the checkpoint code).
+    int64_t skipped_steps() const { return skipped_steps_; }
+    void set_skipped_steps(int64_t n) { skipped_steps_ = n; }
+    int64_t consecutive_skipped_steps() const { return consecutive_skipped_; }
+    bool last_step_skipped() const { return last_step_skipped_; }
+    void set_max_skipped_steps(int64_t n) { max_skipped_steps_ = n; }
+    void set_last_checkpoint(std::string path) { last_checkpoint_ = std::move(path); }
+    // Test hook: sees the step's gradients after the backward, before clipping (e.g. to poison
+    // one with a NaN). Null (the default) for none.
+    void set_grad_hook(std::function<void(int64_t step, float* grads)> hook) {
+        grad_hook_ = std::move(hook);
+    }
+    // run() asks it after each step whether to save and whether to stop; null for neither.
+    void set_run_control(RunControl* control) { run_control_ = control; }
     DataLoader& loader() { return loader_; }
     const TrainConfig& config() const { return config_; }
-    int64_t steps_done() const { return optimizer_.step_count(); }
+    int64_t steps_done() const { return steps_done_; }
+    // Model FLOPs of one step of the whole job (all ranks).
     double model_flops_per_step() const { return model_flops_per_step_; }
+
+    bool distributed() const { return world_ != nullptr; }
+    int rank() const;        // in the world; 0 on one process
+    int world_size() const;  // 1 on one process
+    const parallel::Topology& topology() const { return topology_; }
+    // Floats of optimizer state this rank keeps (moments; with ZeRO-1 also the fp32 shard).
+    int64_t optimizer_state_numel() const;
+    // The last step's gradient synchronization (zeros on one process).
+    parallel::GradSyncStats last_sync_stats() const;
 
   private:
     TrainConfig config_;
+    parallel::Communicator* world_ = nullptr;
+    parallel::Topology topology_;
+    parallel::ParallelGroups groups_;  // empty on one process
     DataLoader loader_;
     std::unique_ptr<Model> model_;
-    AdamW optimizer_;
+    std::unique_ptr<AdamW> optimizer_;                            // one process
+    std::unique_ptr<parallel::GradSync> sync_;                    // distributed
+    std::unique_ptr<parallel::DistributedAdamW> dist_optimizer_;  // distributed
     LrSchedule schedule_;
-    std::vector<int32_t> tokens_;   // (batch_size, seq_len)
-    std::vector<int32_t> targets_;  // (batch_size, seq_len)
+    int64_t rank_rows_ = 0;         // sequences of a micro-batch that this rank runs
+    int64_t first_rank_row_ = 0;    // its first sequence in the micro-batch
+    std::vector<int32_t> tokens_;   // (grad_accum * batch_size, seq_len): the step's batch
+    std::vector<int32_t> targets_;  // (grad_accum * batch_size, seq_len)
+    int64_t steps_done_ = 0;
     double model_flops_per_step_ = 0;
     double gemm_peak_gflops_ = 0;
+    int64_t skipped_steps_ = 0;
+    int64_t consecutive_skipped_ = 0;
+    int64_t max_skipped_steps_ = 5;
+    bool last_step_skipped_ = false;
+    std::string last_checkpoint_;
+    std::function<void(int64_t, float*)> grad_hook_;
+    RunControl* run_control_ = nullptr;
 };
 
 // The process's peak resident set size so far, in bytes (getrusage).

@@ -1,0 +1,117 @@
+#include "moetron/parallel/grad_sync.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "moetron/core/error.h"
+#include "moetron/core/timer.h"
+
+namespace moetron::parallel {
+
+BucketOptions bucket_options(const GradSyncOptions& options, const Communicator& dp,
+                             const Communicator& edp) {
+    MT_CHECK(options.bucket_bytes >= static_cast<int64_t>(sizeof(float)),
+             "[grad_sync] bucket size must be at least one float, got {} bytes",
+             options.bucket_bytes);
+    BucketOptions b;
+    b.bucket_numel = options.bucket_bytes / static_cast<int64_t>(sizeof(float));
+    b.shard_data_parallel = options.shard_data_parallel;
+    b.dp_size = dp.size();
+    b.edp_size = edp.size();
+    return b;
+}
+
+GradSync::GradSync(std::span<const ParamSpan> spans, int64_t num_params, float* grads,
+                   Communicator& dp, Communicator& edp, const GradSyncOptions& options)
+    : options_(options),
+      buckets_(spans, num_params, bucket_options(options, dp, edp)),
+      grads_(grads),
+      dp_(dp),
+      edp_(edp) {
+    MT_CHECK(grads != nullptr || num_params == 0, "[grad_sync] the gradient buffer is null");
+    const std::vector<GradBucket>& all = buckets_.buckets();
+    shard_grads_.assign(static_cast<size_t>(buckets_.shard_buffer_numel()), 0.0f);
+    staging_offset_.assign(all.size(), -1);
+    int64_t staging_numel = 0;
+    for (size_t b = 0; b < all.size(); ++b) {
+        if (!all[b].padded()) continue;
+        staging_offset_[b] = staging_numel;
+        staging_numel += all[b].shard_numel * all[b].group_size;
+    }
+    // Zero once: the padding tails are never written, so they add zeros to the shards.
+    staging_.assign(static_cast<size_t>(staging_numel), 0.0f);
+    ready_numel_.assign(all.size(), 0);
+    posted_.assign(all.size(), 0);
+    handles_.resize(all.size());
+    stats_.num_buckets = static_cast<int64_t>(all.size());
+}
+
+void GradSync::arm() {
+    MT_CHECK(!armed_, "[grad_sync] arm() called twice without finish()");
+    std::fill(ready_numel_.begin(), ready_numel_.end(), 0);
+    std::fill(posted_.begin(), posted_.end(), 0);
+    stats_ = {};
+    stats_.num_buckets = static_cast<int64_t>(buckets_.buckets().size());
+    armed_ = true;
+}
+
+void GradSync::grads_ready(int64_t begin, int64_t end) {
+    if (!armed_) return;
+    MT_CHECK(begin >= 0 && begin <= end && end <= buckets_.num_params(),
+             "[grad_sync] ready range [{}, {}) lies outside the {}-float gradient buffer", begin,
+             end, buckets_.num_params());
+    const Timer timer;
+    const std::vector<GradBucket>& all = buckets_.buckets();
+    for (size_t b = buckets_.first_bucket_ending_after(begin);
+         b < all.size() && all[b].offset < end; ++b) {
+        const GradBucket& bucket = all[b];
+        const int64_t overlap =
+            std::min(end, bucket.offset + bucket.numel) - std::max(begin, bucket.offset);
+        ready_numel_[b] += overlap;
+        MT_CHECK(ready_numel_[b] <= bucket.numel,
+                 "[grad_sync] gradients [{}, {}) reported final twice (bucket {})", begin, end, b);
+        if (options_.overlap && ready_numel_[b] == bucket.numel) {
+            post(b);
+            ++stats_.buckets_posted_in_backward;
+        }
+    }
+    stats_.post_s += timer.elapsed_s();
+}
+
+void GradSync::post(size_t b) {
+    const GradBucket& bucket = buckets_.buckets()[b];
+    Communicator& comm = group(bucket.group);
+    MT_CHECK(comm.size() == bucket.group_size,
+             "[grad_sync] bucket {} was planned for a {} group of {} ranks, group '{}' has {}", b,
+             replica_group_name(bucket.group), bucket.group_size, comm.name(), comm.size());
+    float* data = grads_ + bucket.offset;
+    if (bucket.sharded) {
+        const float* input = data;
+        if (staging_offset_[b] >= 0) {
+            float* staging = staging_.data() + staging_offset_[b];
+            std::memcpy(staging, data, static_cast<size_t>(bucket.numel) * sizeof(float));
+            input = staging;
+        }
+        handles_[b] =
+            comm.reduce_scatter_sum_async(shard_grads_.data() + bucket.shard_offset, input,
+                                          static_cast<size_t>(bucket.shard_numel), DType::f32);
+    } else if (comm.size() > 1) {
+        handles_[b] =
+            comm.all_reduce_sum_async(data, static_cast<size_t>(bucket.numel), DType::f32);
+    }
+    posted_[b] = 1;
+    stats_.bytes += bucket.numel * static_cast<int64_t>(sizeof(float));
+}
+
+void GradSync::finish() {
+    MT_CHECK(armed_, "[grad_sync] finish() without arm()");
+    const Timer timer;
+    const size_t num_buckets = buckets_.buckets().size();
+    for (size_t b = 0; b < num_buckets; ++b)
+        if (!posted_[b]) post(b);
+    for (CollectiveHandle& h : handles_) h.wait();
+    armed_ = false;
+    stats_.finish_s = timer.elapsed_s();
+}
+
+}  // namespace moetron::parallel

@@ -1,0 +1,150 @@
+#include "moetron/parallel/zero_optimizer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "moetron/core/error.h"
+#include "moetron/kernels/cpu/adamw.h"
+
+namespace moetron::parallel {
+
+DistributedAdamW::DistributedAdamW(GradSync& sync, Communicator& world,
+                                   const DistributedAdamWConfig& config)
+    : sync_(sync), world_(world), config_(config) {
+    const Communicator& dp = sync.group(ReplicaGroup::data_parallel);
+    const Communicator& edp = sync.group(ReplicaGroup::expert_data_parallel);
+    MT_CHECK(dp.size() == world.size(),
+             "[optimizer] the data-parallel group '{}' has {} ranks but the world '{}' has {}: "
+             "the distributed optimizer needs tp = 1",
+             dp.name(), dp.size(), world.name(), world.size());
+    MT_CHECK(world.size() % edp.size() == 0,
+             "[optimizer] the expert-data-parallel group '{}' ({} ranks) does not divide the world "
+             "({} ranks)",
+             edp.name(), edp.size(), world.size());
+
+    const std::vector<GradBucket>& buckets = sync.buckets().buckets();
+    states_.resize(buckets.size());
+    int64_t replica_numel = 0, staging_numel = 0;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        BucketState& s = states_[b];
+        if (bucket.sharded) {
+            const int rank = sync.group(bucket.group).rank();
+            s.runs = GradBuckets::owned_decay_runs(bucket, rank);
+            s.owned_begin = bucket.owned_begin(rank);
+            s.owned_numel = bucket.owned_end(rank) - s.owned_begin;
+            s.state_offset = bucket.shard_offset;
+            if (bucket.padded()) {
+                s.staging_offset = staging_numel;
+                staging_numel += bucket.shard_numel * bucket.group_size;
+            }
+        } else {
+            s.runs = bucket.decay_runs;
+            s.owned_begin = 0;
+            s.owned_numel = bucket.numel;
+            s.state_offset = replica_numel;
+            replica_numel += bucket.numel;
+        }
+    }
+    const auto shard = static_cast<size_t>(sync.buckets().shard_buffer_numel());
+    shard_params_.assign(shard, 0.0f);
+    shard_m_.assign(shard, 0.0f);
+    shard_v_.assign(shard, 0.0f);
+    replica_m_.assign(static_cast<size_t>(replica_numel), 0.0f);
+    replica_v_.assign(static_cast<size_t>(replica_numel), 0.0f);
+    gather_staging_.assign(static_cast<size_t>(staging_numel), 0.0f);
+    gathers_.resize(buckets.size());
+}
+
+int64_t DistributedAdamW::state_numel() const {
+    return static_cast<int64_t>(shard_params_.size() + shard_m_.size() + shard_v_.size() +
+                                replica_m_.size() + replica_v_.size());
+}
+
+double DistributedAdamW::clip_gradients(float* grads) {
+    const std::vector<GradBucket>& buckets = sync_.buckets().buckets();
+    float* shard_grads = sync_.shard_grads();
+    // This rank's part of the global sum of squares: each element of the global gradient counted
+    // once over the world.
+    double local = 0.0;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        const BucketState& s = states_[b];
+        if (bucket.sharded) {
+            local += cpu::sum_squares(shard_grads + s.state_offset, s.owned_numel);
+        } else {
+            // Every rank of the bucket's group holds the same summed copy.
+            local += cpu::sum_squares(grads + bucket.offset, bucket.numel) /
+                     static_cast<double>(bucket.group_size);
+        }
+    }
+    world_.all_reduce_sum(&local, 1, DType::f64);
+    const double norm = std::sqrt(local);
+    const float factor = cpu::clip_factor(norm, static_cast<float>(config_.grad_clip));
+    if (factor != 1.0f) {
+        for (size_t b = 0; b < buckets.size(); ++b) {
+            const GradBucket& bucket = buckets[b];
+            const BucketState& s = states_[b];
+            if (bucket.sharded)
+                cpu::scale_inplace(shard_grads + s.state_offset, s.owned_numel, factor);
+            else
+                cpu::scale_inplace(grads + bucket.offset, bucket.numel, factor);
+        }
+    }
+    return norm;
+}
+
+void DistributedAdamW::step(float* params, const float* grads, double lr) {
+    ++step_count_;
+    cpu::AdamWParams hp{};
+    hp.lr = static_cast<float>(lr);
+    hp.beta1 = static_cast<float>(config_.beta1);
+    hp.beta2 = static_cast<float>(config_.beta2);
+    hp.eps = static_cast<float>(config_.eps);
+    hp.step = step_count_;
+    const float decay = static_cast<float>(config_.weight_decay);
+
+    const std::vector<GradBucket>& buckets = sync_.buckets().buckets();
+    const float* shard_grads = sync_.shard_grads();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        const BucketState& s = states_[b];
+        if (!bucket.sharded) {
+            float* p = params + bucket.offset;
+            const float* g = grads + bucket.offset;
+            for (const DecayRun& r : s.runs) {
+                hp.weight_decay = r.weight_decay ? decay : 0.0f;
+                cpu::adamw_update(p + r.offset, replica_m_.data() + s.state_offset + r.offset,
+                                  replica_v_.data() + s.state_offset + r.offset, g + r.offset,
+                                  r.numel, hp);
+            }
+            continue;
+        }
+        // The fp32 shard starts from the full buffer each step, so that anything that wrote the
+        // parameters since (a checkpoint load) is picked up.
+        float* p = shard_params_.data() + s.state_offset;
+        std::memcpy(p, params + bucket.offset + s.owned_begin,
+                    static_cast<size_t>(s.owned_numel) * sizeof(float));
+        for (const DecayRun& r : s.runs) {
+            hp.weight_decay = r.weight_decay ? decay : 0.0f;
+            cpu::adamw_update(p + r.offset, shard_m_.data() + s.state_offset + r.offset,
+                              shard_v_.data() + s.state_offset + r.offset,
+                              shard_grads + s.state_offset + r.offset, r.numel, hp);
+        }
+        float* out = s.staging_offset >= 0 ? gather_staging_.data() + s.staging_offset
+                                           : params + bucket.offset;
+        gathers_[b] =
+            sync_.group(bucket.group)
+                .all_gather_async(out, p, static_cast<size_t>(bucket.shard_numel), DType::f32);
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        gathers_[b].wait();
+        const BucketState& s = states_[b];
+        if (s.staging_offset >= 0) {
+            std::memcpy(params + buckets[b].offset, gather_staging_.data() + s.staging_offset,
+                        static_cast<size_t>(buckets[b].numel) * sizeof(float));
+        }
+    }
+}
+
+}  // namespace moetron::parallel

@@ -1,0 +1,70 @@
+// AdamW over gradients synchronized by a GradSync, with ZeRO-1 when the sync shards:
+//   sharded data-parallel buckets: this rank updates only the part it owns (its shard of the
+//     reduced gradient, fp32 copy of the parameters, first and second moments: 1/dp of each),
+//     then all-gathers the updated parameters back into every rank's full parameter buffer;
+//   unsharded buckets (plain data parallelism, and the routed experts, replicated over the EDP
+//     group): every replica applies the same update to its full copy.
+// The math is kernels/cpu/adamw.h's, with train/optimizer.h's conventions (decoupled weight decay
+// where the parameter asks for it, non-trainable parameters untouched, bias correction from a
+// 1-based step count), so one rank and N ranks update alike.
+//
+// Gradient clipping uses the norm of the whole (global) gradient: each rank adds the squares of
+// what it alone holds (its shard; or, for a replicated bucket, its copy divided by the number of
+// replicas) and one all-reduce over the world sums them, counting every element once.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "moetron/parallel/communicator.h"
+#include "moetron/parallel/grad_sync.h"
+
+namespace moetron::parallel {
+
+struct DistributedAdamWConfig {
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double weight_decay = 0.1;
+    double grad_clip = 1.0;  // max global gradient norm; <= 0 disables clipping
+};
+
+class DistributedAdamW {
+  public:
+    // sync and world must outlive the optimizer. world is every rank of the job; the data-parallel
+    // group must span it (tensor parallelism is not supported here yet).
+    DistributedAdamW(GradSync& sync, Communicator& world, const DistributedAdamWConfig& config);
+
+    // Global L2 norm of the synchronized gradient (before clipping), after finish(); scales what
+    // this rank holds so that the global norm is at most grad_clip. grads is the full buffer the
+    // sync reduced in place (its sharded buckets' results are in sync.shard_grads()).
+    double clip_gradients(float* grads);
+    // One AdamW step at learning rate lr: updates what this rank owns, then all-gathers the
+    // sharded buckets into params (a collective over the DP group).
+    void step(float* params, const float* grads, double lr);
+
+    int64_t step_count() const { return step_count_; }
+    // Floats of optimizer state this rank keeps (moments, and the fp32 shard of parameters).
+    int64_t state_numel() const;
+
+  private:
+    struct BucketState {
+        std::vector<DecayRun> runs;  // what this rank updates: shard- or bucket-relative
+        int64_t owned_begin = 0;     // bucket-relative start of the owned part
+        int64_t owned_numel = 0;
+        int64_t state_offset = 0;     // into the shard buffers or the replicated moments
+        int64_t staging_offset = -1;  // padded sharded buckets: into gather_staging_
+    };
+
+    GradSync& sync_;
+    Communicator& world_;
+    DistributedAdamWConfig config_;
+    std::vector<BucketState> states_;
+    std::vector<float> shard_params_, shard_m_, shard_v_;  // sharded buckets (shard layout)
+    std::vector<float> replica_m_, replica_v_;             // unsharded buckets, back to back
+    std::vector<float> gather_staging_;
+    std::vector<CollectiveHandle> gathers_;
+    int64_t step_count_ = 0;
+};
+
+}  // namespace moetron::parallel

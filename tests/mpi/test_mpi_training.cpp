@@ -1,0 +1,479 @@
+// N ranks train the same as 1 rank: the tiny model (configs/models/tiny.toml) trained for 5 steps
+// on one global batch per step, once in this process alone (the reference: one Model, every
+// expert, plain AdamW per tensor) and once over the world in a parallel layout (data parallel
+// with all-reduce or ZeRO-1, expert parallel, both), with bucketed gradient sync overlapped with
+// the backward. Per-step losses must agree within 1e-5 relative, final parameters (each rank's
+// share, experts against their slice) within 1e-4 relative per tensor (see kParamL2Tolerance),
+// router biases exactly.
+//
+// The same comparison through train/trainer.h: Trainer::step on N ranks (TrainParallel) against
+// Trainer::step on one process (which uses train/optimizer.h's AdamW, not the distributed one).
+//
+// Runs under mpirun -np 1, 2 and 4; a layout that needs another world size is skipped.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moetron/core/error.h"
+#include "moetron/core/rng.h"
+#include "moetron/kernels/cpu/adamw.h"
+#include "moetron/model/model.h"
+#include "moetron/parallel/grad_sync.h"
+#include "moetron/parallel/topology.h"
+#include "moetron/parallel/zero_optimizer.h"
+#include "moetron/train/data_loader.h"
+#include "moetron/train/data_source.h"
+#include "moetron/train/trainer.h"
+#include "mpi/mpi_test_main.h"
+#include "testing.h"
+
+namespace moetron::testing {
+namespace {
+
+constexpr int64_t kGlobalBatch = 8;  // sequences per step, over all ranks
+constexpr int64_t kSeq = 32;
+constexpr int kSteps = 5;
+constexpr uint64_t kSeed = 1234;
+constexpr double kLr = 3e-3;
+constexpr float kBiasSpeed = 1e-3f;
+const LossWeights kLossWeights{0.3f, 1e-4f};
+
+ModelConfig tiny_config() {
+    return load_model_config(std::string(MOETRON_SOURCE_DIR) + "/configs/models/tiny.toml");
+}
+
+parallel::DistributedAdamWConfig adamw_config() {
+    parallel::DistributedAdamWConfig c;
+    c.grad_clip = 1.0;
+    c.weight_decay = 0.1;
+    return c;
+}
+
+// The global batch of one step: random tokens, next-token targets, -1 at sequence ends and at a
+// few positions of the first sequences only, so that the ranks' valid-token counts differ.
+struct GlobalBatch {
+    std::vector<int32_t> tokens, targets;
+};
+
+GlobalBatch global_batch(const ModelConfig& c, int step) {
+    GlobalBatch b;
+    RngStream rng(kSeed, static_cast<uint64_t>(100 + step));
+    b.tokens.resize(kGlobalBatch * kSeq);
+    for (int32_t& t : b.tokens) t = static_cast<int32_t>(rng.next_below(c.vocab_size));
+    b.targets.assign(b.tokens.size(), -1);
+    for (int64_t s = 0; s < kGlobalBatch; ++s)
+        for (int64_t t = 0; t + 1 < kSeq; ++t) b.targets[s * kSeq + t] = b.tokens[s * kSeq + t + 1];
+    for (int i : {3, 4, 7, 30, 40, 41}) b.targets[static_cast<size_t>(i)] = -1;
+    return b;
+}
+
+struct StepLosses {
+    double lm = 0, mtp = 0, balance = 0;
+};
+
+struct RunResult {
+    std::vector<StepLosses> losses;
+    std::vector<float> params;
+    std::vector<ParamEntry> entries;
+    ExpertShard shard;
+};
+
+// One process, every expert, the whole batch in one micro-batch, AdamW tensor by tensor
+// (train/optimizer.h's conventions).
+RunResult reference_run(const ModelConfig& c) {
+    Model model(c, {kGlobalBatch, kSeq}, kLossWeights);
+    model.init_parameters(kSeed);
+    const parallel::DistributedAdamWConfig hp = adamw_config();
+    std::vector<float> m(static_cast<size_t>(model.num_params()), 0.0f), v = m;
+    RunResult r;
+    for (int step = 1; step <= kSteps; ++step) {
+        const GlobalBatch b = global_batch(c, step);
+        model.zero_grads();
+        const MicroBatchLosses l =
+            model.forward_backward(b.tokens.data(), b.targets.data(), kGlobalBatch, kSeq, 1.0f);
+        r.losses.push_back({l.lm_loss, l.mtp_loss, l.balance_loss});
+        double sum = 0;
+        for (const ParamEntry& e : model.param_entries())
+            if (e.trainable) sum += cpu::sum_squares(model.grads() + e.offset, e.numel);
+        const float factor = cpu::clip_factor(std::sqrt(sum), static_cast<float>(hp.grad_clip));
+        for (const ParamEntry& e : model.param_entries()) {
+            if (!e.trainable) continue;
+            cpu::scale_inplace(model.grads() + e.offset, e.numel, factor);
+            const cpu::AdamWParams p{static_cast<float>(kLr),
+                                     static_cast<float>(hp.beta1),
+                                     static_cast<float>(hp.beta2),
+                                     static_cast<float>(hp.eps),
+                                     e.weight_decay ? static_cast<float>(hp.weight_decay) : 0.0f,
+                                     step};
+            cpu::adamw_update(model.params() + e.offset, m.data() + e.offset, v.data() + e.offset,
+                              model.grads() + e.offset, e.numel, p);
+        }
+        model.update_router_bias(kBiasSpeed);
+    }
+    r.params.assign(model.params(), model.params() + model.num_params());
+    r.entries = model.param_entries();
+    return r;
+}
+
+struct Case {
+    std::string layout;  // as --layout
+    bool zero1 = false;
+    bool overlap = true;
+    int micro_batches = 1;            // per rank and step
+    int64_t bucket_bytes = 64 << 10;  // several buckets even for the tiny model
+};
+
+struct ParallelRun {
+    RunResult result;
+    parallel::GradSyncStats last_sync;
+    int ep = 1, edp = 1, dp = 1;
+};
+
+// The distributed step: zero grads; the rank's micro-batches normalized by the global batch's
+// counts (summed over the world); gradient sync overlapped with the last backward; clipping by
+// the global norm; AdamW (ZeRO-1 when sharded); the router bias from the loads of every rank.
+ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
+    parallel::Communicator& world = mpi_world();
+    const parallel::Topology topo =
+        parallel::make_topology(parallel::parse_layout(k.layout), world.size());
+    parallel::validate_topology_for_model(topo, c);
+    parallel::ParallelGroups groups = parallel::build_groups(world, topo);
+    const int dp_rank = groups.dp->rank();
+    const int64_t rank_batch = kGlobalBatch / topo.dp;
+    const int64_t micro_batch = rank_batch / k.micro_batches;
+
+    ModelParallel mp;
+    mp.ep = groups.ep.get();
+    mp.load = &world;
+    Model model(c, {micro_batch, kSeq}, kLossWeights, mp);
+    model.init_parameters(kSeed);
+    parallel::GradSyncOptions so;
+    so.bucket_bytes = k.bucket_bytes;
+    so.shard_data_parallel = k.zero1;
+    so.overlap = k.overlap;
+    const std::vector<parallel::ParamSpan> spans = model.param_spans();
+    parallel::GradSync sync(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so);
+    model.set_grad_ready_callback(
+        [&sync](int64_t begin, int64_t end) { sync.grads_ready(begin, end); });
+    parallel::DistributedAdamW optimizer(sync, world, adamw_config());
+
+    ParallelRun run;
+    run.ep = topo.ep;
+    run.edp = topo.edp;
+    run.dp = topo.dp;
+    for (int step = 1; step <= kSteps; ++step) {
+        const GlobalBatch b = global_batch(c, step);
+        const int64_t first_row = dp_rank * rank_batch;
+        // The global denominators: each rank counts its slice, one all-reduce sums them.
+        LossDenominators den;
+        for (int mb = 0; mb < k.micro_batches; ++mb)
+            den += count_loss_denominators(
+                c, b.targets.data() + (first_row + mb * micro_batch) * kSeq, micro_batch, kSeq);
+        std::array<double, 2 + kMaxMtpDepths> counts{};
+        counts[0] = static_cast<double>(den.lm_tokens);
+        counts[1] = static_cast<double>(den.sequences);
+        for (int64_t d = 0; d < kMaxMtpDepths; ++d)
+            counts[2 + d] = static_cast<double>(den.mtp_tokens[d]);
+        groups.dp->all_reduce_sum(std::span<double>(counts));
+        den.lm_tokens = static_cast<int64_t>(counts[0]);
+        den.sequences = static_cast<int64_t>(counts[1]);
+        for (int64_t d = 0; d < kMaxMtpDepths; ++d)
+            den.mtp_tokens[d] = static_cast<int64_t>(counts[2 + d]);
+
+        model.zero_grads();
+        std::array<double, 3> shares{};
+        for (int mb = 0; mb < k.micro_batches; ++mb) {
+            if (mb + 1 == k.micro_batches) sync.arm();
+            const int64_t row = first_row + mb * micro_batch;
+            const MicroBatchLosses l =
+                model.forward_backward(b.tokens.data() + row * kSeq, b.targets.data() + row * kSeq,
+                                       micro_batch, kSeq, 1.0f, den);
+            shares[0] += l.lm_loss;
+            shares[1] += l.mtp_loss;
+            shares[2] += l.balance_loss;
+        }
+        sync.finish();
+        groups.dp->all_reduce_sum(std::span<double>(shares));
+        run.result.losses.push_back({shares[0], shares[1], shares[2]});
+        optimizer.clip_gradients(model.grads());
+        optimizer.step(model.params(), model.grads(), kLr);
+        model.update_router_bias(kBiasSpeed);
+    }
+    run.last_sync = sync.last_stats();
+    run.result.params.assign(model.params(), model.params() + model.num_params());
+    run.result.entries = model.param_entries();
+    run.result.shard = model.expert_shard();
+    return run;
+}
+
+// Per tensor: ||got - want||_2 / ||want||_2, and the largest elementwise difference.
+struct TensorError {
+    double l2_rel = 0;
+    double max_abs = 0;
+};
+
+TensorError tensor_error(const float* got, const float* want, int64_t n) {
+    double diff2 = 0, norm2 = 0;
+    TensorError e;
+    for (int64_t i = 0; i < n; ++i) {
+        const double d = static_cast<double>(got[i]) - want[i];
+        diff2 += d * d;
+        norm2 += static_cast<double>(want[i]) * want[i];
+        e.max_abs = std::max(e.max_abs, std::fabs(d));
+    }
+    e.l2_rel = norm2 > 0 ? std::sqrt(diff2 / norm2) : std::sqrt(diff2);
+    return e;
+}
+
+// Parameters are compared per tensor by the relative L2 norm of the difference, not element by
+// element: AdamW maps a gradient of size ~eps to an update whose size depends on its exact
+// value, and gradients that small come from cancellation, where summing in another order (over
+// ranks, micro-batches, expert segments) changes them by percents. Such elements move by up to
+// ~1e-5 differently in 5 steps while the tensor as a whole agrees to ~1e-5 of its norm. The
+// elementwise guard (a tenth of one step's learning rate) still catches any real divergence: a
+// wrong gradient moves its elements by whole learning-rate steps.
+constexpr double kParamL2Tolerance = 1e-4;
+constexpr double kParamMaxAbsTolerance = 0.1 * kLr;
+constexpr double kLossTolerance = 1e-5;
+
+void expect_matches_reference(const RunResult& got, const RunResult& want,
+                              const std::string& what) {
+    ASSERT_EQ(got.losses.size(), want.losses.size());
+    auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); };
+    double worst_loss = 0;
+    for (size_t s = 0; s < want.losses.size(); ++s) {
+        const StepLosses& g = got.losses[s];
+        const StepLosses& w = want.losses[s];
+        EXPECT_LE(rel(g.lm, w.lm), kLossTolerance)
+            << what << " step " << s + 1 << " lm " << g.lm << " vs " << w.lm;
+        EXPECT_LE(rel(g.mtp, w.mtp), kLossTolerance)
+            << what << " step " << s + 1 << " mtp " << g.mtp << " vs " << w.mtp;
+        EXPECT_LE(rel(g.balance, w.balance), kLossTolerance)
+            << what << " step " << s + 1 << " balance " << g.balance << " vs " << w.balance;
+        worst_loss =
+            std::max({worst_loss, rel(g.lm, w.lm), rel(g.mtp, w.mtp), rel(g.balance, w.balance)});
+    }
+    // Every local tensor against the same tensor (experts: the same slice) of the reference.
+    ASSERT_EQ(got.entries.size(), want.entries.size());
+    TensorError worst;
+    std::string worst_name;
+    for (size_t i = 0; i < want.entries.size(); ++i) {
+        const ParamEntry& ge = got.entries[i];
+        const ParamEntry& we = want.entries[i];
+        ASSERT_EQ(ge.name, we.name);
+        int64_t first = 0;
+        if (ge.numel != we.numel) {
+            ASSERT_TRUE(is_routed_expert_param(ge.name)) << ge.name;
+            first = got.shard.first * (we.numel / we.shape[0]);
+        }
+        const float* g = got.params.data() + ge.offset;
+        const float* w = want.params.data() + we.offset + first;
+        if (!ge.trainable) {  // the router bias moves by whole steps of gamma: exactly alike
+            EXPECT_TRUE(std::equal(g, g + ge.numel, w)) << what << " " << ge.name;
+            continue;
+        }
+        const TensorError e = tensor_error(g, w, ge.numel);
+        EXPECT_LE(e.l2_rel, kParamL2Tolerance) << what << " " << ge.name;
+        EXPECT_LE(e.max_abs, kParamMaxAbsTolerance) << what << " " << ge.name;
+        worst.max_abs = std::max(worst.max_abs, e.max_abs);
+        if (e.l2_rel >= worst.l2_rel) {
+            worst.l2_rel = e.l2_rel;
+            worst_name = ge.name;
+        }
+    }
+    std::printf(
+        "[maxerr] mpi_training %s (rank %d): losses rel=%.3e, params l2rel=%.3e (%s) "
+        "max_abs=%.3e\n",
+        what.c_str(), mpi_world().rank(), worst_loss, worst.l2_rel, worst_name.c_str(),
+        worst.max_abs);
+}
+
+void run_case(const Case& k) {
+    const ModelConfig c = tiny_config();
+    const RunResult want = reference_run(c);
+    const ParallelRun got = parallel_run(c, k);
+    const std::string what = (k.layout.empty() ? std::string("dp") : k.layout) +
+                             (k.zero1 ? "+zero1" : "") + (k.overlap ? "" : " no-overlap") + " x" +
+                             std::to_string(k.micro_batches) + " micro";
+    expect_matches_reference(got.result, want, what);
+    if (k.overlap) {
+        // The overlap happened: buckets went out during the backward.
+        EXPECT_GT(got.last_sync.buckets_posted_in_backward, 0) << what;
+    } else {
+        EXPECT_EQ(got.last_sync.buckets_posted_in_backward, 0) << what;
+    }
+    EXPECT_GT(got.last_sync.num_buckets, 3) << what;
+}
+
+std::string ep_world() {
+    return "ep" + std::to_string(mpi_world().size());
+}
+
+TEST(MpiTraining, DataParallelAllReduceMatchesOneRank) {
+    run_case({"", false});
+}
+
+TEST(MpiTraining, DataParallelZero1MatchesOneRank) {
+    run_case({"", true});
+}
+
+TEST(MpiTraining, ExpertParallelMatchesOneRank) {
+    run_case({ep_world(), false});
+}
+
+TEST(MpiTraining, ExpertParallelZero1MatchesOneRank) {
+    run_case({ep_world(), true});
+}
+
+// dp2 x ep2 on 4 ranks: attention data-parallel over 4, experts split over 2 and replicated
+// over 2 (Megatron's folding; topology.h writes it dp4.ep2).
+TEST(MpiTraining, DataTimesExpertParallelZero1MatchesOneRank) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    run_case({"dp4.ep2", true});
+    run_case({"dp4.ep2", false});
+}
+
+// Two micro-batches per rank (accumulation with the global denominators) and the sync posted
+// only after the backward: the same result.
+TEST(MpiTraining, AccumulationWithoutOverlapMatchesOneRank) {
+    if (kGlobalBatch / mpi_world().size() < 2) GTEST_SKIP() << "needs 2 sequences per rank";
+    Case k{ep_world(), true, false, 2};
+    k.bucket_bytes = 10000;  // not a multiple of the group: padded shards
+    run_case(k);
+}
+
+// ---- the trainer (moetron train's step) on N ranks against the same trainer on one process ----
+
+TrainConfig trainer_config(int64_t grad_accum) {
+    TrainConfig c;
+    c.batch_size = kGlobalBatch;
+    c.seq_len = kSeq;
+    c.grad_accum = grad_accum;
+    c.steps = kSteps;
+    c.warmup_steps = 2;
+    c.lr = kLr;
+    c.min_lr = kLr / 10;
+    c.eval_batches = 2;
+    c.seed = kSeed;
+    return c;
+}
+
+struct TrainerRun {
+    RunResult result;
+    std::vector<double> grad_norms;
+    double val_loss = 0;
+};
+
+TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const TrainParallel& p) {
+    TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
+    DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
+                      c.val_fraction, c.seed);
+    Trainer trainer(model, c, std::move(loader), p);
+    TrainerRun run;
+    for (int s = 0; s < kSteps; ++s) {
+        const StepRecord r = trainer.step();
+        run.result.losses.push_back({r.loss, r.mtp_loss, r.balance_loss});
+        run.grad_norms.push_back(r.grad_norm);
+    }
+    run.val_loss = trainer.evaluate();
+    Model& m = trainer.model();
+    run.result.params.assign(m.params(), m.params() + m.num_params());
+    run.result.entries = m.param_entries();
+    run.result.shard = m.expert_shard();
+    return run;
+}
+
+void run_trainer_case(const std::string& layout, bool zero1, bool overlap, int64_t grad_accum) {
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = trainer_config(grad_accum);
+    const TrainerRun want = trainer_run(model, c, {});
+    TrainParallel p;
+    p.world = &mpi_world();
+    p.layout = layout;
+    p.bucket_mb = 0.0625;  // several buckets even for the tiny model
+    p.zero1 = zero1;
+    p.overlap = overlap;
+    const TrainerRun got = trainer_run(model, c, p);
+    const std::string what = "trainer " + (layout.empty() ? std::string("dp") : layout) +
+                             (zero1 ? "+zero1" : "") + (overlap ? "" : " no-overlap") + " x" +
+                             std::to_string(grad_accum) + " micro";
+    expect_matches_reference(got.result, want.result, what);
+    for (size_t s = 0; s < want.grad_norms.size(); ++s)
+        EXPECT_NEAR(got.grad_norms[s], want.grad_norms[s], 1e-5 * want.grad_norms[s])
+            << what << " step " << s + 1;
+    EXPECT_NEAR(got.val_loss, want.val_loss, kLossTolerance * want.val_loss) << what;
+}
+
+TEST(MpiTrainer, DataParallelZero1MatchesOneProcess) {
+    run_trainer_case("", true, true, 1);
+}
+
+TEST(MpiTrainer, ExpertParallelMatchesOneProcess) {
+    run_trainer_case(ep_world(), true, true, 1);
+}
+
+TEST(MpiTrainer, DataTimesExpertParallelMatchesOneProcess) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    run_trainer_case("dp4.ep2", true, true, 1);
+}
+
+TEST(MpiTrainer, AccumulationReplicatedOptimizerWithoutOverlapMatchesOneProcess) {
+    run_trainer_case(ep_world(), false, false, 2);
+}
+
+TEST(MpiTrainer, BatchThatDoesNotSplitOverTheRanksIsNamed) {
+    if (mpi_world().size() == 1) GTEST_SKIP() << "every batch splits over one rank";
+    const ModelConfig model = tiny_config();
+    TrainConfig c = trainer_config(1);
+    c.batch_size = mpi_world().size() + 1;
+    TrainParallel p;
+    p.world = &mpi_world();
+    try {
+        trainer_run(model, c, p);
+        ADD_FAILURE() << "no error for batch_size " << c.batch_size;
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("do not split"), std::string::npos) << e.what();
+    }
+}
+
+// Counter-based initialization by global index: the rank's experts are the same numbers as the
+// same experts of the unsharded model.
+TEST(MpiTraining, ShardedExpertsInitializeAsTheirSliceOfTheFullModel) {
+    parallel::Communicator& world = mpi_world();
+    const ModelConfig c = tiny_config();
+    Model full(c, {1, 8}, {});
+    full.init_parameters(kSeed);
+    ModelParallel mp;
+    mp.ep = &world;
+    mp.load = &world;
+    Model sharded(c, {1, 8}, {}, mp);
+    sharded.init_parameters(kSeed);
+    const int64_t local = c.n_routed_experts / world.size();
+    EXPECT_EQ(sharded.expert_shard().first, world.rank() * local);
+    EXPECT_EQ(sharded.expert_shard().local_experts(c.n_routed_experts), local);
+    int checked = 0;
+    for (const ParamEntry& e : sharded.param_entries()) {
+        const TensorView want = full.param(e.name);
+        const float* got = sharded.params() + e.offset;
+        const int64_t first = is_routed_expert_param(e.name) ? world.rank() * e.numel : 0;
+        EXPECT_EQ(e.shape[0], is_routed_expert_param(e.name) ? local : want.shape[0]) << e.name;
+        EXPECT_TRUE(std::equal(got, got + e.numel, want.ptr<float>() + first)) << e.name;
+        checked += is_routed_expert_param(e.name);
+    }
+    EXPECT_EQ(checked, 6);
+    EXPECT_GT(sharded.planned_bytes(), 0u);
+    if (world.size() > 1) {
+        // Without a group to sum the loads over, the ranks' router biases would drift apart.
+        ModelParallel no_load;
+        no_load.ep = &world;
+        EXPECT_THROW(Model(c, {1, 8}, {}, no_load), Error);
+    }
+}
+
+}  // namespace
+}  // namespace moetron::testing
