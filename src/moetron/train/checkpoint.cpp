@@ -1,0 +1,414 @@
+#include "moetron/train/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <algorithm>
+
+#include <csignal>
+#include <nlohmann/json.hpp>
+
+#include "moetron/core/error.h"
+#include "moetron/train/atomic_dir.h"
+#include "moetron/train/checksum.h"
+#include "moetron/train/safetensors.h"
+#include "moetron/train/trainer.h"
+
+namespace moetron {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kStateFormat = "moetron-checkpoint";
+constexpr int kStateVersion = 1;
+// The largest state.json we read: it holds two configs and a few counters.
+constexpr uint64_t kMaxStateBytes = 1 << 20;
+
+std::vector<int64_t> dims_of(const ParamEntry& e) {
+    return {e.shape.dims.begin(), e.shape.dims.begin() + e.shape.ndim};
+}
+
+void write_text_file(const fs::path& path, const std::string& text) {
+    UniqueFd fd = create_for_writing(path.string());
+    write_all(fd.get(), text.data(), text.size(), path.string());
+    fsync_fd(fd.get(), path.string());
+    fd.close(path.string());
+}
+
+std::string read_text_file(const fs::path& path, uint64_t max_bytes) {
+    UniqueFd fd = open_for_reading(path.string());
+    const uint64_t size = file_size_bytes(fd.get(), path.string());
+    MT_CHECK(size <= max_bytes, "[checkpoint] '{}' is {} bytes, more than the {} it can be",
+             path.string(), size, max_bytes);
+    std::string text(size, '\0');
+    MT_CHECK(read_at(fd.get(), text.data(), size, 0, path.string()) == size,
+             "[checkpoint] '{}' shrank while it was read", path.string());
+    return text;
+}
+
+template <class T>
+T state_field(const json& state, const char* key, const fs::path& source) {
+    MT_CHECK(state.contains(key), "[checkpoint] '{}' has no \"{}\"", source.string(), key);
+    try {
+        return state.at(key).get<T>();
+    } catch (const json::exception& e) {
+        MT_THROW("[checkpoint] '{}': \"{}\" has the wrong type ({}): {}", source.string(), key,
+                 state.at(key).dump(), e.what());
+    }
+}
+
+// Set by the SIGTERM/SIGINT handler, read at the end of each step (install_stop_signal_handlers).
+// The only global mutable state here: a signal handler can only reach globals.
+volatile std::sig_atomic_t g_stop_signal = 0;  // the signal number, 0 when none arrived
+
+extern "C" void on_stop_signal(int signal_number) {
+    g_stop_signal = signal_number;
+}
+
+}  // namespace
+
+// ---- configs ----
+
+json model_config_to_json(const ModelConfig& c) {
+    return json{{"name", c.name},
+                {"vocab_size", c.vocab_size},
+                {"hidden_size", c.hidden_size},
+                {"num_hidden_layers", c.num_hidden_layers},
+                {"first_k_dense_replace", c.first_k_dense_replace},
+                {"moe_layer_freq", c.moe_layer_freq},
+                {"intermediate_size", c.intermediate_size},
+                {"moe_intermediate_size", c.moe_intermediate_size},
+                {"n_routed_experts", c.n_routed_experts},
+                {"n_shared_experts", c.n_shared_experts},
+                {"num_experts_per_tok", c.num_experts_per_tok},
+                {"n_group", c.n_group},
+                {"topk_group", c.topk_group},
+                {"routed_scaling_factor", c.routed_scaling_factor},
+                {"scoring_func", c.scoring_func},
+                {"topk_method", c.topk_method},
+                {"norm_topk_prob", c.norm_topk_prob},
+                {"num_attention_heads", c.num_attention_heads},
+                {"q_lora_rank", c.q_lora_rank},
+                {"kv_lora_rank", c.kv_lora_rank},
+                {"qk_nope_head_dim", c.qk_nope_head_dim},
+                {"qk_rope_head_dim", c.qk_rope_head_dim},
+                {"v_head_dim", c.v_head_dim},
+                {"rope_theta", c.rope_theta},
+                {"max_position_embeddings", c.max_position_embeddings},
+                {"rms_norm_eps", c.rms_norm_eps},
+                {"num_nextn_predict_layers", c.num_nextn_predict_layers},
+                {"tie_word_embeddings", c.tie_word_embeddings},
+                {"initializer_range", c.initializer_range}};
+}
+
+ModelConfig model_config_from_json(const json& j, const std::string& source) {
+    MT_CHECK(j.is_object(), "[checkpoint] {}: the model config is not a JSON object", source);
+    return parse_model_config_json(j.dump(), source);
+}
+
+json train_config_to_json(const TrainConfig& c) {
+    return json{{"batch_size", c.batch_size},
+                {"seq_len", c.seq_len},
+                {"grad_accum", c.grad_accum},
+                {"steps", c.steps},
+                {"lr", c.lr},
+                {"min_lr", c.min_lr},
+                {"warmup_steps", c.warmup_steps},
+                {"weight_decay", c.weight_decay},
+                {"beta1", c.beta1},
+                {"beta2", c.beta2},
+                {"eps", c.eps},
+                {"grad_clip", c.grad_clip},
+                {"seed", c.seed},
+                {"bias_update_speed", c.bias_update_speed},
+                {"balance_loss_alpha", c.balance_loss_alpha},
+                {"mtp_lambda", c.mtp_lambda},
+                {"eval_every", c.eval_every},
+                {"eval_batches", c.eval_batches},
+                {"val_fraction", c.val_fraction}};
+}
+
+std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b) {
+    const json ja = model_config_to_json(a), jb = model_config_to_json(b);
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : ja.items())
+        if (key != "name" && value != jb.at(key)) keys.push_back(key);
+    return keys;
+}
+
+std::vector<std::string> train_config_differences(const fs::path& dir, const TrainConfig& config) {
+    const fs::path path = dir / kCheckpointStateFile;
+    json state;
+    try {
+        state = json::parse(read_text_file(path, kMaxStateBytes));
+    } catch (const json::exception& e) {
+        MT_THROW("[checkpoint] '{}' is not valid JSON: {}", path.string(), e.what());
+    }
+    const json saved = state_field<json>(state, "train_config", path);
+    std::vector<std::string> lines;
+    const json current = train_config_to_json(config);  // named: items() must not dangle
+    for (const auto& [key, now] : current.items()) {
+        const json was = saved.contains(key) ? saved.at(key) : json(nullptr);
+        if (was != now) lines.push_back(fmt::format("{}: {} -> {}", key, was.dump(), now.dump()));
+    }
+    return lines;
+}
+
+// ---- save ----
+
+fs::path save_training_state(const fs::path& root, const TrainingStateView& st, size_t keep) {
+    MT_CHECK(st.model_config && st.train_config && st.entries && st.params,
+             "[checkpoint] incomplete training state for '{}'", root.string());
+    MT_CHECK(st.step >= 0, "[checkpoint] negative step {}", st.step);
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    MT_CHECK(!ec, "[checkpoint] cannot create the checkpoint root '{}': {}", root.string(),
+             ec.message());
+    const std::string name = checkpoint_dir_name(static_cast<uint64_t>(st.step));
+    const fs::path final_dir = root / name;
+    // Never overwrite: a directory of this step is another run's (or this run's, resumed from
+    // it; a run never saves twice at one step).
+    MT_CHECK(!fs::exists(final_dir),
+             "[checkpoint] '{}' already exists (an earlier run's?); resume from it with --resume "
+             "or save into another root",
+             final_dir.string());
+
+    // The moments of a fresh optimizer are zeros; one shared buffer covers the largest tensor.
+    std::vector<float> zeros;
+    if (st.m == nullptr || st.v == nullptr) {
+        int64_t largest = 0;
+        for (const ParamEntry& e : *st.entries) largest = std::max(largest, e.numel);
+        zeros.assign(static_cast<size_t>(largest), 0.0f);
+    }
+    SafetensorsWriter writer;
+    for (const ParamEntry& e : *st.entries)
+        writer.add(e.name, DType::f32, dims_of(e), st.params + e.offset);
+    for (const ParamEntry& e : *st.entries)
+        writer.add("optimizer.m." + e.name, DType::f32, dims_of(e),
+                   st.m != nullptr ? st.m + e.offset : zeros.data());
+    for (const ParamEntry& e : *st.entries)
+        writer.add("optimizer.v." + e.name, DType::f32, dims_of(e),
+                   st.v != nullptr ? st.v + e.offset : zeros.data());
+    writer.set_metadata("format", "moetron");
+
+    json state{{"format", kStateFormat},
+               {"version", kStateVersion},
+               {"layout", "single"},
+               {"step", st.step},
+               {"optimizer_step", st.optimizer_step},
+               {"skipped_steps", st.skipped_steps},
+               {"data_source", st.data_source},
+               {"model_config", model_config_to_json(*st.model_config)},
+               {"train_config", train_config_to_json(*st.train_config)}};
+    state["data_rng"] = st.data_rng
+                            ? json{{"key", st.data_rng->key}, {"counter", st.data_rng->counter}}
+                            : json(nullptr);
+
+    StagedDir staged(final_dir);
+    CheckpointIndex index;
+    index.add(kCheckpointModelFile, writer.write((staged.path() / kCheckpointModelFile).string()));
+    write_text_file(staged.path() / kCheckpointStateFile, state.dump(2) + "\n");
+    index.add_file(staged.path().string(), kCheckpointStateFile);
+    index.write((staged.path() / kCheckpointIndexName).string());
+    staged.commit();
+    write_latest_pointer(root, name);
+    if (keep > 0) remove_old_checkpoints(root, keep);
+    return final_dir;
+}
+
+// ---- load ----
+
+fs::path resolve_checkpoint_dir(const fs::path& dir_or_root) {
+    std::error_code ec;
+    MT_CHECK(fs::is_directory(dir_or_root, ec),
+             "[checkpoint] '{}' is not a directory (expected a checkpoint directory or a "
+             "checkpoint root with a `latest` pointer)",
+             dir_or_root.string());
+    if (fs::exists(dir_or_root / kCheckpointIndexName, ec)) return dir_or_root;
+    const std::optional<std::string> latest = read_latest_pointer(dir_or_root);
+    MT_CHECK(latest.has_value(),
+             "[checkpoint] '{}' holds neither a checkpoint ({} is missing) nor a `latest` pointer",
+             dir_or_root.string(), kCheckpointIndexName);
+    return dir_or_root / *latest;
+}
+
+json read_verified_checkpoint_state(const fs::path& dir) {
+    const fs::path index_path = dir / kCheckpointIndexName;
+    const CheckpointIndex index = CheckpointIndex::read(index_path.string());
+    for (const char* required : {kCheckpointModelFile, kCheckpointStateFile}) {
+        const bool listed =
+            std::any_of(index.files.begin(), index.files.end(),
+                        [&](const CheckpointIndex::File& f) { return f.name == required; });
+        MT_CHECK(listed, "[checkpoint] index '{}' does not list {}", index_path.string(), required);
+    }
+    index.verify(dir.string());
+    const fs::path state_path = dir / kCheckpointStateFile;
+    json state;
+    try {
+        state = json::parse(read_text_file(state_path, kMaxStateBytes));
+    } catch (const json::exception& e) {
+        MT_THROW("[checkpoint] '{}' is not valid JSON: {}", state_path.string(), e.what());
+    }
+    MT_CHECK(state.is_object() && state.value("format", "") == kStateFormat,
+             "[checkpoint] '{}' is not a moetron checkpoint state (no \"format\": \"{}\")",
+             state_path.string(), kStateFormat);
+    const int version = state_field<int>(state, "version", state_path);
+    MT_CHECK(version == kStateVersion,
+             "[checkpoint] '{}' is version {}; this build reads version {}", state_path.string(),
+             version, kStateVersion);
+    const std::string layout = state_field<std::string>(state, "layout", state_path);
+    MT_CHECK(layout == "single",
+             "[checkpoint] '{}' has layout \"{}\"; only single-process checkpoints (\"single\") "
+             "can be loaded yet",
+             state_path.string(), layout);
+    return state;
+}
+
+void read_checkpoint_tensors(const fs::path& dir, const std::vector<ParamEntry>& entries,
+                             float* params, float* m, float* v) {
+    const SafetensorsFile file = SafetensorsFile::open((dir / kCheckpointModelFile).string());
+    // Every tensor in the file must be one the model reads: an extra one means another model.
+    for (const SafetensorsEntry& t : file.tensors()) {
+        std::string_view name = t.name;
+        for (std::string_view prefix : {"optimizer.m.", "optimizer.v."})
+            if (name.starts_with(prefix)) name.remove_prefix(prefix.size());
+        const bool known = std::any_of(entries.begin(), entries.end(),
+                                       [&](const ParamEntry& e) { return e.name == name; });
+        MT_CHECK(known,
+                 "[checkpoint] '{}': tensor '{}' is not a parameter of this model (a checkpoint "
+                 "of another model?)",
+                 file.path(), t.name);
+    }
+    // Shapes and dtypes of everything first, so a mismatch leaves the destination untouched.
+    for (const ParamEntry& e : entries) {
+        const std::vector<int64_t> dims = dims_of(e);
+        for (const std::string& name : {e.name, "optimizer.m." + e.name, "optimizer.v." + e.name}) {
+            const SafetensorsEntry& t = file.entry(name);
+            MT_CHECK(
+                t.dtype == DType::f32 && t.dims == dims,
+                "[checkpoint] '{}': tensor '{}' is {} {} in the file, the model expects F32 {}",
+                file.path(), name, dtype_name(t.dtype), dims_string(t.dims), dims_string(dims));
+        }
+    }
+    for (const ParamEntry& e : entries) {
+        const std::vector<int64_t> dims = dims_of(e);
+        const auto bytes = static_cast<size_t>(e.numel) * sizeof(float);
+        file.read(e.name, DType::f32, dims, params + e.offset, bytes);
+        if (m != nullptr) file.read("optimizer.m." + e.name, DType::f32, dims, m + e.offset, bytes);
+        if (v != nullptr) file.read("optimizer.v." + e.name, DType::f32, dims, v + e.offset, bytes);
+    }
+}
+
+// ---- the trainer ----
+
+fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
+    MT_CHECK(!trainer.distributed(),
+             "[checkpoint] saving a distributed run is not supported yet (each rank holds a "
+             "shard); run on one process to checkpoint");
+    const AdamW& opt = trainer.optimizer();
+    TrainingStateView st;
+    st.model_config = &trainer.model().config();
+    st.train_config = &trainer.config();
+    st.entries = &trainer.model().param_entries();
+    st.params = trainer.model().params();
+    st.m = opt.first_moment().data();
+    st.v = opt.second_moment().data();
+    st.step = trainer.steps_done();
+    st.optimizer_step = opt.step_count();
+    st.skipped_steps = trainer.skipped_steps();
+    st.data_rng = trainer.loader().state();
+    st.data_source = trainer.loader().source_name();
+    const fs::path dir = save_training_state(root, st, keep);
+    trainer.set_last_checkpoint(dir.string());
+    return dir;
+}
+
+fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
+    MT_CHECK(!trainer.distributed(),
+             "[checkpoint] resuming a distributed run is not supported yet; run on one process");
+    const fs::path dir = resolve_checkpoint_dir(dir_or_root);
+    const json state = read_verified_checkpoint_state(dir);
+    const fs::path state_path = dir / kCheckpointStateFile;
+    const ModelConfig saved = model_config_from_json(
+        state_field<json>(state, "model_config", state_path), state_path.string());
+    const ModelConfig& ours = trainer.model().config();
+    const std::vector<std::string> keys = model_config_differences(saved, ours);
+    if (!keys.empty()) {
+        const json js = model_config_to_json(saved), jo = model_config_to_json(ours);
+        std::string diff;
+        for (const std::string& key : keys)
+            diff += fmt::format("\n  {}: {} in the checkpoint, {} in this model", key,
+                                js.at(key).dump(), jo.at(key).dump());
+        MT_THROW(
+            "[checkpoint] '{}' is a checkpoint of another model:{}\n  checkpoint: {}\n  this "
+            "model: {}",
+            dir.string(), diff, describe_model_config(saved), describe_model_config(ours));
+    }
+    const auto step = state_field<int64_t>(state, "step", state_path);
+    const auto optimizer_step = state_field<int64_t>(state, "optimizer_step", state_path);
+    const auto skipped = state_field<int64_t>(state, "skipped_steps", state_path);
+    MT_CHECK(step >= 0 && optimizer_step >= 0 && optimizer_step <= step && skipped >= 0,
+             "[checkpoint] '{}': inconsistent counters (step {}, optimizer_step {}, skipped {})",
+             state_path.string(), step, optimizer_step, skipped);
+    std::optional<RngStream::State> rng;
+    const json data_rng = state_field<json>(state, "data_rng", state_path);
+    if (!data_rng.is_null()) {
+        rng = RngStream::State{state_field<uint64_t>(data_rng, "key", state_path),
+                               state_field<uint64_t>(data_rng, "counter", state_path)};
+    }
+    const int64_t n = trainer.model().num_params();
+    std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+    read_checkpoint_tensors(dir, trainer.model().param_entries(), trainer.model().params(),
+                            m.data(), v.data());
+    trainer.mutable_optimizer().restore_state(m.data(), v.data(), optimizer_step);
+    trainer.set_steps_done(step);
+    trainer.set_skipped_steps(skipped);
+    if (rng) trainer.loader().restore(*rng);
+    trainer.set_last_checkpoint(dir.string());
+    return dir;
+}
+
+// ---- signals ----
+
+void install_stop_signal_handlers() {
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;  // a write in progress continues; the step loop reads the flag
+    for (int signal_number : {SIGTERM, SIGINT})
+        MT_CHECK_ERRNO(sigaction(signal_number, &action, nullptr) == 0, "sigaction");
+}
+
+bool stop_signal_received() {
+    return g_stop_signal != 0;
+}
+
+void clear_stop_signal() {
+    g_stop_signal = 0;
+}
+
+bool RunControl::after_step(Trainer& trainer, const StepRecord& record) {
+    const bool stop = stop_signal_received();
+    const bool due = !options_.save_root.empty() &&
+                     (stop || record.step == trainer.config().steps ||
+                      (options_.save_every > 0 && record.step % options_.save_every == 0));
+    if (due) {
+        last_saved_ = save_checkpoint(trainer, options_.save_root, options_.keep);
+        if (options_.out != nullptr) {
+            std::fprintf(options_.out, "saved   checkpoint %s (step %lld)\n", last_saved_.c_str(),
+                         static_cast<long long>(record.step));
+            std::fflush(options_.out);
+        }
+    }
+    if (stop && options_.out != nullptr) {
+        std::fprintf(options_.out, "stopped by signal %d after step %lld%s\n",
+                     static_cast<int>(g_stop_signal), static_cast<long long>(record.step),
+                     options_.save_root.empty() ? " (no --save: nothing saved)" : "");
+        std::fflush(options_.out);
+    }
+    return stop;
+}
+
+}  // namespace moetron

@@ -1,0 +1,132 @@
+// Training checkpoints of the single-process trainer: everything a run needs to continue bit for
+// bit where it stopped.
+//
+// A checkpoint root holds step-XXXXXXXX directories (atomic_dir.h: written as a staging
+// directory, fsync'ed, renamed; `latest` names the newest; old ones removed by retention).
+// One checkpoint directory holds:
+//   model.safetensors  fp32 master parameters under their moetron names (the router correction
+//                      biases are parameters), and AdamW's moments as "optimizer.m.<name>" and
+//                      "optimizer.v.<name>"
+//   state.json         {"format": "moetron-checkpoint", "version": 1, "layout": "single",
+//                       "step": optimizer steps done (the lr schedule's position),
+//                       "optimizer_step": AdamW's bias-correction count (skipped steps do not
+//                       advance it), "skipped_steps": ..., "data_rng": {"key", "counter"} or null
+//                       (an import: the loader keeps its own), "data_source": ...,
+//                       "model_config": {every ModelConfig field under its HF key},
+//                       "train_config": {every TrainConfig field}}
+//   index.json         CheckpointIndex: size and XXH3-64 of the two files above
+// Loading verifies the index first (a flipped byte or a truncated or missing file is an error
+// naming the file), then that the checkpoint's model config equals the model's (an error names
+// the first differing key), then every tensor's dtype and shape (errors name file and tensor),
+// and only then writes into the trainer.
+//
+// Multi-rank checkpoints (sharded experts, ZeRO-1 optimizer shards) are not supported yet: the
+// functions below throw for a distributed trainer.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "moetron/core/rng.h"
+#include "moetron/model/config.h"
+#include "moetron/model/params.h"
+#include "moetron/train/train_config.h"
+
+namespace moetron {
+
+class Trainer;
+struct StepRecord;
+
+inline constexpr const char* kCheckpointModelFile = "model.safetensors";
+inline constexpr const char* kCheckpointStateFile = "state.json";
+
+// Every ModelConfig field under its Hugging Face key ("name" included), and back (through the
+// model-config parser, so the result is validated). Also the body of an exported config.json.
+nlohmann::json model_config_to_json(const ModelConfig& config);
+ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source);
+nlohmann::json train_config_to_json(const TrainConfig& config);
+
+// The fields (HF keys) where two model configs differ, ignoring "name"; empty if none.
+std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b);
+
+// The TrainConfig fields where config differs from the one the checkpoint in dir was saved with,
+// as "key: saved -> now" lines (a resumed run with other settings is not the same run).
+std::vector<std::string> train_config_differences(const std::filesystem::path& dir,
+                                                  const TrainConfig& config);
+
+// The whole training state as plain buffers: what save_training_state writes.
+struct TrainingStateView {
+    const ModelConfig* model_config = nullptr;
+    const TrainConfig* train_config = nullptr;
+    const std::vector<ParamEntry>* entries = nullptr;  // index params, m and v alike
+    const float* params = nullptr;
+    const float* m = nullptr;  // null: zeros (a fresh optimizer)
+    const float* v = nullptr;
+    int64_t step = 0;
+    int64_t optimizer_step = 0;
+    int64_t skipped_steps = 0;
+    std::optional<RngStream::State> data_rng;
+    std::string data_source;
+};
+
+// Writes root/step-<step> atomically, points root/latest at it and, with keep > 0, deletes the
+// oldest so that keep remain. Returns the checkpoint directory. Throws when root already holds a
+// checkpoint of that step.
+std::filesystem::path save_training_state(const std::filesystem::path& root,
+                                          const TrainingStateView& state, size_t keep);
+
+// A checkpoint directory (holding index.json), or a root whose `latest` names one.
+std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& dir_or_root);
+
+// state.json of a checkpoint directory, after verifying the directory's index.
+nlohmann::json read_verified_checkpoint_state(const std::filesystem::path& dir);
+
+// Reads the parameters of a verified checkpoint (model.safetensors) into params (laid out by
+// entries), checking every tensor's name, dtype and shape; m and v (may be null) receive the
+// moments.
+void read_checkpoint_tensors(const std::filesystem::path& dir,
+                             const std::vector<ParamEntry>& entries, float* params, float* m,
+                             float* v);
+
+// The trainer's whole state into root (see save_training_state).
+std::filesystem::path save_checkpoint(Trainer& trainer, const std::filesystem::path& root,
+                                      size_t keep);
+// Restores parameters, moments, optimizer and schedule step, skipped-step count and the data
+// loader's RNG from a checkpoint directory or root. Returns the directory loaded.
+std::filesystem::path load_checkpoint(Trainer& trainer, const std::filesystem::path& dir_or_root);
+
+// ---- stopping on SIGTERM / SIGINT ----
+// The handlers only set a flag (the one piece of global mutable state of the checkpoint code, a
+// volatile sig_atomic_t as the C++ standard allows a handler to write); the trainer reads it at
+// the end of each step, saves and stops. A second signal while saving is ignored.
+void install_stop_signal_handlers();
+bool stop_signal_received();
+void clear_stop_signal();  // for tests that run several trainers in one process
+
+// What Trainer::run consults after each logged step (Trainer::set_run_control).
+class RunControl {
+  public:
+    struct Options {
+        std::string save_root;     // "" : no checkpoints
+        int64_t save_every = 0;    // 0: only at the end and on a stop signal
+        size_t keep = 0;           // 0: keep every checkpoint
+        std::FILE* out = nullptr;  // progress lines ("saved ..."); null: quiet
+    };
+    explicit RunControl(Options options) : options_(std::move(options)) {}
+    // Saves when due (every save_every steps, at the last step, on a stop signal). Returns true
+    // when the run must stop (a stop signal arrived).
+    bool after_step(Trainer& trainer, const StepRecord& record);
+    const std::filesystem::path& last_saved() const { return last_saved_; }
+
+  private:
+    Options options_;
+    std::filesystem::path last_saved_;
+};
+
+}  // namespace moetron

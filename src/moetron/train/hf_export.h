@@ -1,0 +1,41 @@
+// Hugging Face DeepSeek-V3 directories from and to moetron checkpoints.
+//
+// Export writes OUT/config.json (DeepSeek-V3's config.json keys, architectures
+// ["DeepseekV3ForCausalLM"], model_type "deepseek_v3"), OUT/model.safetensors (HF names from
+// model/hf_names.h: per-expert names, MTP modules as model.layers.{num_hidden_layers + d}, with
+// the aliases DeepSeek-V3's own checkpoint carries) and OUT/model.safetensors.index.json (its
+// weight_map). Import reads such a directory (one file or an index with a weight_map; per-expert
+// or fused expert names; F32 or BF16) into a moetron checkpoint at step 0 with a fresh optimizer.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json_fwd.hpp>
+
+#include "moetron/core/dtype.h"
+#include "moetron/model/config.h"
+
+namespace moetron {
+
+inline constexpr const char* kHfWeightsFile = "model.safetensors";
+inline constexpr const char* kHfWeightsIndexFile = "model.safetensors.index.json";
+
+// config.json for a model stored in dtype (f32 or bf16).
+nlohmann::json hf_config_json(const ModelConfig& config, DType dtype);
+
+struct HfExportStats {
+    int64_t num_tensors = 0;
+    uint64_t num_bytes = 0;  // of model.safetensors
+};
+
+// checkpoint: a checkpoint directory or root (its `latest`). dtype: f32 or bf16. Creates out_dir
+// if needed; overwrites the three files there.
+HfExportStats export_hf(const std::filesystem::path& checkpoint,
+                        const std::filesystem::path& out_dir, DType dtype);
+
+// Writes out_root/step-00000000 (and `latest`); returns that directory. Errors name the file and
+// tensor: an unknown tensor, a wrong shape or dtype, a tensor given twice, a parameter missing.
+std::filesystem::path import_hf(const std::filesystem::path& hf_dir,
+                                const std::filesystem::path& out_root);
+
+}  // namespace moetron

@@ -1,0 +1,307 @@
+// train/checkpoint: bit-exact resume (10 steps straight == 5, save, fresh trainer, load, 5),
+// `latest` and retention, non-finite steps skipped, and damaged or foreign checkpoints rejected
+// with errors naming the file and tensor.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "moetron/core/error.h"
+#include "moetron/model/config.h"
+#include "moetron/train/atomic_dir.h"
+#include "moetron/train/checkpoint.h"
+#include "moetron/train/checksum.h"
+#include "moetron/train/data_source.h"
+#include "moetron/train/trainer.h"
+
+namespace moetron {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig tiny_config() {
+    return load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+}
+
+TrainConfig small_run() {
+    TrainConfig c;
+    c.batch_size = 2;
+    c.seq_len = 16;
+    c.steps = 10;
+    c.warmup_steps = 3;
+    c.lr = 3e-3;
+    c.min_lr = 3e-4;
+    c.seed = 7;
+    c.eval_batches = 1;
+    c.eval_every = 0;
+    return c;
+}
+
+std::unique_ptr<Trainer> make_trainer(const ModelConfig& model, const TrainConfig& c) {
+    TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/3, /*num_bytes=*/8000);
+    DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
+                      c.val_fraction, c.seed);
+    return std::make_unique<Trainer>(model, c, std::move(loader));
+}
+
+class TempDir {
+  public:
+    TempDir() {
+        path_ = fs::temp_directory_path() /
+                ("moetron_ckpt_" + std::to_string(::getpid()) + "_" +
+                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(path_);
+        fs::create_directories(path_);
+    }
+    ~TempDir() { fs::remove_all(path_); }
+    const fs::path& path() const { return path_; }
+
+  private:
+    fs::path path_;
+};
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+bool same_bits(const float* a, const float* b, int64_t n) {
+    return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
+}
+
+TEST(Checkpoint, ResumeIsBitExact) {
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = small_run();
+    TempDir dir;
+
+    auto straight = make_trainer(model, c);
+    std::vector<double> straight_losses;
+    for (int i = 0; i < 10; ++i) straight_losses.push_back(straight->step().loss);
+
+    std::vector<double> resumed_losses;
+    {
+        auto first = make_trainer(model, c);
+        for (int i = 0; i < 5; ++i) resumed_losses.push_back(first->step().loss);
+        const fs::path saved = save_checkpoint(*first, dir.path(), 0);
+        EXPECT_EQ(saved.filename().string(), checkpoint_dir_name(5));
+    }
+    // A fresh trainer with another seed: everything must come from the checkpoint.
+    TrainConfig other = c;
+    other.seed = 99;
+    auto second = make_trainer(model, other);
+    load_checkpoint(*second, dir.path() / checkpoint_dir_name(5));
+    EXPECT_EQ(second->steps_done(), 5);
+    for (int i = 0; i < 5; ++i) resumed_losses.push_back(second->step().loss);
+
+    for (int i = 0; i < 10; ++i) {
+        std::printf("[bitexact] step %d straight %.17g resumed %.17g\n", i + 1,
+                    straight_losses[static_cast<size_t>(i)],
+                    resumed_losses[static_cast<size_t>(i)]);
+        EXPECT_EQ(std::memcmp(&straight_losses[static_cast<size_t>(i)],
+                              &resumed_losses[static_cast<size_t>(i)], sizeof(double)),
+                  0)
+            << "loss of step " << i + 1;
+    }
+    const int64_t n = straight->model().num_params();
+    EXPECT_TRUE(same_bits(straight->model().params(), second->model().params(), n));
+    EXPECT_TRUE(same_bits(straight->optimizer().first_moment().data(),
+                          second->optimizer().first_moment().data(), n));
+    EXPECT_TRUE(same_bits(straight->optimizer().second_moment().data(),
+                          second->optimizer().second_moment().data(), n));
+    EXPECT_EQ(straight->optimizer().step_count(), second->optimizer().step_count());
+    // The router biases moved (so the comparison above covers them) and are in the checkpoint.
+    const TensorView bias = straight->model().param("layers.1.mlp.router_bias");
+    bool moved = false;
+    for (int64_t e = 0; e < bias.shape.numel(); ++e) moved |= bias.f32()[e] != 0.0f;
+    EXPECT_TRUE(moved);
+}
+
+TEST(Checkpoint, ResumeFromRootFollowsLatestAndKeepRetains) {
+    const ModelConfig model = tiny_config();
+    TrainConfig c = small_run();
+    c.steps = 6;
+    TempDir dir;
+    auto t = make_trainer(model, c);
+    RunControl control({dir.path().string(), /*save_every=*/2, /*keep=*/2, nullptr});
+    t->set_run_control(&control);
+    MetricsLog log(c.steps, 100, "", false, stdout);
+    t->run(log);
+    const std::vector<CheckpointDir> dirs = list_checkpoint_dirs(dir.path());
+    ASSERT_EQ(dirs.size(), 2u);  // steps 2, 4, 6 saved; keep 2
+    EXPECT_EQ(dirs[0].step, 4u);
+    EXPECT_EQ(dirs[1].step, 6u);
+    EXPECT_EQ(read_latest_pointer(dir.path()).value(), checkpoint_dir_name(6));
+
+    auto fresh = make_trainer(model, c);
+    const fs::path loaded = load_checkpoint(*fresh, dir.path());
+    EXPECT_EQ(loaded.filename().string(), checkpoint_dir_name(6));
+    EXPECT_EQ(fresh->steps_done(), 6);
+    EXPECT_TRUE(same_bits(t->model().params(), fresh->model().params(), t->model().num_params()));
+}
+
+TEST(Checkpoint, NonFiniteGradientSkipsTheStep) {
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = small_run();
+    auto t = make_trainer(model, c);
+    t->step();
+    const int64_t n = t->model().num_params();
+    const std::vector<float> params(t->model().params(), t->model().params() + n);
+    const std::vector<float> m = t->optimizer().first_moment();
+    const int64_t opt_steps = t->optimizer().step_count();
+    // Poison one gradient of step 2 only.
+    t->set_grad_hook([](int64_t step, float* grads) {
+        if (step == 2) grads[17] = std::numeric_limits<float>::quiet_NaN();
+    });
+    const StepRecord r = t->step();
+    EXPECT_FALSE(std::isfinite(r.grad_norm));
+    EXPECT_TRUE(t->last_step_skipped());
+    EXPECT_EQ(t->skipped_steps(), 1);
+    EXPECT_EQ(t->steps_done(), 2);
+    EXPECT_EQ(t->optimizer().step_count(), opt_steps);
+    EXPECT_TRUE(same_bits(params.data(), t->model().params(), n)) << "params (router bias too)";
+    EXPECT_TRUE(same_bits(m.data(), t->optimizer().first_moment().data(), n));
+    // The next good step updates again and resets the run of skips.
+    t->step();
+    EXPECT_FALSE(t->last_step_skipped());
+    EXPECT_EQ(t->consecutive_skipped_steps(), 0);
+    EXPECT_EQ(t->optimizer().step_count(), opt_steps + 1);
+}
+
+TEST(Checkpoint, TooManySkippedStepsStopNamingTheLastCheckpoint) {
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = small_run();
+    TempDir dir;
+    auto t = make_trainer(model, c);
+    t->step();
+    const fs::path saved = save_checkpoint(*t, dir.path(), 0);
+    t->set_max_skipped_steps(3);
+    t->set_grad_hook(
+        [](int64_t, float* grads) { grads[0] = std::numeric_limits<float>::infinity(); });
+    t->step();
+    t->step();
+    const std::string err = error_of([&] { t->step(); });
+    EXPECT_NE(err.find("3 steps in a row"), std::string::npos) << err;
+    EXPECT_NE(err.find(saved.string()), std::string::npos) << err;
+}
+
+// ---- bad input ----
+
+class BadCheckpoint : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        dir_ = std::make_unique<TempDir>();
+        trainer_ = make_trainer(tiny_config(), small_run());
+        trainer_->step();
+        ckpt_ = save_checkpoint(*trainer_, dir_->path(), 0);
+    }
+    std::string load_error() {
+        auto fresh = make_trainer(tiny_config(), small_run());
+        return error_of([&] { load_checkpoint(*fresh, ckpt_); });
+    }
+    std::unique_ptr<TempDir> dir_;
+    std::unique_ptr<Trainer> trainer_;
+    fs::path ckpt_;
+};
+
+TEST_F(BadCheckpoint, TruncatedFileIsCaughtByTheIndex) {
+    const fs::path file = ckpt_ / kCheckpointModelFile;
+    fs::resize_file(file, fs::file_size(file) - 100);
+    const std::string err = load_error();
+    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+}
+
+TEST_F(BadCheckpoint, TruncatedFileWithRewrittenIndexIsCaughtByTheReader) {
+    const fs::path file = ckpt_ / kCheckpointModelFile;
+    fs::resize_file(file, fs::file_size(file) - 100);
+    CheckpointIndex index;
+    index.add_file(ckpt_.string(), kCheckpointModelFile);
+    index.add_file(ckpt_.string(), kCheckpointStateFile);
+    fs::remove(ckpt_ / kCheckpointIndexName);
+    index.write((ckpt_ / kCheckpointIndexName).string());
+    const std::string err = load_error();
+    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+    EXPECT_NE(err.find("[safetensors]"), std::string::npos) << err;
+}
+
+TEST_F(BadCheckpoint, FlippedByteIsCaughtByTheChecksum) {
+    const fs::path file = ckpt_ / kCheckpointModelFile;
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(fs::file_size(file) / 2));
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(file) / 2));
+    f.write(&byte, 1);
+    f.close();
+    const std::string err = load_error();
+    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+    EXPECT_NE(err.find("checksum"), std::string::npos) << err;
+}
+
+TEST_F(BadCheckpoint, MissingFileIsNamed) {
+    fs::remove(ckpt_ / kCheckpointStateFile);
+    const std::string err = load_error();
+    EXPECT_NE(err.find("state.json"), std::string::npos) << err;
+}
+
+TEST_F(BadCheckpoint, AnotherModelNamesTheDifferingKey) {
+    ModelConfig other = tiny_config();
+    other.n_routed_experts = 4;
+    other.n_group = 2;
+    other.topk_group = 1;
+    auto t = make_trainer(other, small_run());
+    const std::string err = error_of([&] { load_checkpoint(*t, ckpt_); });
+    EXPECT_NE(err.find("another model"), std::string::npos) << err;
+    EXPECT_NE(err.find("n_routed_experts"), std::string::npos) << err;
+}
+
+TEST_F(BadCheckpoint, WrongTensorShapeNamesFileAndTensor) {
+    // Same config, but a tensor of another shape: write a state by hand with one entry changed.
+    std::vector<ParamEntry> entries = trainer_->model().param_entries();
+    const int64_t n = trainer_->model().num_params();
+    std::vector<float> params(trainer_->model().params(), trainer_->model().params() + n);
+    for (ParamEntry& e : entries) {
+        if (e.name == "final_norm") e.shape = Shape{e.shape.dims[0] / 2, 2};
+    }
+    TrainingStateView st;
+    st.model_config = &trainer_->model().config();
+    st.train_config = &trainer_->config();
+    st.entries = &entries;
+    st.params = params.data();
+    st.step = 42;
+    const fs::path bad = save_training_state(dir_->path() / "bad", st, 0);
+    auto fresh = make_trainer(tiny_config(), small_run());
+    const std::string err = error_of([&] { load_checkpoint(*fresh, bad); });
+    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+    EXPECT_NE(err.find("'final_norm'"), std::string::npos) << err;
+}
+
+TEST_F(BadCheckpoint, ExistingCheckpointIsNeverOverwritten) {
+    const std::string err = error_of([&] { save_checkpoint(*trainer_, dir_->path(), 0); });
+    EXPECT_NE(err.find("already exists"), std::string::npos) << err;
+    EXPECT_NE(err.find(checkpoint_dir_name(1)), std::string::npos) << err;
+}
+
+TEST_F(BadCheckpoint, RootWithoutCheckpointIsAnError) {
+    const fs::path empty = dir_->path() / "empty";
+    fs::create_directories(empty);
+    auto fresh = make_trainer(tiny_config(), small_run());
+    const std::string err = error_of([&] { load_checkpoint(*fresh, empty); });
+    EXPECT_NE(err.find("latest"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace moetron

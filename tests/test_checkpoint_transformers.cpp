@@ -1,0 +1,120 @@
+// moetron export --format hf against transformers: the logits of DeepseekV3ForCausalLM loaded
+// from an exported fp32 directory equal moetron's own. Skipped when python3 with torch and
+// transformers is not importable. About 10 s, most of it importing torch.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moetron/model/config.h"
+#include "moetron/train/checkpoint.h"
+#include "moetron/train/data_source.h"
+#include "moetron/train/hf_export.h"
+#include "moetron/train/trainer.h"
+
+namespace moetron {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainConfig small_run() {
+    TrainConfig c;
+    c.batch_size = 2;
+    c.seq_len = 16;
+    c.steps = 10;
+    c.warmup_steps = 2;
+    c.seed = 5;
+    c.eval_batches = 1;
+    return c;
+}
+
+std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
+    const ModelConfig model = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+    TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/3, /*num_bytes=*/8000);
+    DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
+                      c.val_fraction, c.seed);
+    return std::make_unique<Trainer>(model, c, std::move(loader));
+}
+
+class TempDir {
+  public:
+    TempDir() {
+        path_ = fs::temp_directory_path() / ("moetron_cktf_" + std::to_string(::getpid()));
+        fs::remove_all(path_);
+        fs::create_directories(path_);
+    }
+    ~TempDir() { fs::remove_all(path_); }
+    const fs::path& path() const { return path_; }
+
+  private:
+    fs::path path_;
+};
+
+std::string read_file(const fs::path& p) {
+    std::ifstream f(p);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
+
+TEST(CheckpointHf, MatchesTransformersLogits) {
+    if (std::system("python3 -c 'import torch, transformers' > /dev/null 2>&1") != 0)
+        GTEST_SKIP() << "python3 with torch and transformers is not importable";
+    TempDir dir;
+    // A few trained steps, so the router biases and every weight moved from their init.
+    auto trainer = make_trainer(small_run());
+    for (int i = 0; i < 3; ++i) trainer->step();
+    const fs::path checkpoint = save_checkpoint(*trainer, dir.path() / "ckpt", 0);
+    export_hf(checkpoint, dir.path() / "hf", DType::f32);
+    // Logits of the same tokens from moetron and from transformers' DeepseekV3ForCausalLM.
+    const int64_t S = 16;
+    std::vector<int32_t> tokens(S), targets(S, -1);
+    for (int64_t i = 0; i < S; ++i)
+        tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 11) % 256);
+    trainer->model().forward(tokens.data(), targets.data(), 1, S);
+    const float* ours = trainer->model().logits();
+    std::string ids;
+    for (int32_t x : tokens) {
+        if (!ids.empty()) ids.push_back(',');
+        ids.append(std::to_string(x));
+    }
+    const fs::path script = dir.path() / "logits.py";
+    const fs::path out = dir.path() / "logits.bin";
+    std::ofstream(script) << "import sys, torch, transformers\n"
+                             "m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], "
+                             "torch_dtype=torch.float32)\n"
+                             "m.eval()\n"
+                             "ids = torch.tensor([["
+                          << ids
+                          << "]])\n"
+                             "with torch.no_grad():\n"
+                             "    logits = m(ids).logits[0].float().numpy()\n"
+                             "logits.tofile(sys.argv[2])\n";
+    const std::string cmd =
+        fmt::format("python3 {} {} {} > {} 2>&1", script.string(), (dir.path() / "hf").string(),
+                    out.string(), (dir.path() / "py.txt").string());
+    if (std::system(cmd.c_str()) != 0) {
+        GTEST_SKIP() << "transformers could not run the exported model: "
+                     << read_file(dir.path() / "py.txt");
+    }
+    std::vector<float> theirs(static_cast<size_t>(S * 256));
+    std::ifstream(out, std::ios::binary)
+        .read(reinterpret_cast<char*>(theirs.data()),
+              static_cast<std::streamsize>(theirs.size() * sizeof(float)));
+    double max_abs = 0;
+    for (size_t i = 0; i < theirs.size(); ++i)
+        max_abs = std::max(max_abs, std::fabs(static_cast<double>(ours[i] - theirs[i])));
+    std::printf("[maxerr] hf_export transformers logits abs=%.3e\n", max_abs);
+    EXPECT_LE(max_abs, 1e-3);
+}
+
+}  // namespace
+}  // namespace moetron
