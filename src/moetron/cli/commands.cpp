@@ -13,6 +13,9 @@ int run(int argc, char** argv) {
     register_sample(app);
     register_simulate(app);
     register_plan(app);
+    register_export(app);
+    register_import(app);
+    register_calibrate(app);
     CLI11_PARSE(app, argc, argv);
     return 0;
 }

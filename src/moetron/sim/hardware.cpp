@@ -15,8 +15,8 @@ namespace moetron::sim {
 
 namespace {
 
-constexpr std::array<std::string_view, kNumPrecisions> kPrecisionNames = {"tf32", "bf16", "fp8",
-                                                                          "mxfp8", "fp4"};
+constexpr std::array<std::string_view, kNumPrecisions> kPrecisionNames = {"tf32",  "bf16", "fp8",
+                                                                          "mxfp8", "fp4",  "fp32"};
 
 std::string read_text_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -145,12 +145,13 @@ Precision precision_from_name(std::string_view name) {
     for (int i = 0; i < kNumPrecisions; ++i) {
         if (kPrecisionNames[i] == name) return static_cast<Precision>(i);
     }
-    MT_THROW("[sim] unknown precision '{}' (known: bf16, fp8, mxfp8, fp4, tf32)", name);
+    MT_THROW("[sim] unknown precision '{}' (known: bf16, fp8, mxfp8, fp4, tf32, fp32)", name);
 }
 
 double precision_bytes(Precision p) {
     switch (p) {
         case Precision::tf32:
+        case Precision::fp32:
             return 4;
         case Precision::bf16:
             return 2;

@@ -17,12 +17,13 @@ namespace moetron::sim {
 
 // Number formats of the matrix multiplies. tf32 is the router GEMM: Megatron keeps it in fp32
 // (--moe-router-dtype fp32) and NGC PyTorch containers run fp32 matmuls on TF32 tensor cores
-// (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1).
-enum class Precision : uint8_t { tf32, bf16, fp8, mxfp8, fp4 };
-inline constexpr int kNumPrecisions = 5;
+// (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1). fp32 is a CPU "cluster" measured by `moetron calibrate`,
+// whose engine computes everything in single precision.
+enum class Precision : uint8_t { tf32, bf16, fp8, mxfp8, fp4, fp32 };
+inline constexpr int kNumPrecisions = 6;
 
 std::string_view precision_name(Precision p);
-// "bf16", "fp8", "mxfp8", "fp4" (or "nvfp4"), "tf32"; throws naming the known formats.
+// "bf16", "fp8", "mxfp8", "fp4" (or "nvfp4"), "tf32", "fp32"; throws naming the known formats.
 Precision precision_from_name(std::string_view name);
 // Bytes per element of a GEMM operand stored in this format (scales ignored: < 4%).
 double precision_bytes(Precision p);

@@ -22,7 +22,8 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
                      const SimOptions& o) {
     validate_layout(l, l.gpus(), m);
     MT_CHECK(o.precision != Precision::tf32,
-             "[sim] training precision must be bf16, fp8, mxfp8 or fp4 (tf32 is the router's)");
+             "[sim] training precision must be fp32 (a calibrated CPU), bf16, fp8, mxfp8 or fp4 "
+             "(tf32 is the router's)");
     (void)c.peak_flops(o.precision);  // throws for a precision the GPU lacks
     MT_CHECK(l.tp <= c.scale_up.domain_gpus,
              "[sim] tp {} spans more than one scale-up domain of {} GPUs on {}", l.tp,

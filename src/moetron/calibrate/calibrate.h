@@ -1,0 +1,116 @@
+// Calibration of the cluster model on this machine (`moetron calibrate`): measures the CPU
+// kernels the engine runs (sgemm at several shapes, the grouped expert GEMM at several tokens per
+// expert, causal attention forward and backward, a streaming kernel, exponentials, the fixed cost
+// of one parallel kernel call) and, on an MPI job of more than one rank, all_reduce and
+// all_to_all_v at several sizes; fits the sim's efficiency curves and alpha-beta costs to them and
+// writes a cluster file (configs/clusters/*.toml format, inline [efficiency] table) that
+// sim::load_cluster_spec reads back. The "GPU" of that file is one rank: its threads, its share of
+// the node's memory; the scale-up domain is the ranks of this node.
+//
+// Depends on kernels/ and parallel/ only; sim/ never sees this code, it only reads the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moetron::parallel {
+class Communicator;
+}
+
+namespace moetron::calibrate {
+
+struct CalibrateOptions {
+    double seconds_per_point = 0.05;  // minimum timed time per measured shape (after a warm-up)
+    bool quick = false;               // fewer and smaller shapes (tests)
+};
+
+// One measured GEMM shape: out (m x n) = in (m x k) W (k x n), like the sim's Op.
+struct GemmPoint {
+    int64_t m = 0, n = 0, k = 0;
+    double gflops = 0;
+};
+
+// One grouped-GEMM measurement: num_experts segments of tokens_per_expert rows each.
+struct GroupedPoint {
+    int64_t tokens_per_expert = 0, num_experts = 0, n = 0, k = 0;
+    double gflops = 0;
+};
+
+struct AttentionPoint {
+    int64_t batch = 0, seq_len = 0, heads = 0, qk_dim = 0, v_dim = 0;
+    double fwd_gflops = 0, bwd_gflops = 0;  // the sim's FLOP convention (causal; bwd = 2.5 fwd)
+};
+
+// One collective size: bytes per rank (all_reduce: the buffer; all_to_all_v: what one rank
+// sends in all, split evenly over the ranks) and the time (the mean of the ranks' medians).
+struct CollectivePoint {
+    double bytes = 0;
+    double time_s = 0;
+};
+
+struct ComputeMeasurements {
+    int threads = 0;
+    std::vector<GemmPoint> gemm;
+    std::vector<GroupedPoint> grouped;
+    std::vector<AttentionPoint> attention;
+    double stream_gbytes_per_s = 0;  // triad a = b + s c, 12 bytes per element
+    // rmsnorm and SwiGLU forward + backward (the engine's kernels), fp32 bytes they move per s
+    double memory_kernels_gbytes_per_s = 0;
+    double exp_per_s = 0;        // std::exp over a float array, all threads
+    double call_overhead_s = 0;  // one empty OpenMP parallel region (a kernel's fixed cost)
+};
+
+struct CollectiveMeasurements {
+    int ranks = 1;
+    std::vector<CollectivePoint> all_reduce;
+    std::vector<CollectivePoint> all_to_all;
+};
+
+// Fitted parameters of the sim's curves (docs/cluster-model.md "Compute time").
+struct CalibrationFit {
+    double peak_gflops = 0;  // the sgemm asymptote of the fit (the file's fp32 peak)
+    double gemm_half_dim = 0;
+    double grouped_ratio = 0;
+    double grouped_half_tokens = 0;
+    double attention_fwd = 0;  // fractions of peak_gflops
+    double attention_bwd = 0;
+    double memory_bw_efficiency = 0;
+    double gemm_fit_rms_rel_error = 0;  // time-weighted rms log error of the GEMM points
+    // Collectives: alpha per ring step and bandwidth of each fit (1 rank: self copies).
+    bool collectives_measured = false;
+    double link_gbytes_per_s = 0;  // the best of the two fits; efficiencies are relative to it
+    double latency_us = 0;
+    double all_reduce_gbytes_per_s = 0;
+    double all_to_all_gbytes_per_s = 0;
+    double all_to_all_latency_us = 0;
+};
+
+// The fixed facts of the machine and the run that the file header records.
+struct MachineInfo {
+    std::string cpu_name;   // /proc/cpuinfo "model name", or "cpu"
+    int ranks_on_node = 1;  // the scale-up domain
+    double memory_gib = 0;  // per rank: the node's physical memory / ranks
+    std::string command;    // how it was measured
+    std::string timestamp;  // UTC, ISO 8601
+};
+
+ComputeMeasurements measure_compute(const CalibrateOptions& options);
+// Collective measurements over `world` (every rank calls it). Needs world.size() > 1.
+CollectiveMeasurements measure_collectives(parallel::Communicator& world,
+                                           const CalibrateOptions& options);
+// Self-copy bandwidth (memcpy of the same sizes) for a 1-rank calibration.
+CollectiveMeasurements measure_self_copies(const CalibrateOptions& options);
+
+CalibrationFit fit_calibration(const ComputeMeasurements& compute,
+                               const CollectiveMeasurements& collectives);
+
+// The cluster file text (TOML), with a comment header of what was measured, when and how.
+std::string format_cluster_toml(const std::string& name, const MachineInfo& machine,
+                                const ComputeMeasurements& compute,
+                                const CollectiveMeasurements& collectives,
+                                const CalibrationFit& fit);
+
+MachineInfo detect_machine(int ranks_on_node, const std::string& command);
+
+}  // namespace moetron::calibrate

@@ -1,0 +1,317 @@
+// The measurements of calibrate.h: each shape is warmed up once, then repeated for at least
+// options.seconds_per_point (and three times); the mean time per call is kept (see mean_time_s).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "moetron/calibrate/calibrate.h"
+#include "moetron/core/error.h"
+#include "moetron/core/timer.h"
+#include "moetron/kernels/cpu/attention.h"
+#include "moetron/kernels/cpu/matmul.h"
+#include "moetron/kernels/cpu/rmsnorm.h"
+#include "moetron/kernels/cpu/swiglu.h"
+#include "moetron/parallel/communicator.h"
+
+namespace moetron::calibrate {
+
+namespace {
+
+// Mean seconds of one call of fn over a window of at least `seconds` (and three calls). The
+// mean, not the median or the best: a training step is a sum of many calls, and on a shared or
+// oversubscribed machine (more ranks than cores) the calls a rank loses to time-slicing belong
+// in its rate; a median of short calls would skip them.
+double mean_time_s(const std::function<void()>& fn, double seconds) {
+    fn();  // warm-up: first touch, thread pool
+    int64_t calls = 0;
+    const Timer total;
+    while (calls < 3 || total.elapsed_s() < seconds) {
+        fn();
+        ++calls;
+    }
+    return total.elapsed_s() / static_cast<double>(calls);
+}
+
+std::vector<float> filled(int64_t count, float value) {
+    return std::vector<float>(static_cast<size_t>(count), value);
+}
+
+// Deterministic values in [-1, 1): keeps exp and the GEMMs away from denormals.
+std::vector<float> pattern(int64_t count, float scale) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (size_t i = 0; i < v.size(); ++i) {
+        v[i] = scale * (static_cast<float>((i * 2654435761u) % 2048u) / 1024.0f - 1.0f);
+    }
+    return v;
+}
+
+// How many copies of a working set of `bytes` to cycle through so that each repetition finds its
+// operands outside the caches, as a training step does (its activations stream through memory):
+// about 64 MiB in all, at most 64 copies.
+// (--quick: 1 MiB, the time goes into filling the buffers otherwise).
+int64_t cold_copies(double bytes, bool quick) {
+    const double total = (quick ? 1.0 : 64.0) * 1024 * 1024;
+    return std::clamp<int64_t>(static_cast<int64_t>(total / std::max(bytes, 1.0)), 1, 64);
+}
+
+// forward + backward (dgrad, wgrad) of a linear layer: 6 m n k FLOPs, the three GEMMs the sim
+// prices with this shape's curve. Operands are cycled through cold copies.
+GemmPoint measure_gemm(int64_t m, int64_t n, int64_t k, double seconds, bool quick) {
+    const int64_t per_set = 2 * m * k + 2 * n * k + 2 * m * n;
+    const int64_t copies = cold_copies(4.0 * static_cast<double>(per_set), quick);
+    auto inp = pattern(copies * m * k, 0.5f), w = pattern(copies * n * k, 0.05f);
+    auto out = filled(copies * m * n, 0), dout = pattern(copies * m * n, 0.1f);
+    auto dinp = filled(copies * m * k, 0), dw = filled(copies * n * k, 0);
+    int64_t c = 0;
+    const double s = mean_time_s(
+        [&] {
+            c = (c + 1) % copies;
+            cpu::linear_forward(out.data() + c * m * n, inp.data() + c * m * k,
+                                w.data() + c * n * k, m, k, n);
+            cpu::linear_backward(dinp.data() + c * m * k, dw.data() + c * n * k,
+                                 dout.data() + c * m * n, inp.data() + c * m * k,
+                                 w.data() + c * n * k, m, k, n);
+        },
+        seconds);
+    const double flops =
+        6.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    return {m, n, k, flops / s / 1e9};
+}
+
+GroupedPoint measure_grouped(int64_t tokens_per_expert, int64_t experts, int64_t n, int64_t k,
+                             double seconds, bool quick) {
+    const int64_t rows = tokens_per_expert * experts;
+    std::vector<int64_t> offsets(static_cast<size_t>(experts) + 1);
+    for (int64_t e = 0; e <= experts; ++e) offsets[static_cast<size_t>(e)] = e * tokens_per_expert;
+    const int64_t per_set = 2 * rows * k + 2 * experts * n * k + 2 * rows * n;
+    const int64_t copies = cold_copies(4.0 * static_cast<double>(per_set), quick);
+    auto inp = pattern(copies * rows * k, 0.5f), w = pattern(copies * experts * n * k, 0.05f);
+    auto out = filled(copies * rows * n, 0), dout = pattern(copies * rows * n, 0.1f);
+    auto dinp = filled(copies * rows * k, 0), dw = filled(copies * experts * n * k, 0);
+    int64_t c = 0;
+    const double s = mean_time_s(
+        [&] {
+            c = (c + 1) % copies;
+            const int64_t a = c * rows * k, o = c * rows * n, wo = c * experts * n * k;
+            cpu::grouped_linear_forward(out.data() + o, inp.data() + a, w.data() + wo,
+                                        offsets.data(), experts, k, n);
+            cpu::grouped_linear_backward(dinp.data() + a, dw.data() + wo, dout.data() + o,
+                                         inp.data() + a, w.data() + wo, offsets.data(), experts, k,
+                                         n);
+        },
+        seconds);
+    const double flops =
+        6.0 * static_cast<double>(rows) * static_cast<double>(n) * static_cast<double>(k);
+    return {tokens_per_expert, experts, n, k, flops / s / 1e9};
+}
+
+AttentionPoint measure_attention(int64_t b, int64_t s, int64_t h, int64_t dq, int64_t dv,
+                                 double seconds) {
+    auto q = pattern(b * s * h * dq, 0.5f), kk = pattern(b * s * h * dq, 0.5f);
+    auto v = pattern(b * s * h * dv, 0.5f), dout = pattern(b * s * h * dv, 0.1f);
+    auto out = filled(b * s * h * dv, 0), lse = filled(b * h * s, 0);
+    auto dq_ = filled(b * s * h * dq, 0), dk = filled(b * s * h * dq, 0);
+    auto dv_ = filled(b * s * h * dv, 0);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(dq));
+    const double fwd_s = mean_time_s(
+        [&] {
+            cpu::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), b, s, h,
+                                   dq, dv, scale);
+        },
+        seconds);
+    const double bwd_s = mean_time_s(
+        [&] {
+            cpu::attention_backward(dq_.data(), dk.data(), dv_.data(), dout.data(), q.data(),
+                                    kk.data(), v.data(), out.data(), lse.data(), b, s, h, dq, dv,
+                                    scale);
+        },
+        seconds);
+    // The sim's convention (sim/ops.cpp attn.core): causal pairs B S^2 / 2 per head, 2 FLOPs per
+    // multiply-add over Dqk + Dv; the backward executes 2.5x the forward.
+    const double fwd_flops = 2.0 * static_cast<double>(b) * static_cast<double>(s * s) / 2 *
+                             static_cast<double>(h) * static_cast<double>(dq + dv);
+    return {b, s, h, dq, dv, fwd_flops / fwd_s / 1e9, 2.5 * fwd_flops / bwd_s / 1e9};
+}
+
+double measure_stream_gbytes_per_s(int64_t count, double seconds) {
+    auto a = filled(count, 0), b = pattern(count, 1.0f), c = pattern(count, 0.5f);
+    float* pa = a.data();
+    const float* pb = b.data();
+    const float* pc = c.data();
+    const double s = mean_time_s(
+        [&] {
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < count; ++i) pa[i] = pb[i] + 0.5f * pc[i];
+        },
+        seconds);
+    return 12.0 * static_cast<double>(count) / s / 1e9;
+}
+
+// The engine's own memory-bound kernels, forward + backward: rmsnorm over (rows, dim) and SwiGLU
+// over (rows, 2 ffn) -> (rows, ffn). Returns GB/s of the fp32 bytes they must move (each input
+// read once, each output written once).
+double measure_memory_kernels_gbytes_per_s(int64_t rows, int64_t dim, int64_t ffn, double seconds) {
+    auto x = pattern(rows * dim, 1.0f), w = pattern(dim, 1.0f), y = filled(rows * dim, 0);
+    auto rstd = filled(rows, 0), dy = pattern(rows * dim, 0.1f), dx = filled(rows * dim, 0);
+    auto dw = filled(dim, 0);
+    auto h = pattern(rows * 2 * ffn, 1.0f), a = filled(rows * ffn, 0);
+    auto da = pattern(rows * ffn, 0.1f), dh = filled(rows * 2 * ffn, 0);
+    const double s = mean_time_s(
+        [&] {
+            cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6f);
+            cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(),
+                                  rows, dim);
+            cpu::swiglu_forward(a.data(), h.data(), rows, ffn);
+            cpu::swiglu_backward(dh.data(), da.data(), h.data(), rows, ffn);
+        },
+        seconds);
+    const double bytes = 4.0 * static_cast<double>(rows) *
+                         (2.0 * static_cast<double>(dim) + 3.0 * static_cast<double>(dim) +
+                          3.0 * static_cast<double>(ffn) + 5.0 * static_cast<double>(ffn));
+    return bytes / s / 1e9;
+}
+
+double measure_exp_per_s(int64_t count, double seconds) {
+    auto in = pattern(count, 4.0f), out = filled(count, 0);
+    float* po = out.data();
+    const float* pi = in.data();
+    const double s = mean_time_s(
+        [&] {
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < count; ++i) po[i] = std::exp(pi[i]);
+        },
+        seconds);
+    return static_cast<double>(count) / s;
+}
+
+double measure_call_overhead_s() {
+    constexpr int kCalls = 2000;
+    volatile int sink = 0;
+    const double s = mean_time_s(
+        [&] {
+            for (int i = 0; i < kCalls; ++i) {
+#pragma omp parallel
+                {
+                    if (omp_get_thread_num() == 0) sink = sink + 1;
+                }
+            }
+        },
+        0.02);
+    return s / kCalls;
+}
+
+}  // namespace
+
+ComputeMeasurements measure_compute(const CalibrateOptions& o) {
+    MT_CHECK(o.seconds_per_point > 0, "[calibrate] seconds per point must be positive, got {}",
+             o.seconds_per_point);
+    ComputeMeasurements r;
+    r.threads = omp_get_max_threads();
+    const double t = o.seconds_per_point;
+    const std::vector<int64_t> ms =
+        o.quick ? std::vector<int64_t>{32, 256} : std::vector<int64_t>{128, 512, 2048};
+    const std::vector<int64_t> ns =
+        o.quick ? std::vector<int64_t>{32, 128} : std::vector<int64_t>{32, 128, 512, 2048};
+    const std::vector<int64_t> ks =
+        o.quick ? std::vector<int64_t>{32, 128} : std::vector<int64_t>{32, 128, 512};
+    for (int64_t m : ms) {
+        for (int64_t n : ns) {
+            for (int64_t k : ks) r.gemm.push_back(measure_gemm(m, n, k, t, o.quick));
+        }
+    }
+    // A vocabulary-sized output head (n = 8192).
+    if (!o.quick) r.gemm.push_back(measure_gemm(512, 8192, 512, t, o.quick));
+    const std::vector<int64_t> tpe =
+        o.quick ? std::vector<int64_t>{4, 64} : std::vector<int64_t>{8, 32, 128, 512};
+    for (int64_t tokens : tpe) {
+        r.grouped.push_back(
+            measure_grouped(tokens, 8, o.quick ? 32 : 128, o.quick ? 64 : 512, t, o.quick));
+    }
+    // A tiny-like and a small-like MLA shape (QK head dim = nope + rope, V head dim).
+    r.attention.push_back(measure_attention(4, 64, 4, 24, 16, t));
+    if (!o.quick) r.attention.push_back(measure_attention(2, 256, 8, 96, 64, t));
+    const int64_t stream_count = o.quick ? (1 << 18) : (1 << 23);
+    r.stream_gbytes_per_s = measure_stream_gbytes_per_s(stream_count, t);
+    r.memory_kernels_gbytes_per_s = measure_memory_kernels_gbytes_per_s(
+        o.quick ? 256 : 4096, o.quick ? 64 : 512, o.quick ? 128 : 1024, t);
+    r.exp_per_s = measure_exp_per_s(o.quick ? (1 << 16) : (1 << 20), t);
+    r.call_overhead_s = measure_call_overhead_s();
+    return r;
+}
+
+CollectiveMeasurements measure_collectives(parallel::Communicator& world,
+                                           const CalibrateOptions& o) {
+    const int n = world.size();
+    MT_CHECK(n > 1, "[calibrate] collectives need more than one rank (got {})", n);
+    CollectiveMeasurements r;
+    r.ranks = n;
+    const std::vector<int64_t> sizes = o.quick
+                                           ? std::vector<int64_t>{4096, 65536}
+                                           : std::vector<int64_t>{16384, 262144, 2097152, 16777216};
+    auto timed = [&](const std::function<void()>& fn) {
+        // Every rank runs the same number of repetitions (decided on rank 0's clock) so that
+        // no rank waits in a collective the others never post.
+        fn();
+        world.barrier();
+        int reps = 3;
+        {
+            const Timer t;
+            fn();
+            double probe = t.elapsed_s();
+            world.all_reduce_sum(&probe, 1, DType::f64);
+            reps = static_cast<int>(
+                std::clamp(o.seconds_per_point / std::max(probe / n, 1e-7), 3.0, 200.0));
+        }
+        std::vector<double> times;
+        for (int i = 0; i < reps; ++i) {
+            world.barrier();
+            const Timer t;
+            fn();
+            times.push_back(t.elapsed_s());
+        }
+        std::sort(times.begin(), times.end());
+        double median = times[times.size() / 2];
+        world.all_reduce_sum(&median, 1, DType::f64);  // the mean of the ranks' medians
+        return median / n;
+    };
+    for (int64_t bytes : sizes) {
+        const int64_t count = bytes / 4;
+        std::vector<float> buf(static_cast<size_t>(count), 1.0f);
+        const double s = timed([&] { world.all_reduce_sum(buf.data(), buf.size(), DType::f32); });
+        r.all_reduce.push_back({static_cast<double>(bytes), s});
+    }
+    for (int64_t bytes : sizes) {
+        const int per_peer = static_cast<int>(std::max<int64_t>(1, bytes / 4 / n));
+        std::vector<int> counts(static_cast<size_t>(n), per_peer), displs(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) displs[static_cast<size_t>(i)] = i * per_peer;
+        std::vector<float> send(static_cast<size_t>(per_peer) * n, 1.0f), recv(send.size());
+        const double s = timed([&] {
+            world.all_to_all_v(recv.data(), counts, displs, send.data(), counts, displs,
+                               DType::f32);
+        });
+        r.all_to_all.push_back({static_cast<double>(per_peer) * n * 4, s});
+    }
+    return r;
+}
+
+CollectiveMeasurements measure_self_copies(const CalibrateOptions& o) {
+    CollectiveMeasurements r;
+    r.ranks = 1;
+    const std::vector<int64_t> sizes = o.quick
+                                           ? std::vector<int64_t>{4096, 65536}
+                                           : std::vector<int64_t>{16384, 262144, 2097152, 16777216};
+    for (int64_t bytes : sizes) {
+        std::vector<char> a(static_cast<size_t>(bytes), 1), b(static_cast<size_t>(bytes));
+        const double s =
+            mean_time_s([&] { std::memcpy(b.data(), a.data(), a.size()); }, o.seconds_per_point);
+        r.all_reduce.push_back({static_cast<double>(bytes), s});
+        r.all_to_all.push_back({static_cast<double>(bytes), s});
+    }
+    return r;
+}
+
+}  // namespace moetron::calibrate

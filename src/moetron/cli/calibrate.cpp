@@ -1,0 +1,151 @@
+// moetron calibrate: measures this machine's kernels (and, under an MPI launcher with more than
+// one rank, its all_reduce and all_to_all_v) and writes a cluster file that `moetron simulate`
+// reads, so that the cluster model predicts this machine's `moetron train` steps:
+//   moetron calibrate --out configs/clusters/local.toml [--threads N]
+//   mpirun -np 4 moetron calibrate --out local-np4.toml --threads 1
+// Under MPI every rank measures the compute kernels at the same time (the contention of a real
+// multi-rank run), rank 0's figures are written, and the collectives are fitted over all ranks.
+// On one rank no collective is measured: the link figures are memcpy self copies (unused by a
+// 1-GPU simulation). See calibrate/calibrate.h.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "moetron/calibrate/calibrate.h"
+#include "moetron/cli/commands.h"
+#include "moetron/core/error.h"
+#include "moetron/parallel/communicator.h"
+
+namespace moetron::cli {
+
+namespace {
+
+struct CalibrateFlags {
+    std::string out_path = "configs/clusters/local.toml";
+    std::string name;
+    int threads = 0;
+    double seconds_per_point = 0.05;
+    bool quick = false;
+    std::string command;
+};
+
+bool launched_as_mpi_job() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+        const char* value = std::getenv(name);
+        if (value != nullptr && std::atoi(value) > 1) return true;
+    }
+    return false;
+}
+
+// Ranks on this node: Open MPI's local size, else all of them.
+int ranks_on_node(int world_size) {
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    return local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : world_size;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+    const auto parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::ofstream out(path, std::ios::binary);
+    MT_CHECK(out.good(), "[calibrate] cannot create '{}'", path);
+    out << text;
+    MT_CHECK(out.good(), "[calibrate] cannot write '{}'", path);
+}
+
+void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
+    if (f.threads > 0) omp_set_num_threads(f.threads);
+    const bool root = world == nullptr || world->rank() == 0;
+    const int size = world == nullptr ? 1 : world->size();
+    calibrate::CalibrateOptions o;
+    o.seconds_per_point = f.seconds_per_point;
+    o.quick = f.quick;
+    if (root) {
+        std::printf("moetron calibrate: %d rank(s), %d thread(s) per rank; measuring kernels\n",
+                    size, omp_get_max_threads());
+        std::fflush(stdout);
+    }
+    if (world != nullptr) world->barrier();
+    const calibrate::ComputeMeasurements compute = calibrate::measure_compute(o);
+    if (world != nullptr) world->barrier();
+    if (root) {
+        std::printf("  %s\n", size > 1 ? "measuring all_reduce and all_to_all_v"
+                                       : "one rank: memcpy self copies for the link figures");
+        std::fflush(stdout);
+    }
+    const calibrate::CollectiveMeasurements coll =
+        size > 1 ? calibrate::measure_collectives(*world, o) : calibrate::measure_self_copies(o);
+    if (!root) return;
+    const calibrate::CalibrationFit fit = calibrate::fit_calibration(compute, coll);
+    const std::string name =
+        f.name.empty() ? std::filesystem::path(f.out_path).stem().string() : f.name;
+    const calibrate::MachineInfo machine =
+        calibrate::detect_machine(size > 1 ? ranks_on_node(size) : 1, f.command);
+    write_file(f.out_path, calibrate::format_cluster_toml(name, machine, compute, coll, fit));
+    std::printf(
+        "  sgemm asymptote %.1f GFLOP/s (half-saturation dim %.0f), grouped ratio %.2f "
+        "(half %.0f tokens/expert), attention fwd %.2f bwd %.2f of peak, stream %.1f GB/s\n",
+        fit.peak_gflops, fit.gemm_half_dim, fit.grouped_ratio, fit.grouped_half_tokens,
+        fit.attention_fwd, fit.attention_bwd, compute.stream_gbytes_per_s);
+    if (fit.collectives_measured) {
+        std::printf("  all_reduce %.2f GB/s, %.1f us/step; all_to_all %.2f GB/s, %.1f us\n",
+                    fit.all_reduce_gbytes_per_s, fit.latency_us, fit.all_to_all_gbytes_per_s,
+                    fit.all_to_all_latency_us);
+    }
+    std::printf("  wrote %s\n", f.out_path.c_str());
+}
+
+void run_calibrate_mpi(const CalibrateFlags& f) {
+    parallel::MpiSession session(nullptr, nullptr);
+    try {
+        std::unique_ptr<parallel::Communicator> world = parallel::make_mpi_world(session);
+        run_calibrate(f, world.get());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "moetron calibrate: error: %s\n", e.what());
+        parallel::MpiSession::abort_job(1);
+    }
+}
+
+}  // namespace
+
+void register_calibrate(CLI::App& app) {
+    auto f = std::make_shared<CalibrateFlags>();
+    CLI::App* cmd = app.add_subcommand(
+        "calibrate",
+        "Measure this machine's kernels (and MPI collectives under mpirun) and write a cluster "
+        "file for moetron simulate");
+    cmd->add_option("--out", f->out_path, "cluster file to write")->capture_default_str();
+    cmd->add_option("--name", f->name, "cluster name in the file (default: the file's stem)");
+    cmd->add_option("--threads", f->threads,
+                    "OpenMP threads per rank (default: OMP_NUM_THREADS, else all cores); use the "
+                    "same number as the runs it should predict")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--seconds-per-point", f->seconds_per_point,
+                    "minimum timed seconds per measured shape")
+        ->check(CLI::PositiveNumber)
+        ->capture_default_str();
+    cmd->add_flag("--quick", f->quick, "fewer, smaller shapes (a rough file in about a second)");
+    cmd->callback([f, cmd] {
+        f->command = "moetron calibrate";
+        for (const auto* opt : cmd->get_options()) {
+            if (opt->count() == 0 || opt->get_name() == "--help") continue;
+            f->command += " " + opt->get_name();
+            for (const auto& r : opt->results()) f->command += " " + r;
+        }
+        if (launched_as_mpi_job()) {
+            const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
+            f->command = fmt::format("mpirun -np {} {}", n != nullptr ? n : "?", f->command);
+            run_calibrate_mpi(*f);
+        } else {
+            run_calibrate(*f, nullptr);
+        }
+    });
+}
+
+}  // namespace moetron::cli

@@ -1,0 +1,175 @@
+// moetron calibrate: the fits recover known curves, and a file it writes parses back through the
+// sim's catalog loader and simulates to a finite, positive step time.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "moetron/calibrate/calibrate.h"
+#include "moetron/model/config.h"
+#include "moetron/sim/hardware.h"
+#include "moetron/sim/layout.h"
+#include "moetron/sim/step.h"
+
+namespace moetron {
+namespace {
+
+using calibrate::CollectiveMeasurements;
+using calibrate::ComputeMeasurements;
+
+double s(double x, double h) {
+    return x / (x + h);
+}
+
+// Synthetic measurements from known curves: peak 80 GFLOP/s, half dim 40; grouped ratio 0.7,
+// half 30 tokens per expert; a ring all_reduce and an all_to_all over 4 ranks.
+ComputeMeasurements synthetic_compute() {
+    ComputeMeasurements c;
+    c.threads = 1;
+    for (int64_t m : {64, 256, 1024}) {
+        for (int64_t n : {32, 128, 512}) {
+            for (int64_t k : {32, 256}) {
+                c.gemm.push_back({m, n, k, 80.0 * s(m, 40) * s(n, 40) * s(k, 40)});
+            }
+        }
+    }
+    for (int64_t t : {8, 32, 128, 512}) {
+        c.grouped.push_back({t, 8, 128, 512, 80.0 * 0.7 * s(t, 30) * s(128, 40) * s(512, 40)});
+    }
+    c.attention.push_back({2, 128, 4, 32, 32, 20.0, 16.0});
+    c.stream_gbytes_per_s = 20;
+    c.memory_kernels_gbytes_per_s = 5;
+    c.exp_per_s = 1e9;
+    c.call_overhead_s = 1e-6;
+    return c;
+}
+
+CollectiveMeasurements synthetic_collectives(int n) {
+    CollectiveMeasurements r;
+    r.ranks = n;
+    const double alpha = 5e-6, ar_bw = 4e9, a2a_bw = 2e9;
+    for (double bytes : {16384.0, 262144.0, 2097152.0, 16777216.0}) {
+        r.all_reduce.push_back({bytes, 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / ar_bw});
+        r.all_to_all.push_back(
+            {bytes, 3 * alpha + static_cast<double>(n - 1) / n * bytes / a2a_bw});
+    }
+    return r;
+}
+
+TEST(Calibrate, FitsRecoverKnownCurves) {
+    const auto fit = calibrate::fit_calibration(synthetic_compute(), synthetic_collectives(4));
+    EXPECT_NEAR(fit.peak_gflops, 80.0, 80.0 * 0.03);
+    EXPECT_NEAR(fit.gemm_half_dim, 40.0, 40.0 * 0.05);
+    EXPECT_NEAR(fit.grouped_ratio, 0.7, 0.7 * 0.05);
+    EXPECT_NEAR(fit.grouped_half_tokens, 30.0, 30.0 * 0.05);
+    EXPECT_LT(fit.gemm_fit_rms_rel_error, 0.02);
+    EXPECT_TRUE(fit.collectives_measured);
+    EXPECT_NEAR(fit.all_reduce_gbytes_per_s, 4.0, 0.04);
+    EXPECT_NEAR(fit.all_to_all_gbytes_per_s, 2.0, 0.02);
+    EXPECT_NEAR(fit.latency_us, 5.0, 0.05);
+    EXPECT_NEAR(fit.all_to_all_latency_us, 15.0, 0.15);
+    EXPECT_NEAR(fit.attention_fwd, 20.0 / fit.peak_gflops, 1e-9);
+}
+
+sim::SimOptions fp32_options(int64_t batch, int64_t micro_batch, int64_t seq) {
+    sim::SimOptions o;
+    o.precision = sim::Precision::fp32;
+    o.global_batch = batch;
+    o.micro_batch = micro_batch;
+    o.seq_len = seq;
+    return o;
+}
+
+TEST(Calibrate, WrittenFileParsesAndSimulates) {
+    // A real (quick) measurement of this machine on one rank: memcpy self copies for the links.
+    calibrate::CalibrateOptions options;
+    options.quick = true;
+    options.seconds_per_point = 0.002;
+    const ComputeMeasurements compute = calibrate::measure_compute(options);
+    const CollectiveMeasurements copies = calibrate::measure_self_copies(options);
+    ASSERT_FALSE(compute.gemm.empty());
+    for (const auto& p : compute.gemm) EXPECT_GT(p.gflops, 0) << p.m << "x" << p.n << "x" << p.k;
+    EXPECT_GT(compute.stream_gbytes_per_s, 0);
+    const auto fit = calibrate::fit_calibration(compute, copies);
+    EXPECT_FALSE(fit.collectives_measured);
+    const auto machine = calibrate::detect_machine(1, "test_calibrate");
+    const std::string text = calibrate::format_cluster_toml("local", machine, compute, copies, fit);
+
+    const sim::ClusterSpec cluster = sim::parse_cluster_spec(text, "local.toml", "/nonexistent");
+    EXPECT_EQ(cluster.name, "local");
+    EXPECT_EQ(cluster.efficiency.arch, "calibrated-cpu");
+    EXPECT_EQ(cluster.scale_up.domain_gpus, 1);
+    EXPECT_NEAR(cluster.peak_flops(sim::Precision::fp32), fit.peak_gflops * 1e9,
+                fit.peak_gflops * 1e9 * 1e-5);
+    EXPECT_EQ(cluster.efficiency.kernel_host_overhead_s, 0);
+
+    const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+    const sim::StepResult r =
+        sim::simulate_step(tiny, cluster, sim::parse_layout("tp1", 1), fp32_options(8, 8, 64));
+    EXPECT_TRUE(std::isfinite(r.step_time_s));
+    EXPECT_GT(r.step_time_s, 0);
+}
+
+TEST(Calibrate, MultiRankFileSimulatesDataParallel) {
+    const ComputeMeasurements compute = synthetic_compute();
+    const CollectiveMeasurements coll = synthetic_collectives(4);
+    const auto fit = calibrate::fit_calibration(compute, coll);
+    const auto machine = calibrate::detect_machine(4, "mpirun -np 4 test_calibrate");
+    const std::string text =
+        calibrate::format_cluster_toml("local-np4", machine, compute, coll, fit);
+    const sim::ClusterSpec cluster =
+        sim::parse_cluster_spec(text, "local-np4.toml", "/nonexistent");
+    EXPECT_EQ(cluster.scale_up.domain_gpus, 4);
+    EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.scale_up_bw, 4e9, 4e7);
+    EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.all_to_all_bw, 2e9, 2e7);
+
+    const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+    const sim::StepResult one =
+        sim::simulate_step(tiny, cluster, sim::parse_layout("tp1", 1), fp32_options(8, 8, 64));
+    const sim::StepResult four =
+        sim::simulate_step(tiny, cluster, sim::parse_layout("tp1", 4), fp32_options(8, 2, 64));
+    EXPECT_TRUE(std::isfinite(four.step_time_s));
+    EXPECT_GT(four.step_time_s, 0);
+    // A quarter of the batch per rank, plus a gradient all-reduce: faster than one rank.
+    EXPECT_LT(four.step_time_s, one.step_time_s);
+}
+
+std::pair<int, std::string> run(const std::string& args) {
+    const std::string cmd = std::string(MOETRON_BINARY) + " " + args + " 2>&1";
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+    std::string out;
+    std::array<char, 4096> buf{};
+    while (fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
+    const int status = pclose(pipe.release());
+    return {WEXITSTATUS(status), out};
+}
+
+TEST(Calibrate, CommandWritesAFileSimulateReads) {
+    const auto dir = std::filesystem::temp_directory_path() / "moetron_test_calibrate";
+    std::filesystem::remove_all(dir);
+    const std::string file = (dir / "local.toml").string();
+    auto [rc, out] = run("calibrate --quick --seconds-per-point 0.002 --threads 1 --out " + file);
+    ASSERT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("wrote " + file), std::string::npos) << out;
+    std::tie(rc, out) = run("simulate --cluster " + file +
+                            " --model " MOETRON_SOURCE_DIR
+                            "/configs/models/tiny.toml --gpus 1 --layout tp1 --gbs 8 --mbs 8 "
+                            "--seq 64 --precision fp32");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("step time"), std::string::npos) << out;
+    std::filesystem::remove_all(dir);
+}
+
+TEST(Calibrate, Fp32IsASimPrecision) {
+    EXPECT_EQ(sim::precision_from_name("fp32"), sim::Precision::fp32);
+    EXPECT_EQ(sim::precision_bytes(sim::Precision::fp32), 4);
+    EXPECT_FALSE(sim::is_low_precision(sim::Precision::fp32));
+}
+
+}  // namespace
+}  // namespace moetron
