@@ -230,7 +230,10 @@ TEST(DistributedAdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
         parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
         parallel::DistributedAdamW opt(sync, world, config);
         for (int64_t step = 1; step <= 3; ++step) {
-            grads = testing::random_floats(100, 10 + static_cast<uint64_t>(step));
+            // Copy into the buffer GradSync holds (assigning a new vector would free it).
+            const std::vector<float> fresh =
+                testing::random_floats(100, 10 + static_cast<uint64_t>(step));
+            std::copy(fresh.begin(), fresh.end(), grads.begin());
             std::vector<float> ref_grads = grads;
             sync.arm();
             sync.finish();
