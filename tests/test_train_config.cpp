@@ -6,6 +6,7 @@
 #include <string>
 
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 #include "moetron/train/lr_schedule.h"
 #include "moetron/train/train_config.h"
 
@@ -79,8 +80,8 @@ TEST(TrainConfig, MissingFileIsAnErrorNamingIt) {
 }
 
 TEST(TrainConfig, ClosestKnownKey) {
-    EXPECT_EQ(closest_known_key("batchsize", train_config_keys()), "batch_size");
-    EXPECT_EQ(closest_known_key("grad_clipping", train_config_keys()), "grad_clip");
+    EXPECT_EQ(closest_match("batchsize", train_config_keys()), "batch_size");
+    EXPECT_EQ(closest_match("grad_clipping", train_config_keys()), "grad_clip");
 }
 
 TEST(LrSchedule, WarmsUpLinearlyThenDecaysByCosineToTheFloor) {

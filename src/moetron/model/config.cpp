@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 
 namespace moetron {
 
@@ -133,29 +134,10 @@ std::string describe_scalar(const Scalar& value) {
     return std::visit(Visitor{}, value);
 }
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-        size_t diagonal = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= b.size(); ++j) {
-            const size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-            diagonal = row[j];
-            row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
-        }
-    }
-    return row[b.size()];
-}
-
 std::string_view closest_key(std::string_view key) {
-    std::string_view best = kFields[0].key;
-    size_t best_distance = std::numeric_limits<size_t>::max();
-    for (const Field& field : kFields) {
-        const size_t d = edit_distance(key, field.key);
-        if (d < best_distance) best_distance = d, best = field.key;
-    }
-    return best;
+    std::vector<std::string_view> known;
+    for (const Field& field : kFields) known.push_back(field.key);
+    return closest_match(key, known);
 }
 
 const Field* find_field(std::string_view key) {
@@ -482,6 +464,38 @@ std::string describe_model_config(const ModelConfig& c) {
                         c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
                         c.qk_rope_head_dim, c.v_head_dim, c.num_nextn_predict_layers);
     return text;
+}
+
+nlohmann::json model_config_to_json(const ModelConfig& c) {
+    return nlohmann::json{{"name", c.name},
+                          {"vocab_size", c.vocab_size},
+                          {"hidden_size", c.hidden_size},
+                          {"num_hidden_layers", c.num_hidden_layers},
+                          {"first_k_dense_replace", c.first_k_dense_replace},
+                          {"moe_layer_freq", c.moe_layer_freq},
+                          {"intermediate_size", c.intermediate_size},
+                          {"moe_intermediate_size", c.moe_intermediate_size},
+                          {"n_routed_experts", c.n_routed_experts},
+                          {"n_shared_experts", c.n_shared_experts},
+                          {"num_experts_per_tok", c.num_experts_per_tok},
+                          {"n_group", c.n_group},
+                          {"topk_group", c.topk_group},
+                          {"routed_scaling_factor", c.routed_scaling_factor},
+                          {"scoring_func", c.scoring_func},
+                          {"topk_method", c.topk_method},
+                          {"norm_topk_prob", c.norm_topk_prob},
+                          {"num_attention_heads", c.num_attention_heads},
+                          {"q_lora_rank", c.q_lora_rank},
+                          {"kv_lora_rank", c.kv_lora_rank},
+                          {"qk_nope_head_dim", c.qk_nope_head_dim},
+                          {"qk_rope_head_dim", c.qk_rope_head_dim},
+                          {"v_head_dim", c.v_head_dim},
+                          {"rope_theta", c.rope_theta},
+                          {"max_position_embeddings", c.max_position_embeddings},
+                          {"rms_norm_eps", c.rms_norm_eps},
+                          {"num_nextn_predict_layers", c.num_nextn_predict_layers},
+                          {"tie_word_embeddings", c.tie_word_embeddings},
+                          {"initializer_range", c.initializer_range}};
 }
 
 }  // namespace moetron

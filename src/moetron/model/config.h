@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace moetron {
 
 struct ModelConfig {
@@ -64,6 +66,10 @@ struct ModelConfig {
 ModelConfig load_model_config(const std::string& path);
 ModelConfig parse_model_config_toml(std::string_view text, std::string_view source_name);
 ModelConfig parse_model_config_json(std::string_view text, std::string_view source_name);
+
+// Every field under its Hugging Face key ("name" included): the body of an exported config.json,
+// and what checkpoints record; parse_model_config_json reads it back.
+nlohmann::json model_config_to_json(const ModelConfig& config);
 
 // Throws moetron::Error naming the first impossible value.
 void validate_model_config(const ModelConfig& config);

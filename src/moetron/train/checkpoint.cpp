@@ -71,38 +71,6 @@ extern "C" void on_stop_signal(int signal_number) {
 
 // ---- configs ----
 
-json model_config_to_json(const ModelConfig& c) {
-    return json{{"name", c.name},
-                {"vocab_size", c.vocab_size},
-                {"hidden_size", c.hidden_size},
-                {"num_hidden_layers", c.num_hidden_layers},
-                {"first_k_dense_replace", c.first_k_dense_replace},
-                {"moe_layer_freq", c.moe_layer_freq},
-                {"intermediate_size", c.intermediate_size},
-                {"moe_intermediate_size", c.moe_intermediate_size},
-                {"n_routed_experts", c.n_routed_experts},
-                {"n_shared_experts", c.n_shared_experts},
-                {"num_experts_per_tok", c.num_experts_per_tok},
-                {"n_group", c.n_group},
-                {"topk_group", c.topk_group},
-                {"routed_scaling_factor", c.routed_scaling_factor},
-                {"scoring_func", c.scoring_func},
-                {"topk_method", c.topk_method},
-                {"norm_topk_prob", c.norm_topk_prob},
-                {"num_attention_heads", c.num_attention_heads},
-                {"q_lora_rank", c.q_lora_rank},
-                {"kv_lora_rank", c.kv_lora_rank},
-                {"qk_nope_head_dim", c.qk_nope_head_dim},
-                {"qk_rope_head_dim", c.qk_rope_head_dim},
-                {"v_head_dim", c.v_head_dim},
-                {"rope_theta", c.rope_theta},
-                {"max_position_embeddings", c.max_position_embeddings},
-                {"rms_norm_eps", c.rms_norm_eps},
-                {"num_nextn_predict_layers", c.num_nextn_predict_layers},
-                {"tie_word_embeddings", c.tie_word_embeddings},
-                {"initializer_range", c.initializer_range}};
-}
-
 ModelConfig model_config_from_json(const json& j, const std::string& source) {
     MT_CHECK(j.is_object(), "[checkpoint] {}: the model config is not a JSON object", source);
     return parse_model_config_json(j.dump(), source);

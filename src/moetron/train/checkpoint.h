@@ -46,9 +46,8 @@ struct StepRecord;
 inline constexpr const char* kCheckpointModelFile = "model.safetensors";
 inline constexpr const char* kCheckpointStateFile = "state.json";
 
-// Every ModelConfig field under its Hugging Face key ("name" included), and back (through the
-// model-config parser, so the result is validated). Also the body of an exported config.json.
-nlohmann::json model_config_to_json(const ModelConfig& config);
+// A ModelConfig back from model_config_to_json (model/config.h), through the model-config parser
+// so the result is validated.
 ModelConfig model_config_from_json(const nlohmann::json& json, const std::string& source);
 nlohmann::json train_config_to_json(const TrainConfig& config);
 

@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 
 namespace moetron {
 
@@ -44,21 +45,6 @@ const Field kFields[] = {
     {"eval_batches", &TrainConfig::eval_batches},
     {"val_fraction", &TrainConfig::val_fraction},
 };
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-    std::vector<size_t> row(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-        size_t diagonal = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= b.size(); ++j) {
-            const size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-            diagonal = row[j];
-            row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
-        }
-    }
-    return row[b.size()];
-}
 
 std::string where_of(std::string_view source_name, const toml::node& node) {
     const auto& begin = node.source().begin;
@@ -133,17 +119,6 @@ const std::vector<std::string_view>& train_config_keys() {
     return keys;
 }
 
-std::string_view closest_known_key(std::string_view key,
-                                   const std::vector<std::string_view>& known) {
-    std::string_view best;
-    size_t best_distance = std::numeric_limits<size_t>::max();
-    for (std::string_view candidate : known) {
-        const size_t d = edit_distance(key, candidate);
-        if (d < best_distance) best_distance = d, best = candidate;
-    }
-    return best;
-}
-
 TrainConfig parse_train_config_toml(std::string_view text, std::string_view source_name) {
     toml::table root;
     try {
@@ -166,7 +141,7 @@ TrainConfig parse_train_config_toml(std::string_view text, std::string_view sour
             if (f.key == key) field = &f;
         if (!field) {
             MT_THROW("[train-config] {}: unknown key '{}' in [train] (did you mean '{}'?)", where,
-                     key, closest_known_key(key, train_config_keys()));
+                     key, closest_match(key, train_config_keys()));
         }
         assign(config, *field, value, where);
     }

@@ -46,8 +46,4 @@ TrainConfig load_train_config(const std::string& path);
 // Throws moetron::Error naming the first impossible value.
 void validate_train_config(const TrainConfig& config);
 
-// The known key nearest to `key` by edit distance, for "did you mean" messages.
-std::string_view closest_known_key(std::string_view key,
-                                   const std::vector<std::string_view>& known);
-
 }  // namespace moetron
