@@ -69,8 +69,8 @@ TEST(Tensor, AtIsRowMajorAndChecksBoundsInDebug) {
 
 TEST(Arena, PlansAlignedOffsetsAndHandsOutViews) {
     ArenaPlan plan("params");
-    plan.add("a", {3}, DType::f32);         // 12 bytes
-    plan.add("b", {5, 7}, DType::bf16);     // 70 bytes
+    plan.add("a", {3}, DType::f32);      // 12 bytes
+    plan.add("b", {5, 7}, DType::bf16);  // 70 bytes
     plan.add("c", {1}, DType::f64);
     for (const ArenaEntry& e : plan.entries()) EXPECT_EQ(e.offset_bytes % 64, 0u) << e.name;
     EXPECT_EQ(plan.entries()[1].offset_bytes, 64u);

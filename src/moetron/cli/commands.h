@@ -11,14 +11,14 @@ namespace moetron::cli {
 // Parses argv, runs the chosen subcommand, returns the process exit code.
 int run(int argc, char** argv);
 
-void register_info(CLI::App& app);  // moetron info: parameters, FLOPs and memory of a config
-void register_train(CLI::App& app);    // moetron train: single-process training
-void register_prepare(CLI::App& app);  // moetron prepare: text -> byte-level token shard
-void register_sample(CLI::App& app);   // moetron sample: generate text from saved weights
-void register_simulate(CLI::App& app);  // moetron simulate: predict a step on a GPU cluster
-void register_plan(CLI::App& app);      // moetron plan: search layouts for a GPU cluster
-void register_export(CLI::App& app);  // moetron export: checkpoint -> Hugging Face dir
-void register_import(CLI::App& app);  // moetron import: Hugging Face dir -> checkpoint
+void register_info(CLI::App& app);       // moetron info: parameters, FLOPs and memory of a config
+void register_train(CLI::App& app);      // moetron train: single-process training
+void register_prepare(CLI::App& app);    // moetron prepare: text -> byte-level token shard
+void register_sample(CLI::App& app);     // moetron sample: generate text from saved weights
+void register_simulate(CLI::App& app);   // moetron simulate: predict a step on a GPU cluster
+void register_plan(CLI::App& app);       // moetron plan: search layouts for a GPU cluster
+void register_export(CLI::App& app);     // moetron export: checkpoint -> Hugging Face dir
+void register_import(CLI::App& app);     // moetron import: Hugging Face dir -> checkpoint
 void register_calibrate(CLI::App& app);  // moetron calibrate: measure this machine for simulate
 
 }  // namespace moetron::cli

@@ -15,16 +15,15 @@ void moe_permute_layout(int32_t* copy_to_row, int64_t* expert_offsets, const int
                         int64_t num_tokens, int64_t top_k, int64_t num_experts);
 
 // out (N*K, D) from inp (N, D).
-void permute_forward(float* out, const float* inp, const int32_t* copy_to_row,
-                     int64_t num_tokens, int64_t top_k, int64_t dim);
+void permute_forward(float* out, const float* inp, const int32_t* copy_to_row, int64_t num_tokens,
+                     int64_t top_k, int64_t dim);
 // dinp (N, D) written: the sum of the gradients of the token's K copies.
 void permute_backward(float* dinp, const float* dout, const int32_t* copy_to_row,
                       int64_t num_tokens, int64_t top_k, int64_t dim);
 
 // out (N, D) written from inp (N*K, D) and weights (N, K).
 void unpermute_forward(float* out, const float* inp, const float* weights,
-                       const int32_t* copy_to_row, int64_t num_tokens, int64_t top_k,
-                       int64_t dim);
+                       const int32_t* copy_to_row, int64_t num_tokens, int64_t top_k, int64_t dim);
 // dinp (N*K, D) and dweights (N, K) written.
 void unpermute_backward(float* dinp, float* dweights, const float* dout, const float* inp,
                         const float* weights, const int32_t* copy_to_row, int64_t num_tokens,

@@ -14,9 +14,8 @@ void rope_tables(float* cos, float* sin, int64_t seq_len, int64_t rope_dim, floa
 // In place on x, rows of N tokens x num_heads heads; head h of token t starts at
 // x + (t * num_heads + h) * head_stride and its rope slice at + rope_offset. The position of
 // token t is t % seq_len.
-void rope_forward(float* x, const float* cos, const float* sin, int64_t num_tokens,
-                  int64_t seq_len, int64_t num_heads, int64_t head_stride, int64_t rope_offset,
-                  int64_t rope_dim);
+void rope_forward(float* x, const float* cos, const float* sin, int64_t num_tokens, int64_t seq_len,
+                  int64_t num_heads, int64_t head_stride, int64_t rope_offset, int64_t rope_dim);
 // The inverse rotation applied in place to the gradient (the transpose of the forward map).
 void rope_backward(float* dx, const float* cos, const float* sin, int64_t num_tokens,
                    int64_t seq_len, int64_t num_heads, int64_t head_stride, int64_t rope_offset,
