@@ -1,11 +1,17 @@
 // GEMMs through OpenBLAS (cblas_sgemm, row-major). See matmul.h for shapes and README.md for the
 // gradient rule: activation gradients are written, weight gradients accumulate (beta = 1).
 //
-// Threading: all CPU parallelism is OpenMP, the thread pool of every other kernel. BLAS runs
+// Threading: all CPU parallelism is OpenMP, the thread pool of every other kernel; BLAS runs
 // single-threaded on blocks of C that OpenMP threads own. Debian's default OpenBLAS is the
-// pthread build: its own worker threads spin-wait between calls, as do OpenMP's, so two pools on
-// the same cores steal time from each other whenever GEMMs and OpenMP kernels alternate (as they
-// do in every layer). Owning the split also lets the grouped GEMM hand whole experts to threads.
+// pthread build, whose workers spin-wait between calls as OpenMP's do, so two pools on the same
+// cores steal time from each other whenever GEMMs and OpenMP regions alternate (as in every
+// layer). Measured on 2 cores (bench/bench_kernels, quiet machine): a plain GEMM split by OpenMP
+// runs as fast as OpenBLAS's own threading (~250 GFLOP/s with its Haswell kernels), while
+// OpenBLAS threading right after an OpenMP region dropped to ~190. The grouped GEMM hands whole
+// experts to threads: grouped/plain 0.82 (forward) and 0.90 (backward) at 64 tokens per expert,
+// 0.96 / 1.02 at 256, against 0.78 / 0.83 and 0.94 / 0.96 for one OpenBLAS-threaded call per
+// expert. What remains at 64 tokens is BLAS packing each expert's weight (2.9 MB at 1024 x 704,
+// read from DRAM) for only 128 FLOPs per element; see bench/blas_choice/README.md.
 #include "moetron/kernels/cpu/matmul.h"
 
 #include <cblas.h>
@@ -28,11 +34,12 @@ namespace moetron::cpu {
 namespace {
 
 // Below this many FLOPs a GEMM runs on the calling thread: a parallel region costs a few
-// microseconds, about what one core needs for 1 MFLOP.
+// microseconds, and 4 MFLOP take ~30 us on one core.
 constexpr double kMinParallelFlops = 4e6;
 // The grouped GEMM hands whole experts to threads when every thread gets at least this many
 // (dynamic scheduling then evens out uneven routing); with fewer, each expert's GEMM is split
-// over all threads instead. Chosen with bench/bench_kernels (ratio_vs_plain).
+// over all threads instead. With 4, equal experts lose at most ~10% to the last round (9 experts
+// on 2 threads: 5 rounds against 4.5), while a split costs only a parallel region per GEMM.
 constexpr int64_t kMinExpertsPerThread = 4;
 // Column blocks start on 64-byte boundaries.
 constexpr int64_t kColumnAlign = 16;
@@ -45,8 +52,8 @@ void check_blas_dims(int64_t m, int64_t n, int64_t k, const char* op) {
     }
 }
 
-// The process-wide OpenBLAS thread count is set to 1 once (by whichever GEMM runs first);
-// OpenMP decides how many cores a GEMM uses.
+// OpenMP decides how many cores a GEMM uses, so every entry point sets OpenBLAS's process-wide
+// thread count to 1 (a no-op after the first call unless someone raised it again).
 void make_blas_single_threaded() {
     if (!omp_in_parallel() && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
