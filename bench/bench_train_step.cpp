@@ -31,8 +31,6 @@
 #include "moetron/train/train_config.h"
 #include "moetron/train/trainer.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS extension
-
 namespace moetron {
 namespace {
 
@@ -86,7 +84,6 @@ int run(int argc, char** argv) {
     const BenchOptions o = parse_options(argc, argv);
     if (o.threads > 0) {
         omp_set_num_threads(o.threads);
-        openblas_set_num_threads(o.threads);
     }
     const std::string config_path = o.config_path.empty() ? find_preset("small") : o.config_path;
     ModelConfig model = load_model_config(config_path);

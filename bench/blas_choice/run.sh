@@ -7,8 +7,10 @@
 # on one thread timed in thread CPU time (a per-core figure that holds on a busy machine), then on
 # all cores in wall time (meaningful only on a quiet machine).
 #
-# OpenBLAS 0.3.21 (Debian 12) does not recognise AMD Zen 5 and falls back to its Haswell (AVX2)
-# kernels; OPENBLAS_CORETYPE=SkylakeX forces its AVX-512 kernels, shown as a third column.
+# OpenBLAS picks its kernels when it loads, from OPENBLAS_CORETYPE if set, else from its cpuid
+# table. This project's machines set OPENBLAS_CORETYPE=Haswell (AVX2) in their environment, while
+# OpenBLAS's own choice on their AMD Zen 5 CPUs is Cooperlake (AVX-512): both are measured, plus
+# SkylakeX forced, so that the table does not depend on the caller's environment.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 build="${TMPDIR:-/tmp}/moetron-blas-choice"
@@ -20,8 +22,10 @@ for threads in one all; do
     echo "######## threads: $threads"
     echo "== oneDNN"
     "$build/blas_choice" onednn "$threads" "$@"
-    echo "== OpenBLAS, default core selection"
-    "$build/blas_choice" openblas "$threads" "$@"
+    echo "== OpenBLAS, OPENBLAS_CORETYPE=Haswell (AVX2 kernels; this project's machines set it)"
+    OPENBLAS_CORETYPE=Haswell "$build/blas_choice" openblas "$threads" "$@"
+    echo "== OpenBLAS, OPENBLAS_CORETYPE unset (its own CPU detection)"
+    env -u OPENBLAS_CORETYPE "$build/blas_choice" openblas "$threads" "$@"
     echo "== OpenBLAS, OPENBLAS_CORETYPE=SkylakeX (AVX-512 kernels)"
     OPENBLAS_CORETYPE=SkylakeX "$build/blas_choice" openblas "$threads" "$@"
     echo

@@ -18,6 +18,7 @@
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
+#include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/parallel/communicator.h"
@@ -203,6 +204,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  "GFLOP/step\n",
                  threads.num_threads, threads.reason, peak_gflops,
                  trainer.model_flops_per_step() / 1e9);
+    std::fprintf(out, "blas: %s\n", cpu::describe_blas().c_str());
     const double initial_val = trainer.evaluate();
     std::fprintf(out, "step 0 | val %.4f (uniform guess: ln %lld = %.4f)\n", initial_val,
                  static_cast<long long>(model_config.vocab_size),

@@ -4,8 +4,6 @@
 
 #include <cstdlib>
 
-extern "C" void openblas_set_num_threads(int num_threads);  // OpenBLAS extension
-
 namespace moetron {
 
 ThreadChoice choose_and_set_threads(int requested, double flops_per_work_unit) {
@@ -21,8 +19,9 @@ ThreadChoice choose_and_set_threads(int requested, double flops_per_work_unit) {
     } else {
         choice = {omp_get_max_threads(), "auto: all cores"};
     }
+    // OpenBLAS itself stays single-threaded: the GEMMs split their work over OpenMP's threads
+    // (kernels/cpu/matmul.cpp).
     omp_set_num_threads(choice.num_threads);
-    openblas_set_num_threads(choice.num_threads);
     return choice;
 }
 

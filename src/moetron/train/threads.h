@@ -1,4 +1,4 @@
-// How many compute threads a run uses, set for OpenMP and OpenBLAS together.
+// How many compute threads a run uses (OpenMP's; BLAS runs inside OpenMP's threads).
 //
 // Small steps run on one thread unless asked otherwise. A tiny model's step is a few milliseconds
 // of work split into hundreds of small kernels, and at every kernel boundary OpenMP's and
@@ -19,8 +19,7 @@ struct ThreadChoice {
 };
 
 // requested > 0 wins; then the OMP_NUM_THREADS environment variable; then one thread for work
-// units under kSingleThreadFlops, else every core OpenMP offers. Applies the count to OpenMP and
-// OpenBLAS.
+// units under kSingleThreadFlops, else every core OpenMP offers. Applies the count to OpenMP.
 ThreadChoice choose_and_set_threads(int requested, double flops_per_work_unit);
 
 }  // namespace moetron
