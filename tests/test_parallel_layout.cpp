@@ -75,7 +75,10 @@ TEST(ParallelTopology, ImpossibleLayoutsSayWhy) {
     expect_error_containing([] { make_topology(parse_layout("ep4"), 6, 0); },
                             "expert side: the world of 6 ranks is not divisible by ep*pp");
     expect_error_containing([] { make_topology(parse_layout("tp2.dp3"), 8, 0); },
-                            "needs tp*cp*pp*dp = 6 ranks, but the world has 8");
+                            "It needs 6 ranks as dp*tp*cp*pp or 3 as dp*ep*pp");
+    expect_error_containing([] { make_topology(parse_layout("dp2.ep2"), 8, 0); },
+                            "dp2 must be the attention side's replicas, world/(tp*cp*pp) = 8, or "
+                            "the expert side's, world/(ep*pp) = 4");
     expect_error_containing([] { make_topology(parse_layout(""), 8, 3); },
                             "domain_size 3 does not divide the world of 8 ranks");
     expect_error_containing([] { make_topology(parse_layout("pp2"), 8, 0); },
@@ -140,12 +143,17 @@ TEST(ParallelTopology, Dp2Ep2FoldsExpertsIndependentlyOfData) {
     EXPECT_EQ(members(t, GroupKind::edp, 1), (Ranks{1}));
     EXPECT_EQ(members(t, GroupKind::tp, 1), (Ranks{1}));
 
-    // Four ranks, dp4 on the attention side, ep2 x edp2 on the expert side.
-    const Topology u = make_topology(parse_layout("ep2"), 4, 2);
-    EXPECT_EQ(u.dp, 4);
-    EXPECT_EQ(members(u, GroupKind::dp, 2), (Ranks{0, 1, 2, 3}));
-    EXPECT_EQ(members(u, GroupKind::ep, 2), (Ranks{2, 3}));
-    EXPECT_EQ(members(u, GroupKind::edp, 3), (Ranks{1, 3}));
+    // Four ranks, dp4 on the attention side, ep2 x edp2 on the expert side, written either way:
+    // "dp2.ep2" names the expert side's two replicas.
+    for (const char* text : {"ep2", "dp2.ep2", "dp4.ep2"}) {
+        SCOPED_TRACE(text);
+        const Topology u = make_topology(parse_layout(text), 4, 2);
+        EXPECT_EQ(u.dp, 4);
+        EXPECT_EQ(u.edp, 2);
+        EXPECT_EQ(members(u, GroupKind::dp, 2), (Ranks{0, 1, 2, 3}));
+        EXPECT_EQ(members(u, GroupKind::ep, 2), (Ranks{2, 3}));
+        EXPECT_EQ(members(u, GroupKind::edp, 3), (Ranks{1, 3}));
+    }
 }
 
 TEST(ParallelTopology, Ep4SpansTwoDomainsOfTwo) {

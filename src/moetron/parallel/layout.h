@@ -2,6 +2,8 @@
 // name and a positive size, joined by dots, in any order: tp (tensor), ep (expert), pp (pipeline),
 // cp (context), dp (data). A dimension left out is 1, except dp, which is left to be what remains
 // of the world (topology.h resolves it and checks everything against the world and the model).
+// An explicit dp counts the replicas of either side of parallel folding: "dp2.tp2" is 4 ranks
+// (attention dp2 x tp2), "dp2.ep2" is 4 ranks too (experts edp2 x ep2, attention dp4).
 #pragma once
 
 #include <string>
@@ -14,7 +16,7 @@ struct Layout {
     int ep = 1;
     int pp = 1;
     int cp = 1;
-    int dp = 0;  // 0: what remains of the world, world / (tp * cp * pp)
+    int dp = 0;  // 0: what remains of the world; else checked against it (see above)
 
     // "tp2.ep4.pp1.cp1.dp2" (dp omitted while unresolved).
     std::string str() const;

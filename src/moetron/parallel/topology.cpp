@@ -53,14 +53,22 @@ Topology make_topology(const Layout& layout, int world_size, int domain_size) {
     MT_CHECK(world_size % model_parallel == 0,
              "[layout] the world of {} ranks is not divisible by tp*cp*pp = {}*{}*{} = {}",
              world_size, t.tp, t.cp, t.pp, model_parallel);
-    t.dp = layout.dp == 0 ? world_size / model_parallel : layout.dp;
-    MT_CHECK(model_parallel * t.dp == world_size,
-             "[layout] layout {} needs tp*cp*pp*dp = {} ranks, but the world has {}", layout.str(),
-             model_parallel * t.dp, world_size);
+    t.dp = world_size / model_parallel;
     MT_CHECK(world_size % (t.ep * t.pp) == 0,
              "[layout] expert side: the world of {} ranks is not divisible by ep*pp = {}*{} = {}",
              world_size, t.ep, t.pp, t.ep * t.pp);
     t.edp = world_size / (t.ep * t.pp);
+    // An explicit dp is a check of the world size. It may count the replicas of either side:
+    // the attention side's (world = dp*tp*cp*pp, as Megatron-LM counts) or the expert side's
+    // ("dp2.ep2" on 4 ranks: two replicas of an EP-2 expert group, world = dp*ep*pp, with
+    // attention then data-parallel over all 4 ranks).
+    MT_CHECK(layout.dp == 0 || layout.dp == t.dp || layout.dp == t.edp,
+             "[layout] layout {} does not fit a world of {} ranks: dp{} must be the attention "
+             "side's replicas, world/(tp*cp*pp) = {}, or the expert side's, world/(ep*pp) = {} "
+             "(or leave dp out: it is what remains). It needs {} ranks as dp*tp*cp*pp or {} as "
+             "dp*ep*pp",
+             layout.str(), world_size, layout.dp, t.dp, t.edp, layout.dp * model_parallel,
+             layout.dp * t.ep * t.pp);
 
     check_inside_domains("tp", t.tp, t.domain_size);
     check_inside_domains("ep", t.ep, t.domain_size);
