@@ -105,8 +105,40 @@ TEST(MetricsLog, JsonlHasOneObjectPerStepAndNullForNonFinite) {
     EXPECT_EQ(lines[0].rfind("{\"step\":1,\"loss\":2.5,", 0), 0u) << lines[0];
     EXPECT_NE(lines[0].find("\"grad_norm\":null"), std::string::npos) << lines[0];
     EXPECT_EQ(lines[0].find("val_loss"), std::string::npos);
-    EXPECT_NE(lines[1].find("\"val_loss\":2}"), std::string::npos) << lines[1];
+    EXPECT_NE(lines[1].find("\"val_loss\":2"), std::string::npos) << lines[1];
     EXPECT_NE(lines[1].find("\"tokens_per_s\":1000"), std::string::npos) << lines[1];
+    // One process: no communication breakdown.
+    EXPECT_EQ(lines[1].find("expert_comm_ms"), std::string::npos) << lines[1];
+}
+
+TEST(MetricsLog, DistributedStepsCarryTheirTimeAndBytesBreakdown) {
+    const std::string path = ::testing::TempDir() + "moetron_metrics_breakdown.jsonl";
+    std::FILE* devnull = std::fopen("/dev/null", "w");
+    ASSERT_NE(devnull, nullptr);
+    {
+        MetricsLog log(1, 1, path, false, devnull);
+        StepRecord r;
+        r.step = 1;
+        r.step_s = 0.010;
+        r.compute_only_s = 0.006;
+        r.expert_comm_s = 0.003;
+        r.dp_comm_s = 0.001;
+        r.grad_sync_exposed_s = 0.0005;
+        r.payload_bytes[3] = 12345;  // all_to_all
+        log.log_step(r);
+        log.finish();
+    }
+    std::fclose(devnull);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::remove(path.c_str());
+    const std::string line = text.str();
+    for (const char* field : {"\"compute_ms\":6", "\"expert_comm_ms\":3", "\"tp_comm_ms\":0",
+                              "\"dp_comm_ms\":1", "\"grad_sync_exposed_ms\":0.5",
+                              "\"all_to_all_bytes\":12345"})
+        EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
+    EXPECT_EQ(line.find("all_reduce_bytes"), std::string::npos) << "zero counts are left out";
 }
 
 TEST(MetricsLog, UnwritableJsonlPathIsAnError) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +51,8 @@ struct TrainOptions {
     int64_t keep = 0;
     int64_t max_skipped_steps = 5;
     int threads = 0;
+    std::string trace_path;
+    int64_t trace_step = 2;
     // Distributed runs.
     std::string layout;
     int domain_size = 0;
@@ -154,6 +157,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     MT_CHECK(!trainer.distributed() || (o.save_dir.empty() && o.resume_dir.empty()),
              "[train] --save and --resume are not supported in a distributed run yet");
     trainer.set_max_skipped_steps(o.max_skipped_steps);
+    if (!o.trace_path.empty())
+        trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
     if (!o.resume_dir.empty()) {
         const auto dir = load_checkpoint(trainer, o.resume_dir);
         std::fprintf(out, "resumed from %s at step %lld\n", dir.c_str(),
@@ -337,6 +342,12 @@ void register_train(CLI::App& app) {
                   "instead of sharding it (ZeRO-1: reduce-scatter and all-gather)");
     cmd->add_flag("--no-overlap", o->no_overlap,
                   "post the gradient sync after the backward instead of during it");
+    cmd->add_option("--trace", o->trace_path,
+                    "write the timeline of one step (every rank: compute, communication, waiting) "
+                    "as a Chrome/Perfetto trace JSON file here");
+    cmd->add_option("--trace-step", o->trace_step,
+                    "the step that --trace records (default 2: after the first step's warm-up)")
+        ->check(CLI::PositiveNumber);
     cmd->callback([o] {
         if (o->layout_opt->count() > 0 || launched_as_mpi_job())
             run_train_mpi(*o);

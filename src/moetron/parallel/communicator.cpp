@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "moetron/core/error.h"
+#include "moetron/core/timer.h"
 
 namespace moetron::parallel {
 
@@ -25,21 +26,27 @@ std::string_view collective_name(CollectiveKind kind) {
     return "unknown";
 }
 
+CollectiveHandle::~CollectiveHandle() {
+    finish_or_terminate();
+}
+
+double PendingCollective::completed_at_s() const {
+    return Timer::now_s();
+}
+
 CollectiveHandle& CollectiveHandle::operator=(CollectiveHandle&& other) noexcept {
     if (this != &other) {
         finish_or_terminate();
         op_ = std::move(other.op_);
+        completed_at_s_ = other.completed_at_s_;
     }
     return *this;
-}
-
-CollectiveHandle::~CollectiveHandle() {
-    finish_or_terminate();
 }
 
 bool CollectiveHandle::test() {
     if (!op_) return true;
     if (!op_->test()) return false;
+    completed_at_s_ = op_->completed_at_s();
     op_.reset();
     return true;
 }
@@ -50,6 +57,7 @@ void CollectiveHandle::wait() {
     // and the destructor must not wait for it a second time.
     std::unique_ptr<PendingCollective> op = std::move(op_);
     op->wait();
+    completed_at_s_ = op->completed_at_s();
 }
 
 void CollectiveHandle::finish_or_terminate() noexcept {

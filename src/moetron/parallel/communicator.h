@@ -10,6 +10,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -59,6 +60,10 @@ class PendingCollective {
     virtual ~PendingCollective() = default;
     virtual bool test() = 0;  // true once complete; never blocks
     virtual void wait() = 0;  // blocks until complete; throws moetron::Error on timeout
+    // Timer::now_s() when the operation was first seen complete (by any thread, the progress
+    // thread included); meaningful once test() or wait() has returned complete. The default, for
+    // operations complete when posted, is the time of asking.
+    virtual double completed_at_s() const;
 };
 
 // Move-only handle to an async collective. A default-constructed handle is already complete.
@@ -68,7 +73,8 @@ class [[nodiscard]] CollectiveHandle {
   public:
     CollectiveHandle() = default;
     explicit CollectiveHandle(std::unique_ptr<PendingCollective> op) : op_(std::move(op)) {}
-    CollectiveHandle(CollectiveHandle&&) noexcept = default;
+    CollectiveHandle(CollectiveHandle&& other) noexcept
+        : op_(std::move(other.op_)), completed_at_s_(other.completed_at_s_) {}
     CollectiveHandle& operator=(CollectiveHandle&& other) noexcept;
     CollectiveHandle(const CollectiveHandle&) = delete;
     CollectiveHandle& operator=(const CollectiveHandle&) = delete;
@@ -77,10 +83,14 @@ class [[nodiscard]] CollectiveHandle {
     bool test();  // true when complete
     void wait();  // returns when complete; throws moetron::Error on timeout
     bool pending() const { return op_ != nullptr; }
+    // When the collective completed (PendingCollective::completed_at_s), once test() or wait()
+    // has returned complete; NaN before, and for a handle that was never pending.
+    double completed_at_s() const { return completed_at_s_; }
 
   private:
     void finish_or_terminate() noexcept;
     std::unique_ptr<PendingCollective> op_;
+    double completed_at_s_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 class Communicator {

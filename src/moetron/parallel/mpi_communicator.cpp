@@ -39,6 +39,8 @@ class MpiPendingCollective final : public PendingCollective {
         throw_if_failed();
     }
 
+    double completed_at_s() const override { return op_->completed_at_s; }
+
   private:
     void poll_until_complete() {
         struct WaitScope {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "moetron/core/timer.h"
 #include "moetron/parallel/mpi_check.h"
 
 namespace moetron::parallel {
@@ -21,7 +22,10 @@ bool try_complete(MpiOperation& op) {
         } else {
             finished = flag != 0;
         }
-        if (finished) op.done.store(true, std::memory_order_release);
+        if (finished) {
+            op.completed_at_s = Timer::now_s();
+            op.done.store(true, std::memory_order_release);
+        }
     }
     op.testing.clear(std::memory_order_release);
     return finished;

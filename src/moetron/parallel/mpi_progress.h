@@ -23,8 +23,9 @@ namespace moetron::parallel {
 struct MpiOperation {
     MPI_Request request = MPI_REQUEST_NULL;
     std::atomic<bool> done{false};
-    std::atomic_flag testing;  // set while one thread is inside MPI_Test on request
-    std::string error;         // MPI_Test's failure, written before done is set
+    std::atomic_flag testing;   // set while one thread is inside MPI_Test on request
+    std::string error;          // MPI_Test's failure, written before done is set
+    double completed_at_s = 0;  // Timer::now_s() when first seen complete, written before done
 };
 
 // Tests op once unless another thread is testing it; true once op is complete (or failed).

@@ -105,6 +105,10 @@ void MetricsLog::log_step(const StepRecord& r) {
         if (r.expert_load_max_over_mean > 0)
             w.add(" | load max/mean {:.2f} min/mean {:.2f}", r.expert_load_max_over_mean,
                   r.expert_load_min_over_mean);
+        if (r.expert_comm_s + r.tp_comm_s + r.dp_comm_s > 0)
+            w.add(" | compute {:.1f} ms, waiting on a2a {:.1f} tp {:.1f} dp {:.1f} ms",
+                  r.compute_only_s * 1e3, r.expert_comm_s * 1e3, r.tp_comm_s * 1e3,
+                  r.dp_comm_s * 1e3);
         w.add(" | {:.1f} ms\n", r.step_s * 1e3);
         write_out(line_.data(), w.size());
         bar_open_ = false;
@@ -142,6 +146,19 @@ void MetricsLog::log_step(const StepRecord& r) {
         w.json_number("expert_load_max_over_mean", r.expert_load_max_over_mean);
         w.json_number("expert_load_min_over_mean", r.expert_load_min_over_mean);
         if (validated) w.json_number("val_loss", r.val_loss);
+        if (r.expert_comm_s + r.tp_comm_s + r.dp_comm_s > 0) {  // a distributed step
+            w.json_number("compute_ms", r.compute_only_s * 1e3);
+            w.json_number("expert_comm_ms", r.expert_comm_s * 1e3);
+            w.json_number("tp_comm_ms", r.tp_comm_s * 1e3);
+            w.json_number("dp_comm_ms", r.dp_comm_s * 1e3);
+            w.json_number("grad_sync_exposed_ms", r.grad_sync_exposed_s * 1e3);
+        }
+        // The names of parallel::collective_name, in CollectiveKind order.
+        constexpr const char* kBytesKeys[] = {"all_reduce_bytes", "reduce_scatter_bytes",
+                                              "all_gather_bytes", "all_to_all_bytes",
+                                              "broadcast_bytes",  "barrier_bytes"};
+        for (size_t k = 0; k < r.payload_bytes.size(); ++k)
+            if (r.payload_bytes[k] > 0) w.add(",\"{}\":{}", kBytesKeys[k], r.payload_bytes[k]);
         w.add("}}\n");
         MT_CHECK(std::fwrite(line_.data(), 1, w.size(), jsonl_) == w.size(),
                  "[metrics] writing the JSONL log '{}' failed: {}", jsonl_path_,

@@ -27,6 +27,19 @@ struct StepRecord {
     double expert_load_max_over_mean = 0;  // worst MoE layer
     double expert_load_min_over_mean = 0;
     double val_loss = std::numeric_limits<double>::quiet_NaN();  // set on validation steps
+
+    // Where this rank's step time went (distributed runs; zeros on one process): time blocked in
+    // collectives of the expert (dispatch/combine), tensor-parallel and data-parallel groups,
+    // and the rest (step_s minus those). grad_sync_exposed_s is the gradient sync's share that
+    // the backward did not hide (parallel/grad_sync.h); it is part of dp_comm_s.
+    double compute_only_s = 0;
+    double expert_comm_s = 0;
+    double tp_comm_s = 0;
+    double dp_comm_s = 0;
+    double grad_sync_exposed_s = 0;
+    // Bytes this rank moved per collective kind (parallel::CollectiveKind order; the
+    // communicator counters' payload convention).
+    std::array<uint64_t, 6> payload_bytes{};
 };
 
 // Best sustained single-precision GEMM rate of this machine in GFLOP/s, with the threads now

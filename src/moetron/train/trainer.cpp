@@ -3,9 +3,12 @@
 #include <sys/resource.h>
 
 #include <array>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
@@ -79,6 +82,17 @@ parallel::Topology make_train_topology(const ModelConfig& model, const TrainConf
     return t;
 }
 
+// The job's groups, each wrapped so that its collectives are timed and traced.
+parallel::ParallelGroups make_traced_groups(parallel::Communicator* world,
+                                            const parallel::Topology& topology,
+                                            parallel::CommWaitTotals* totals,
+                                            TraceRecorder* recorder) {
+    if (world == nullptr) return {};
+    parallel::ParallelGroups groups = parallel::build_groups(*world, topology);
+    parallel::trace_groups(groups, totals, recorder);
+    return groups;
+}
+
 // Sums a few doubles over the data-parallel group (no-op on one process).
 template <size_t N>
 void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& values) {
@@ -92,8 +106,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     : config_(config),
       world_(parallel.world),
       topology_(make_train_topology(model_config, config, parallel)),
-      groups_(world_ != nullptr ? parallel::build_groups(*world_, topology_)
-                                : parallel::ParallelGroups{}),
+      groups_(make_traced_groups(world_, topology_, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
                         model_parallel(groups_, world_))),
@@ -156,20 +169,26 @@ parallel::GradSyncStats Trainer::last_sync_stats() const {
 
 StepRecord Trainer::step() {
     StepRecord r;
+    comm_wait_ = {};
+    parallel::reset_group_counters(groups_);
     Timer timer;
     model_->zero_grads();
     // The whole step's batch first: its counts normalize every micro-batch, so the step's loss is
     // the mean over all its valid tokens however it is split over micro-batches and ranks.
     const int64_t B = config_.batch_size, S = config_.seq_len, micro_tokens = B * S;
-    for (int64_t micro = 0; micro < config_.grad_accum; ++micro)
-        loader_.next_train_batch(tokens_.data() + micro * micro_tokens,
-                                 targets_.data() + micro * micro_tokens, B);
+    {
+        const TraceScope scope(&trace_, "load batch");
+        for (int64_t micro = 0; micro < config_.grad_accum; ++micro)
+            loader_.next_train_batch(tokens_.data() + micro * micro_tokens,
+                                     targets_.data() + micro * micro_tokens, B);
+    }
     const LossDenominators den =
         count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
     std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
     for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
         if (sync_ != nullptr && micro + 1 == config_.grad_accum) sync_->arm();
         const int64_t first = micro * micro_tokens + first_rank_row_ * S;
+        const TraceScope scope(&trace_, "forward + backward");
         const MicroBatchLosses l = model_->forward_backward(
             tokens_.data() + first, targets_.data() + first, rank_rows_, S, 1.0f, den);
         losses[0] += l.lm_loss;
@@ -207,10 +226,13 @@ StepRecord Trainer::step() {
         return r;
     }
     consecutive_skipped_ = 0;
-    if (dist_optimizer_ != nullptr)
-        dist_optimizer_->step(model_->params(), model_->grads(), r.lr);
-    else
-        optimizer_->step(model_->params(), model_->grads(), r.lr);
+    {
+        const TraceScope scope(&trace_, "optimizer");
+        if (dist_optimizer_ != nullptr)
+            dist_optimizer_->step(model_->params(), model_->grads(), r.lr);
+        else
+            optimizer_->step(model_->params(), model_->grads(), r.lr);
+    }
     ++steps_done_;
     // The loads of every rank, so that the logged balance is the job's.
     model_->sum_expert_load_over_ranks();
@@ -224,6 +246,16 @@ StepRecord Trainer::step() {
     timer.reset();
     model_->update_router_bias(static_cast<float>(config_.bias_update_speed));
     compute_s += timer.elapsed_s();
+
+    // Where the step's time went on this rank (blocked time from the traced groups).
+    using parallel::TrafficClass;
+    r.expert_comm_s = comm_wait_[TrafficClass::expert_dispatch];
+    r.tp_comm_s = comm_wait_[TrafficClass::tensor_parallel];
+    r.dp_comm_s = comm_wait_[TrafficClass::data_parallel];
+    r.compute_only_s = compute_s - comm_wait_.total_s();
+    r.grad_sync_exposed_s = sync_ != nullptr ? sync_->last_stats().exposed_s() : 0.0;
+    static_assert(std::tuple_size_v<decltype(r.payload_bytes)> == parallel::kNumCollectiveKinds);
+    r.payload_bytes = parallel::payload_bytes_by_kind(groups_);
 
     // Throughput of the whole job; model FLOP/s and MFU per rank (per GPU, DESIGN.md sec. 1).
     const auto ranks = static_cast<double>(world_size());
@@ -255,7 +287,17 @@ TrainSummary Trainer::run(MetricsLog& log) {
     TrainSummary s;
     const int64_t first_step = steps_done();
     while (steps_done() < config_.steps) {
+        const bool traced = trace_step_ == steps_done() - first_step + 1;
+        if (traced) {
+            // Ranks line up here so that their timelines share an origin.
+            if (world_ != nullptr) world_->barrier();
+            trace_.begin(Timer::now_s());
+        }
         StepRecord r = step();
+        if (traced) {
+            trace_.end();
+            write_trace();
+        }
         const bool last = r.step == config_.steps;
         if (last || (config_.eval_every > 0 && r.step % config_.eval_every == 0)) {
             r.val_loss = evaluate();
@@ -289,6 +331,62 @@ TrainSummary Trainer::run(MetricsLog& log) {
             steps * model_flops_per_step_ / static_cast<double>(world_size()) / s.train_s / 1e12;
     }
     return s;
+}
+
+void Trainer::set_trace(std::string path, int64_t step) {
+    MT_CHECK(step >= 0, "[train] the traced step must be >= 0, got {}", step);
+    MT_CHECK(step == 0 || !path.empty(), "[train] a trace needs a file path");
+    trace_path_ = std::move(path);
+    trace_step_ = step;
+}
+
+// Gathers every rank's events on rank 0 (sizes, then one all_to_all_v of the text to rank 0)
+// and writes one trace file there, through a temporary file and a rename.
+void Trainer::write_trace() {
+    std::string mine = trace_.events_json(rank());
+    std::vector<std::string> fragments;
+    if (world_ == nullptr) {
+        fragments.push_back(std::move(mine));
+    } else {
+        const int n = world_->size();
+        int64_t my_size = static_cast<int64_t>(mine.size());
+        std::vector<int64_t> sizes(static_cast<size_t>(n));
+        world_->all_gather(sizes.data(), &my_size, 1, DType::i64);
+        std::vector<int> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
+        send_counts[0] = static_cast<int>(my_size);
+        std::string all;
+        if (world_->rank() == 0) {
+            int64_t offset = 0;
+            for (int p = 0; p < n; ++p) {
+                MT_CHECK(offset + sizes[p] <= INT32_MAX,
+                         "[train] the trace is too large to gather");
+                recv_counts[p] = static_cast<int>(sizes[p]);
+                recv_displs[p] = static_cast<int>(offset);
+                offset += sizes[p];
+            }
+            all.resize(static_cast<size_t>(offset));
+        }
+        world_->all_to_all_v(all.data(), recv_counts, recv_displs, mine.data(), send_counts,
+                             send_displs, DType::u8);
+        if (world_->rank() == 0)
+            for (int p = 0; p < n; ++p)
+                fragments.push_back(all.substr(static_cast<size_t>(recv_displs[p]),
+                                               static_cast<size_t>(recv_counts[p])));
+    }
+    if (rank() != 0) return;
+    const std::string document = chrome_trace_document(fragments);
+    const std::string tmp = trace_path_ + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "wb");
+    MT_CHECK(f != nullptr, "[train] cannot create the trace file '{}': {}", tmp,
+             detail::errno_message());
+    const bool written = std::fwrite(document.data(), 1, document.size(), f) == document.size();
+    MT_CHECK(std::fclose(f) == 0 && written, "[train] writing the trace file '{}' failed: {}", tmp,
+             detail::errno_message());
+    MT_CHECK(std::rename(tmp.c_str(), trace_path_.c_str()) == 0,
+             "[train] renaming '{}' to '{}' failed: {}", tmp, trace_path_, detail::errno_message());
+    std::fprintf(stderr, "moetron: wrote the timeline of step %lld (%d rank(s)) to %s%s\n",
+                 static_cast<long long>(steps_done_), world_size(), trace_path_.c_str(),
+                 trace_.dropped() > 0 ? " (some events dropped: buffer full)" : "");
 }
 
 int64_t peak_rss_bytes() {

@@ -23,10 +23,12 @@
 #include <memory>
 #include <string>
 
+#include "moetron/core/trace.h"
 #include "moetron/model/config.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
+#include "moetron/parallel/traced_communicator.h"
 #include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/lr_schedule.h"
@@ -118,11 +120,22 @@ class Trainer {
     // The last step's gradient synchronization (zeros on one process).
     parallel::GradSyncStats last_sync_stats() const;
 
+    // Records the timeline of the run's step-th step (1-based, counted from where run() starts,
+    // so also after a resume) and writes it,
+    // all ranks in one Chrome/Perfetto trace (core/trace.h), to path from rank 0 after that step.
+    // Every rank must get the same call. step 0: no trace.
+    void set_trace(std::string path, int64_t step);
+
   private:
+    void write_trace();
+
     TrainConfig config_;
     parallel::Communicator* world_ = nullptr;
     parallel::Topology topology_;
-    parallel::ParallelGroups groups_;  // empty on one process
+    // Declared before the groups, which record into them.
+    TraceRecorder trace_;
+    parallel::CommWaitTotals comm_wait_;  // this step's blocked time per traffic class
+    parallel::ParallelGroups groups_;     // empty on one process; every group traced
     DataLoader loader_;
     std::unique_ptr<Model> model_;
     std::unique_ptr<AdamW> optimizer_;                            // one process
@@ -143,6 +156,8 @@ class Trainer {
     std::string last_checkpoint_;
     std::function<void(int64_t, float*)> grad_hook_;
     RunControl* run_control_ = nullptr;
+    std::string trace_path_;
+    int64_t trace_step_ = 0;
 };
 
 // The process's peak resident set size so far, in bytes (getrusage).
