@@ -340,6 +340,7 @@ cmd_selftest() {
     require_root_and_tools
     command -v mpicc >/dev/null || die "mpicc not found (libopenmpi-dev)"
     cmd_up "${up_args[@]}"
+    trap 'note "interrupted; tearing the bed down"; teardown; exit 130' INT TERM
     local status=0
     selftest_body "$quick" "$messages" "$repeats" || status=$?
     teardown
