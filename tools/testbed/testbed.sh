@@ -301,7 +301,8 @@ cmd_run() {
     require_root_and_tools
     read_bed_conf
     local status=0
-    env "$marker" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    # 9<&-: the job must not inherit the lock that `selftest` holds on /run.
+    env "$marker" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 9<&- \
         nsenter --net="/run/netns/${ns_prefix}node0" --uts="$state_dir/uts-node0" -- \
         mpirun --hostfile "$state_dir/hostfile" -np $((nodes * ranks_per_node)) \
         --map-by slot --bind-to none \
