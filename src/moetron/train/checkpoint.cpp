@@ -24,8 +24,7 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* kStateFormat = "moetron-checkpoint";
-constexpr int kStateVersion = 1;         // one process: model.safetensors
-constexpr int kShardedStateVersion = 2;  // a distributed run: shard files (checkpoint_sharded.h)
+constexpr int kStateVersion = 1;  // one process: model.safetensors (sharded: checkpoint_sharded.h)
 // The largest state.json we read: it holds two configs and a few counters.
 constexpr uint64_t kMaxStateBytes = 1 << 20;
 
@@ -239,11 +238,11 @@ json read_verified_checkpoint_state(const fs::path& dir) {
              "[checkpoint] '{}' is not a moetron checkpoint state (no \"format\": \"{}\")",
              state_path.string(), kStateFormat);
     const int version = state_field<int>(state, "version", state_path);
-    MT_CHECK(version == kStateVersion || version == kShardedStateVersion,
+    MT_CHECK(version == kStateVersion || version == kShardedCheckpointVersion,
              "[checkpoint] '{}' is version {}; this build reads versions {} and {}",
-             state_path.string(), version, kStateVersion, kShardedStateVersion);
+             state_path.string(), version, kStateVersion, kShardedCheckpointVersion);
     const std::string layout = state_field<std::string>(state, "layout", state_path);
-    MT_CHECK(version == kShardedStateVersion || layout == "single",
+    MT_CHECK(version == kShardedCheckpointVersion || layout == "single",
              "[checkpoint] '{}' has layout \"{}\" in a version {} (single-process) checkpoint",
              state_path.string(), layout, kStateVersion);
     MT_CHECK(version == kStateVersion || state.contains("shard_files"),

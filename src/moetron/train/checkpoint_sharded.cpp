@@ -1,6 +1,7 @@
 #include "moetron/train/checkpoint_sharded.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -27,8 +28,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-constexpr int kShardedStateVersion = 2;
 
 void broadcast_string(parallel::Communicator& comm, std::string& text, int root) {
     int64_t length = static_cast<int64_t>(text.size());
@@ -242,7 +241,7 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
             st.data_rng = trainer.loader().state();  // every rank draws the same batches
             st.data_source = trainer.loader().source_name();
             json state = training_state_json(st);
-            state["version"] = kShardedStateVersion;
+            state["version"] = kShardedCheckpointVersion;
             state["layout"] = layout_name(trainer.topology());
             state["world_size"] = world.size();
             state["topology"] = trainer.topology().str();

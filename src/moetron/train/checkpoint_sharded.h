@@ -36,6 +36,9 @@ namespace parallel {
 class Communicator;
 }
 
+// state.json's "version" of a sharded checkpoint (a single-process one is version 1).
+inline constexpr int kShardedCheckpointVersion = 2;
+
 // "shard-00001-of-00004.safetensors"
 std::string checkpoint_shard_file_name(int rank, int world_size);
 
