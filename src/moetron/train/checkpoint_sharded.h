@@ -10,6 +10,9 @@
 // replica group. Together the files hold every element of every part once, under its global name
 // and position, whatever the layout.
 //
+// The checkpoint root must be a directory every rank of the job sees (one machine, or a shared
+// file system across nodes).
+//
 // Saving: rank 0 opens the staging directory (atomic_dir.h) and tells the others its path; every
 // rank writes and fsyncs its shard there; an exchange of errors (the barrier) follows; rank 0
 // writes state.json (its loader state: every rank draws the same batches) and index.json with the
