@@ -445,6 +445,7 @@ TEST_F(BadShardedCheckpoint, CheckpointOfAnotherModelNamesTheKey) {
     EXPECT_NE(err.find("another model"), std::string::npos) << err;
     EXPECT_NE(err.find("num_hidden_layers"), std::string::npos) << err;
     EXPECT_NE(err.find(first_.string()), std::string::npos) << err;
+    EXPECT_NE(err.find("state.json"), std::string::npos) << err;
 }
 
 TEST_F(BadShardedCheckpoint, ExistingCheckpointIsNeverOverwritten) {

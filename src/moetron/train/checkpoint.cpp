@@ -267,9 +267,10 @@ CheckpointCounters checkpoint_counters(const fs::path& dir, const json& state,
             diff += fmt::format("\n  {}: {} in the checkpoint, {} in this model", key,
                                 js.at(key).dump(), jo.at(key).dump());
         MT_THROW(
-            "[checkpoint] '{}' is a checkpoint of another model:{}\n  checkpoint: {}\n  this "
-            "model: {}",
-            dir.string(), diff, describe_model_config(saved), describe_model_config(ours));
+            "[checkpoint] '{}' is a checkpoint of another model (its {} differs):{}\n  "
+            "checkpoint: {}\n  this model: {}",
+            dir.string(), kCheckpointStateFile, diff, describe_model_config(saved),
+            describe_model_config(ours));
     }
     CheckpointCounters c;
     c.step = state_field<int64_t>(state, "step", state_path);
