@@ -154,8 +154,6 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
              "[train] --save-final with expert parallelism (ep {}) is not supported yet: each "
              "rank holds only its experts",
              trainer.topology().ep);
-    MT_CHECK(!trainer.distributed() || (o.save_dir.empty() && o.resume_dir.empty()),
-             "[train] --save and --resume are not supported in a distributed run yet");
     trainer.set_max_skipped_steps(o.max_skipped_steps);
     if (!o.trace_path.empty())
         trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
@@ -173,13 +171,11 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  "[train] --save root '{}' already holds checkpoints of another run; continue it "
                  "with --resume {} or save into another root",
                  o.save_dir, o.save_dir);
-        remove_stale_entries(o.save_dir);
+        if (root) remove_stale_entries(o.save_dir);  // one writer; the others only read it
     }
     RunControl control({o.save_dir, o.save_every, static_cast<size_t>(o.keep), out});
-    if (!trainer.distributed()) {
-        install_stop_signal_handlers();
-        trainer.set_run_control(&control);
-    }
+    install_stop_signal_handlers();
+    trainer.set_run_control(&control);
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
     std::fprintf(out, "params  %.3fM (main model and MTP%s); model arenas %.1f MiB\n",

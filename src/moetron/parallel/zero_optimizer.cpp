@@ -61,6 +61,22 @@ int64_t DistributedAdamW::state_numel() const {
                                 replica_m_.size() + replica_v_.size());
 }
 
+std::vector<DistributedAdamW::MomentRange> DistributedAdamW::moment_ranges() {
+    const std::vector<GradBucket>& buckets = sync_.buckets().buckets();
+    std::vector<MomentRange> ranges;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        const BucketState& s = states_[b];
+        if (s.owned_numel == 0) continue;
+        std::vector<float>& m = bucket.sharded ? shard_m_ : replica_m_;
+        std::vector<float>& v = bucket.sharded ? shard_v_ : replica_v_;
+        ranges.push_back({bucket.offset + s.owned_begin, s.owned_numel, !bucket.sharded,
+                          sync_.group(bucket.group).rank(), m.data() + s.state_offset,
+                          v.data() + s.state_offset});
+    }
+    return ranges;
+}
+
 double DistributedAdamW::clip_gradients(float* grads) {
     const std::vector<GradBucket>& buckets = sync_.buckets().buckets();
     float* shard_grads = sync_.shard_grads();

@@ -47,6 +47,22 @@ class DistributedAdamW {
     // Floats of optimizer state this rank keeps (moments, and the fp32 shard of parameters).
     int64_t state_numel() const;
 
+    // The moments this rank keeps, by range of the flat parameter buffer: one range per bucket
+    // (a ZeRO-1 shard: the owned part only; ranks that own nothing of a padded bucket get none).
+    // For checkpoints, which read and write them in place. The fp32 shard of the parameters needs
+    // no saving: step() refreshes it from the parameter buffer.
+    struct MomentRange {
+        int64_t offset = 0;  // first float, in the flat parameter buffer
+        int64_t numel = 0;
+        bool replicated = false;  // every rank of the bucket's group keeps the same moments
+        int group_rank = 0;       // this rank in that group
+        float* m = nullptr;       // numel floats each
+        float* v = nullptr;
+    };
+    std::vector<MomentRange> moment_ranges();
+    // The bias-correction count a checkpoint saved (with the moments written in place).
+    void restore_step_count(int64_t step_count) { step_count_ = step_count; }
+
   private:
     struct BucketState {
         std::vector<DecayRun> runs;  // what this rank updates: shard- or bucket-relative

@@ -10,6 +10,8 @@
 
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_dir.h"
+#include "moetron/train/checkpoint_pieces.h"
+#include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/checksum.h"
 #include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
@@ -22,7 +24,7 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* kStateFormat = "moetron-checkpoint";
-constexpr int kStateVersion = 1;
+constexpr int kStateVersion = 1;  // one process: model.safetensors (sharded: checkpoint_sharded.h)
 // The largest state.json we read: it holds two configs and a few counters.
 constexpr uint64_t kMaxStateBytes = 1 << 20;
 
@@ -126,6 +128,22 @@ std::vector<std::string> train_config_differences(const fs::path& dir, const Tra
 
 // ---- save ----
 
+json training_state_json(const TrainingStateView& st) {
+    json state{{"format", kStateFormat},
+               {"version", kStateVersion},
+               {"layout", "single"},
+               {"step", st.step},
+               {"optimizer_step", st.optimizer_step},
+               {"skipped_steps", st.skipped_steps},
+               {"data_source", st.data_source},
+               {"model_config", model_config_to_json(*st.model_config)},
+               {"train_config", train_config_to_json(*st.train_config)}};
+    state["data_rng"] = st.data_rng
+                            ? json{{"key", st.data_rng->key}, {"counter", st.data_rng->counter}}
+                            : json(nullptr);
+    return state;
+}
+
 fs::path save_training_state(const fs::path& root, const TrainingStateView& st, size_t keep) {
     MT_CHECK(st.model_config && st.train_config && st.entries && st.params,
              "[checkpoint] incomplete training state for '{}'", root.string());
@@ -161,18 +179,7 @@ fs::path save_training_state(const fs::path& root, const TrainingStateView& st, 
                    st.v != nullptr ? st.v + e.offset : zeros.data());
     writer.set_metadata("format", "moetron");
 
-    json state{{"format", kStateFormat},
-               {"version", kStateVersion},
-               {"layout", "single"},
-               {"step", st.step},
-               {"optimizer_step", st.optimizer_step},
-               {"skipped_steps", st.skipped_steps},
-               {"data_source", st.data_source},
-               {"model_config", model_config_to_json(*st.model_config)},
-               {"train_config", train_config_to_json(*st.train_config)}};
-    state["data_rng"] = st.data_rng
-                            ? json{{"key", st.data_rng->key}, {"counter", st.data_rng->counter}}
-                            : json(nullptr);
+    const json state = training_state_json(st);
 
     StagedDir staged(final_dir);
     CheckpointIndex index;
@@ -202,15 +209,23 @@ fs::path resolve_checkpoint_dir(const fs::path& dir_or_root) {
     return dir_or_root / *latest;
 }
 
+std::vector<std::string> checkpoint_tensor_files(const fs::path& dir, const json& state) {
+    if (!state.contains("shard_files")) return {kCheckpointModelFile};
+    const fs::path state_path = dir / kCheckpointStateFile;
+    const auto files = state_field<std::vector<std::string>>(state, "shard_files", state_path);
+    MT_CHECK(!files.empty(), "[checkpoint] '{}' lists no shard files", state_path.string());
+    return files;
+}
+
 json read_verified_checkpoint_state(const fs::path& dir) {
     const fs::path index_path = dir / kCheckpointIndexName;
     const CheckpointIndex index = CheckpointIndex::read(index_path.string());
-    for (const char* required : {kCheckpointModelFile, kCheckpointStateFile}) {
-        const bool listed =
-            std::any_of(index.files.begin(), index.files.end(),
-                        [&](const CheckpointIndex::File& f) { return f.name == required; });
-        MT_CHECK(listed, "[checkpoint] index '{}' does not list {}", index_path.string(), required);
-    }
+    auto listed = [&](const std::string& name) {
+        return std::any_of(index.files.begin(), index.files.end(),
+                           [&](const CheckpointIndex::File& f) { return f.name == name; });
+    };
+    MT_CHECK(listed(kCheckpointStateFile), "[checkpoint] index '{}' does not list {}",
+             index_path.string(), kCheckpointStateFile);
     index.verify(dir.string());
     const fs::path state_path = dir / kCheckpointStateFile;
     json state;
@@ -223,58 +238,80 @@ json read_verified_checkpoint_state(const fs::path& dir) {
              "[checkpoint] '{}' is not a moetron checkpoint state (no \"format\": \"{}\")",
              state_path.string(), kStateFormat);
     const int version = state_field<int>(state, "version", state_path);
-    MT_CHECK(version == kStateVersion,
-             "[checkpoint] '{}' is version {}; this build reads version {}", state_path.string(),
-             version, kStateVersion);
+    MT_CHECK(version == kStateVersion || version == kShardedCheckpointVersion,
+             "[checkpoint] '{}' is version {}; this build reads versions {} and {}",
+             state_path.string(), version, kStateVersion, kShardedCheckpointVersion);
     const std::string layout = state_field<std::string>(state, "layout", state_path);
-    MT_CHECK(layout == "single",
-             "[checkpoint] '{}' has layout \"{}\"; only single-process checkpoints (\"single\") "
-             "can be loaded yet",
-             state_path.string(), layout);
+    MT_CHECK(version == kShardedCheckpointVersion || layout == "single",
+             "[checkpoint] '{}' has layout \"{}\" in a version {} (single-process) checkpoint",
+             state_path.string(), layout, kStateVersion);
+    MT_CHECK(version == kStateVersion || state.contains("shard_files"),
+             "[checkpoint] '{}' is a sharded checkpoint without \"shard_files\"",
+             state_path.string());
+    for (const std::string& file : checkpoint_tensor_files(dir, state))
+        MT_CHECK(listed(file), "[checkpoint] index '{}' does not list {}", index_path.string(),
+                 file);
     return state;
+}
+
+CheckpointCounters checkpoint_counters(const fs::path& dir, const json& state,
+                                       const ModelConfig& ours) {
+    const fs::path state_path = dir / kCheckpointStateFile;
+    const ModelConfig saved = model_config_from_json(
+        state_field<json>(state, "model_config", state_path), state_path.string());
+    const std::vector<std::string> keys = model_config_differences(saved, ours);
+    if (!keys.empty()) {
+        const json js = model_config_to_json(saved), jo = model_config_to_json(ours);
+        std::string diff;
+        for (const std::string& key : keys)
+            diff += fmt::format("\n  {}: {} in the checkpoint, {} in this model", key,
+                                js.at(key).dump(), jo.at(key).dump());
+        MT_THROW(
+            "[checkpoint] '{}' is a checkpoint of another model (its {} differs):{}\n  "
+            "checkpoint: {}\n  this model: {}",
+            dir.string(), kCheckpointStateFile, diff, describe_model_config(saved),
+            describe_model_config(ours));
+    }
+    CheckpointCounters c;
+    c.step = state_field<int64_t>(state, "step", state_path);
+    c.optimizer_step = state_field<int64_t>(state, "optimizer_step", state_path);
+    c.skipped_steps = state_field<int64_t>(state, "skipped_steps", state_path);
+    MT_CHECK(
+        c.step >= 0 && c.optimizer_step >= 0 && c.optimizer_step <= c.step && c.skipped_steps >= 0,
+        "[checkpoint] '{}': inconsistent counters (step {}, optimizer_step {}, skipped {})",
+        state_path.string(), c.step, c.optimizer_step, c.skipped_steps);
+    const json data_rng = state_field<json>(state, "data_rng", state_path);
+    if (!data_rng.is_null()) {
+        c.data_rng = RngStream::State{state_field<uint64_t>(data_rng, "key", state_path),
+                                      state_field<uint64_t>(data_rng, "counter", state_path)};
+    }
+    return c;
 }
 
 void read_checkpoint_tensors(const fs::path& dir, const std::vector<ParamEntry>& entries,
                              float* params, float* m, float* v) {
-    const SafetensorsFile file = SafetensorsFile::open((dir / kCheckpointModelFile).string());
-    // Every tensor in the file must be one the model reads: an extra one means another model.
-    for (const SafetensorsEntry& t : file.tensors()) {
-        std::string_view name = t.name;
-        for (std::string_view prefix : {"optimizer.m.", "optimizer.v."})
-            if (name.starts_with(prefix)) name.remove_prefix(prefix.size());
-        const bool known = std::any_of(entries.begin(), entries.end(),
-                                       [&](const ParamEntry& e) { return e.name == name; });
-        MT_CHECK(known,
-                 "[checkpoint] '{}': tensor '{}' is not a parameter of this model (a checkpoint "
-                 "of another model?)",
-                 file.path(), t.name);
+    // state.json names the files; it was verified with them (read_verified_checkpoint_state).
+    const fs::path state_path = dir / kCheckpointStateFile;
+    json state;
+    try {
+        state = json::parse(read_text_file(state_path, kMaxStateBytes));
+    } catch (const json::exception& e) {
+        MT_THROW("[checkpoint] '{}' is not valid JSON: {}", state_path.string(), e.what());
     }
-    // Shapes and dtypes of everything first, so a mismatch leaves the destination untouched.
+    // Every name, dtype, shape and range first, so a mismatch leaves the destination untouched.
+    const CheckpointTensors tensors =
+        CheckpointTensors::open(dir, checkpoint_tensor_files(dir, state), entries);
     for (const ParamEntry& e : entries) {
-        const std::vector<int64_t> dims = dims_of(e);
-        for (const std::string& name : {e.name, "optimizer.m." + e.name, "optimizer.v." + e.name}) {
-            const SafetensorsEntry& t = file.entry(name);
-            MT_CHECK(
-                t.dtype == DType::f32 && t.dims == dims,
-                "[checkpoint] '{}': tensor '{}' is {} {} in the file, the model expects F32 {}",
-                file.path(), name, dtype_name(t.dtype), dims_string(t.dims), dims_string(dims));
-        }
-    }
-    for (const ParamEntry& e : entries) {
-        const std::vector<int64_t> dims = dims_of(e);
-        const auto bytes = static_cast<size_t>(e.numel) * sizeof(float);
-        file.read(e.name, DType::f32, dims, params + e.offset, bytes);
-        if (m != nullptr) file.read("optimizer.m." + e.name, DType::f32, dims, m + e.offset, bytes);
-        if (v != nullptr) file.read("optimizer.v." + e.name, DType::f32, dims, v + e.offset, bytes);
+        tensors.read(CheckpointPart::param, e.name, 0, e.numel, params + e.offset);
+        if (m != nullptr) tensors.read(CheckpointPart::m, e.name, 0, e.numel, m + e.offset);
+        if (v != nullptr) tensors.read(CheckpointPart::v, e.name, 0, e.numel, v + e.offset);
     }
 }
 
 // ---- the trainer ----
 
 fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
-    MT_CHECK(!trainer.distributed(),
-             "[checkpoint] saving a distributed run is not supported yet (each rank holds a "
-             "shard); run on one process to checkpoint");
+    if (trainer.distributed()) return save_sharded_checkpoint(trainer, root, keep);
     const AdamW& opt = trainer.optimizer();
     TrainingStateView st;
     st.model_config = &trainer.model().config();
@@ -294,46 +331,18 @@ fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
 }
 
 fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
-    MT_CHECK(!trainer.distributed(),
-             "[checkpoint] resuming a distributed run is not supported yet; run on one process");
+    if (trainer.distributed()) return load_sharded_checkpoint(trainer, dir_or_root);
     const fs::path dir = resolve_checkpoint_dir(dir_or_root);
     const json state = read_verified_checkpoint_state(dir);
-    const fs::path state_path = dir / kCheckpointStateFile;
-    const ModelConfig saved = model_config_from_json(
-        state_field<json>(state, "model_config", state_path), state_path.string());
-    const ModelConfig& ours = trainer.model().config();
-    const std::vector<std::string> keys = model_config_differences(saved, ours);
-    if (!keys.empty()) {
-        const json js = model_config_to_json(saved), jo = model_config_to_json(ours);
-        std::string diff;
-        for (const std::string& key : keys)
-            diff += fmt::format("\n  {}: {} in the checkpoint, {} in this model", key,
-                                js.at(key).dump(), jo.at(key).dump());
-        MT_THROW(
-            "[checkpoint] '{}' is a checkpoint of another model:{}\n  checkpoint: {}\n  this "
-            "model: {}",
-            dir.string(), diff, describe_model_config(saved), describe_model_config(ours));
-    }
-    const auto step = state_field<int64_t>(state, "step", state_path);
-    const auto optimizer_step = state_field<int64_t>(state, "optimizer_step", state_path);
-    const auto skipped = state_field<int64_t>(state, "skipped_steps", state_path);
-    MT_CHECK(step >= 0 && optimizer_step >= 0 && optimizer_step <= step && skipped >= 0,
-             "[checkpoint] '{}': inconsistent counters (step {}, optimizer_step {}, skipped {})",
-             state_path.string(), step, optimizer_step, skipped);
-    std::optional<RngStream::State> rng;
-    const json data_rng = state_field<json>(state, "data_rng", state_path);
-    if (!data_rng.is_null()) {
-        rng = RngStream::State{state_field<uint64_t>(data_rng, "key", state_path),
-                               state_field<uint64_t>(data_rng, "counter", state_path)};
-    }
+    const CheckpointCounters c = checkpoint_counters(dir, state, trainer.model().config());
     const int64_t n = trainer.model().num_params();
     std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
     read_checkpoint_tensors(dir, trainer.model().param_entries(), trainer.model().params(),
                             m.data(), v.data());
-    trainer.mutable_optimizer().restore_state(m.data(), v.data(), optimizer_step);
-    trainer.set_steps_done(step);
-    trainer.set_skipped_steps(skipped);
-    if (rng) trainer.loader().restore(*rng);
+    trainer.mutable_optimizer().restore_state(m.data(), v.data(), c.optimizer_step);
+    trainer.set_steps_done(c.step);
+    trainer.set_skipped_steps(c.skipped_steps);
+    if (c.data_rng) trainer.loader().restore(*c.data_rng);
     trainer.set_last_checkpoint(dir.string());
     return dir;
 }
@@ -358,7 +367,9 @@ void clear_stop_signal() {
 }
 
 bool RunControl::after_step(Trainer& trainer, const StepRecord& record) {
-    const bool stop = stop_signal_received();
+    // Every rank must stop after the same step and save it, whichever ranks the signal reached.
+    const bool stop = trainer.distributed() ? any_rank(*trainer.world(), stop_signal_received())
+                                            : stop_signal_received();
     const bool due = !options_.save_root.empty() &&
                      (stop || record.step == trainer.config().steps ||
                       (options_.save_every > 0 && record.step % options_.save_every == 0));
@@ -371,9 +382,12 @@ bool RunControl::after_step(Trainer& trainer, const StepRecord& record) {
         }
     }
     if (stop && options_.out != nullptr) {
-        std::fprintf(options_.out, "stopped by signal %d after step %lld%s\n",
-                     static_cast<int>(g_stop_signal), static_cast<long long>(record.step),
-                     options_.save_root.empty() ? " (no --save: nothing saved)" : "");
+        const int signal_number = g_stop_signal;  // 0: the signal reached another rank
+        std::fprintf(
+            options_.out, "stopped by signal %s after step %lld%s\n",
+            signal_number != 0 ? std::to_string(signal_number).c_str() : "(on another rank)",
+            static_cast<long long>(record.step),
+            options_.save_root.empty() ? " (no --save: nothing saved)" : "");
         std::fflush(options_.out);
     }
     return stop;

@@ -112,6 +112,10 @@ class Trainer {
     double model_flops_per_step() const { return model_flops_per_step_; }
 
     bool distributed() const { return world_ != nullptr; }
+    // The job's group (null on one process) and its optimizer (null on one process): distributed
+    // checkpoints (train/checkpoint_sharded.h) read and restore them.
+    parallel::Communicator* world() const { return world_; }
+    parallel::DistributedAdamW* distributed_optimizer() { return dist_optimizer_.get(); }
     int rank() const;        // in the world; 0 on one process
     int world_size() const;  // 1 on one process
     const parallel::Topology& topology() const { return topology_; }

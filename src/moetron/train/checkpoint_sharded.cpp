@@ -1,0 +1,320 @@
+#include "moetron/train/checkpoint_sharded.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <array>
+#include <exception>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "moetron/core/error.h"
+#include "moetron/model/moe.h"
+#include "moetron/parallel/communicator.h"
+#include "moetron/parallel/topology.h"
+#include "moetron/parallel/zero_optimizer.h"
+#include "moetron/train/atomic_dir.h"
+#include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_pieces.h"
+#include "moetron/train/trainer.h"
+
+namespace moetron {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+void broadcast_string(parallel::Communicator& comm, std::string& text, int root) {
+    int64_t length = static_cast<int64_t>(text.size());
+    comm.broadcast(&length, 1, DType::i64, root);
+    text.resize(static_cast<size_t>(length));
+    if (length > 0) comm.broadcast(text.data(), text.size(), DType::u8, root);
+}
+
+std::string what_failed(const std::exception& e) {
+    const std::string what = e.what();
+    return what.empty() ? std::string("an unknown error") : what;
+}
+
+// The unsharded model's tensors (global names and shapes), and where a rank's local tensors sit
+// in them.
+class GlobalTensors {
+  public:
+    explicit GlobalTensors(const Model& model)
+        : table_(model_param_specs(model.config())), shard_(model.expert_shard()) {
+        for (const ParamEntry& e : table_.entries()) by_name_.emplace(e.name, &e);
+    }
+    const std::vector<ParamEntry>& entries() const { return table_.entries(); }
+    const ParamEntry& global(const ParamEntry& local) const {
+        const auto it = by_name_.find(local.name);
+        MT_CHECK(it != by_name_.end(), "[checkpoint] tensor '{}' is not in the model's table",
+                 local.name);
+        return *it->second;
+    }
+    std::vector<int64_t> dims(const ParamEntry& local) const {
+        const Shape& s = global(local).shape;
+        return {s.dims.begin(), s.dims.begin() + s.ndim};
+    }
+    // The global element index of the local tensor's first element: a rank's routed experts are
+    // experts [first, first + count) of the global tensor.
+    int64_t first_element(const ParamEntry& local) const {
+        if (shard_.count == 0 || !is_routed_expert_param(local.name)) return 0;
+        return shard_.first * (local.numel / shard_.count);
+    }
+
+  private:
+    ParamTable table_;
+    ExpertShard shard_;
+    std::unordered_map<std::string, const ParamEntry*> by_name_;
+};
+
+// Calls f(entry, lo, hi) for the part [lo, hi) of every local tensor that overlaps the flat
+// range [offset, offset + numel) (entries are sorted by offset and back to back).
+template <class F>
+void for_each_overlap(const std::vector<ParamEntry>& entries, int64_t offset, int64_t numel, F f) {
+    const int64_t end = offset + numel;
+    auto it = std::upper_bound(
+        entries.begin(), entries.end(), offset,
+        [](int64_t value, const ParamEntry& e) { return value < e.offset + e.numel; });
+    for (; it != entries.end() && it->offset < end; ++it)
+        f(*it, std::max(offset, it->offset), std::min(end, it->offset + it->numel));
+}
+
+// What this rank writes (see the top of checkpoint_sharded.h). The pieces point into the
+// model's parameters and the optimizer's moments.
+std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalTensors& global) {
+    Model& model = trainer.model();
+    const std::vector<ParamEntry>& entries = model.param_entries();
+    const float* params = model.params();
+    std::vector<CheckpointPiece> pieces;
+    for (const parallel::DistributedAdamW::MomentRange& r :
+         trainer.distributed_optimizer()->moment_ranges()) {
+        if (r.replicated && r.group_rank != 0) continue;  // another replica writes it
+        for_each_overlap(
+            entries, r.offset, r.numel, [&](const ParamEntry& e, int64_t lo, int64_t hi) {
+                const int64_t begin = global.first_element(e) + (lo - e.offset);
+                const int64_t end = begin + (hi - lo);
+                const std::vector<int64_t> dims = global.dims(e);
+                pieces.push_back({CheckpointPart::param, e.name, dims, begin, end, params + lo});
+                pieces.push_back(
+                    {CheckpointPart::m, e.name, dims, begin, end, r.m + (lo - r.offset)});
+                pieces.push_back(
+                    {CheckpointPart::v, e.name, dims, begin, end, r.v + (lo - r.offset)});
+            });
+    }
+    // Tensors without moments: by the first rank of their replica group.
+    const parallel::RankCoordinates c =
+        parallel::coordinates_of(trainer.topology(), trainer.rank());
+    for (const ParamEntry& e : entries) {
+        if (e.trainable || e.numel == 0) continue;
+        const int replica = is_routed_expert_param(e.name) ? c.edp : c.dp;
+        if (replica != 0) continue;
+        const int64_t begin = global.first_element(e);
+        pieces.push_back({CheckpointPart::param, e.name, global.dims(e), begin, begin + e.numel,
+                          params + e.offset});
+    }
+    return pieces;
+}
+
+std::string layout_name(const parallel::Topology& t) {
+    return fmt::format("dp{}.ep{}", t.dp, t.ep);
+}
+
+}  // namespace
+
+std::string checkpoint_shard_file_name(int rank, int world_size) {
+    return fmt::format("shard-{:05d}-of-{:05d}.safetensors", rank, world_size);
+}
+
+void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& error,
+                              std::string_view what) {
+    const auto n = static_cast<size_t>(comm.size());
+    int64_t mine = static_cast<int64_t>(error.size());
+    std::vector<int64_t> lengths(n);
+    comm.all_gather(lengths.data(), &mine, 1, DType::i64);
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    if (longest == 0) return;
+    std::string own = error;
+    own.resize(static_cast<size_t>(longest));
+    std::string all(static_cast<size_t>(longest) * n, '\0');
+    comm.all_gather(all.data(), own.data(), static_cast<size_t>(longest), DType::u8);
+    // Ranks with the same error are listed together (a missing file fails every rank alike).
+    std::vector<std::pair<std::string, std::vector<int>>> groups;
+    for (size_t r = 0; r < n; ++r) {
+        if (lengths[r] == 0) continue;
+        std::string message =
+            all.substr(r * static_cast<size_t>(longest), static_cast<size_t>(lengths[r]));
+        auto it = std::find_if(groups.begin(), groups.end(),
+                               [&](const auto& g) { return g.first == message; });
+        if (it == groups.end()) {
+            groups.push_back({std::move(message), {}});
+            it = groups.end() - 1;
+        }
+        it->second.push_back(static_cast<int>(r));
+    }
+    std::string report;
+    for (const auto& [message, ranks] : groups) {
+        report += fmt::format("\n  {} {} of '{}': {}", ranks.size() == 1 ? "rank" : "ranks",
+                              fmt::join(ranks, ", "), comm.name(), message);
+    }
+    MT_THROW("[checkpoint] {} failed:{}", what, report);
+}
+
+bool any_rank(parallel::Communicator& comm, bool flag) {
+    double count = flag ? 1.0 : 0.0;
+    comm.all_reduce_sum(&count, 1, DType::f64);
+    return count > 0;
+}
+
+fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
+    MT_CHECK(trainer.distributed() && trainer.distributed_optimizer() != nullptr,
+             "[checkpoint] save_sharded_checkpoint needs a distributed trainer");
+    parallel::Communicator& world = *trainer.world();
+    const int rank = world.rank();
+    const std::string name = checkpoint_dir_name(static_cast<uint64_t>(trainer.steps_done()));
+    const fs::path final_dir = root / name;
+    const std::string what = fmt::format("saving checkpoint '{}'", final_dir.string());
+
+    // Rank 0 opens the staging directory that every rank writes into.
+    std::unique_ptr<StagedDir> staged;
+    std::string staging, error;
+    if (rank == 0) {
+        try {
+            std::error_code ec;
+            fs::create_directories(root, ec);
+            MT_CHECK(!ec, "[checkpoint] cannot create the checkpoint root '{}': {}", root.string(),
+                     ec.message());
+            MT_CHECK(!fs::exists(final_dir),
+                     "[checkpoint] '{}' already exists (an earlier run's?); resume from it with "
+                     "--resume or save into another root",
+                     final_dir.string());
+            staged = std::make_unique<StagedDir>(final_dir);
+            staging = staged->path().string();
+        } catch (const std::exception& e) {
+            error = what_failed(e);
+        }
+    }
+    throw_if_any_rank_failed(world, error, what);
+    broadcast_string(world, staging, 0);
+
+    // Every rank: its shard, fsync'ed.
+    const std::string shard = checkpoint_shard_file_name(rank, world.size());
+    FileDigest digest;
+    try {
+        const GlobalTensors global(trainer.model());
+        const std::vector<CheckpointPiece> pieces = pieces_of_this_rank(trainer, global);
+        digest = write_checkpoint_shard((fs::path(staging) / shard).string(), pieces,
+                                        {{"format", "moetron-checkpoint-shard"},
+                                         {"rank", std::to_string(rank)},
+                                         {"world_size", std::to_string(world.size())},
+                                         {"layout", layout_name(trainer.topology())}});
+    } catch (const std::exception& e) {
+        error = what_failed(e);
+    }
+    throw_if_any_rank_failed(world, error, what);  // also the barrier: every shard is on disk
+
+    // Rank 0: the index (with every shard's checksum), the state, commit, `latest`.
+    const std::array<uint64_t, 2> own{digest.num_bytes, digest.xxh3};
+    std::vector<uint64_t> digests(2 * static_cast<size_t>(world.size()));
+    world.all_gather(digests.data(), own.data(), 2, DType::i64);  // 64-bit words, moved only
+    if (rank == 0) {
+        try {
+            CheckpointIndex index;
+            json files = json::array();
+            for (int r = 0; r < world.size(); ++r) {
+                const std::string file = checkpoint_shard_file_name(r, world.size());
+                index.add(file, {digests[2 * static_cast<size_t>(r)],
+                                 digests[2 * static_cast<size_t>(r) + 1]});
+                files.push_back(file);
+            }
+            TrainingStateView st;
+            st.model_config = &trainer.model().config();
+            st.train_config = &trainer.config();
+            st.step = trainer.steps_done();
+            st.optimizer_step = trainer.distributed_optimizer()->step_count();
+            st.skipped_steps = trainer.skipped_steps();
+            st.data_rng = trainer.loader().state();  // every rank draws the same batches
+            st.data_source = trainer.loader().source_name();
+            json state = training_state_json(st);
+            state["version"] = kShardedCheckpointVersion;
+            state["layout"] = layout_name(trainer.topology());
+            state["world_size"] = world.size();
+            state["topology"] = trainer.topology().str();
+            state["shard_files"] = files;
+            const std::string text = state.dump(2) + "\n";
+            const fs::path state_path = staged->path() / kCheckpointStateFile;
+            UniqueFd fd = create_for_writing(state_path.string());
+            write_all(fd.get(), text.data(), text.size(), state_path.string());
+            fsync_fd(fd.get(), state_path.string());
+            fd.close(state_path.string());
+            index.add_file(staged->path().string(), kCheckpointStateFile);
+            index.write((staged->path() / kCheckpointIndexName).string());
+            staged->commit();
+            write_latest_pointer(root, name);
+            if (keep > 0) remove_old_checkpoints(root, keep);
+        } catch (const std::exception& e) {
+            error = what_failed(e);
+        }
+    }
+    throw_if_any_rank_failed(world, error, what);
+    trainer.set_last_checkpoint(final_dir.string());
+    return final_dir;
+}
+
+fs::path load_sharded_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
+    MT_CHECK(trainer.distributed() && trainer.distributed_optimizer() != nullptr,
+             "[checkpoint] load_sharded_checkpoint needs a distributed trainer");
+    parallel::Communicator& world = *trainer.world();
+    const std::string what = fmt::format("loading checkpoint '{}'", dir_or_root.string());
+    Model& model = trainer.model();
+    const GlobalTensors global(model);
+
+    // Everything checked before anything is written: index, model, coverage.
+    fs::path dir;
+    CheckpointCounters counters;
+    std::optional<CheckpointTensors> tensors;
+    std::string error;
+    try {
+        dir = resolve_checkpoint_dir(dir_or_root);
+        const json state = read_verified_checkpoint_state(dir);
+        counters = checkpoint_counters(dir, state, model.config());
+        tensors.emplace(
+            CheckpointTensors::open(dir, checkpoint_tensor_files(dir, state), global.entries()));
+    } catch (const std::exception& e) {
+        error = what_failed(e);
+    }
+    throw_if_any_rank_failed(world, error, what);
+
+    // The ranges this rank holds under its layout.
+    try {
+        for (const ParamEntry& e : model.param_entries())
+            tensors->read(CheckpointPart::param, e.name, global.first_element(e), e.numel,
+                          model.params() + e.offset);
+        parallel::DistributedAdamW& optimizer = *trainer.distributed_optimizer();
+        for (const parallel::DistributedAdamW::MomentRange& r : optimizer.moment_ranges()) {
+            for_each_overlap(
+                model.param_entries(), r.offset, r.numel,
+                [&](const ParamEntry& e, int64_t lo, int64_t hi) {
+                    const int64_t begin = global.first_element(e) + (lo - e.offset);
+                    tensors->read(CheckpointPart::m, e.name, begin, hi - lo, r.m + (lo - r.offset));
+                    tensors->read(CheckpointPart::v, e.name, begin, hi - lo, r.v + (lo - r.offset));
+                });
+        }
+        optimizer.restore_step_count(counters.optimizer_step);
+    } catch (const std::exception& e) {
+        error = what_failed(e);
+    }
+    throw_if_any_rank_failed(world, error, what);
+    trainer.set_steps_done(counters.step);
+    trainer.set_skipped_steps(counters.skipped_steps);
+    if (counters.data_rng) trainer.loader().restore(*counters.data_rng);
+    trainer.set_last_checkpoint(dir.string());
+    return dir;
+}
+
+}  // namespace moetron

@@ -1,0 +1,62 @@
+// Checkpoints of a distributed trainer (TrainParallel::world set): one safetensors shard file per
+// rank plus state.json and index.json (train/checkpoint.h has the directory; checkpoint_pieces.h
+// the pieces), saved and loaded by every rank of the trainer's group together.
+//
+// Who writes what: a rank writes the pieces it alone is responsible for, by the optimizer's
+// buckets (parallel/zero_optimizer.h's moment ranges): the parameters and both moments of its
+// ZeRO-1 shards; of a replicated bucket (--no-zero1, and the routed experts, replicated over the
+// expert-data-parallel group) the first rank of the bucket's group writes the whole bucket; a
+// tensor without moments (the router correction bias) is written by the first rank of its
+// replica group. Together the files hold every element of every part once, under its global name
+// and position, whatever the layout.
+//
+// The checkpoint root must be a directory every rank of the job sees (one machine, or a shared
+// file system across nodes).
+//
+// Saving: rank 0 opens the staging directory (atomic_dir.h) and tells the others its path; every
+// rank writes and fsyncs its shard there; an exchange of errors (the barrier) follows; rank 0
+// writes state.json (its loader state: every rank draws the same batches) and index.json with the
+// shard checksums the others sent, commits and moves `latest`. A failure on any rank (at any of
+// these points) throws on every rank, naming the rank and its error, and leaves the previous
+// checkpoint and `latest` as they were (rank 0's staging directory is removed).
+//
+// Loading: every rank verifies the whole checkpoint (index checksums, model config, that the
+// pieces cover every tensor) and then reads the ranges it holds under its own layout: its
+// experts' slice, its ZeRO-1 shards of the moments. Each rank reads every file's checksum, which
+// is fine for the tiny and small models; a large model would verify once per node. Errors are
+// exchanged before anything is written into the trainer, and again after reading.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace moetron {
+
+class Trainer;
+namespace parallel {
+class Communicator;
+}
+
+// state.json's "version" of a sharded checkpoint (a single-process one is version 1).
+inline constexpr int kShardedCheckpointVersion = 2;
+
+// "shard-00001-of-00004.safetensors"
+std::string checkpoint_shard_file_name(int rank, int world_size);
+
+// save_checkpoint and load_checkpoint (train/checkpoint.h) for a distributed trainer; collectives
+// over trainer.world().
+std::filesystem::path save_sharded_checkpoint(Trainer& trainer, const std::filesystem::path& root,
+                                              size_t keep);
+std::filesystem::path load_sharded_checkpoint(Trainer& trainer,
+                                              const std::filesystem::path& dir_or_root);
+
+// A collective over comm: returns when error is empty on every rank, else throws on every rank
+// "[checkpoint] <what> failed on rank R: <error>" (ranks with the same error listed together).
+void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& error,
+                              std::string_view what);
+// A collective over comm: whether flag is set on any rank (the agreed stop signal).
+bool any_rank(parallel::Communicator& comm, bool flag);
+
+}  // namespace moetron
