@@ -19,7 +19,8 @@
 //   combine_backward:  dexpert_out[row of c] = weights[c] * dout[t]      (a weighted dispatch)
 //                      dweights[t, j] = dot(dout[t], expert_out[row of c]), computed on the
 //                      experts' rank and sent back (K floats per token and rank).
-// Each operation is a local gather, one all_to_all_v, a local scatter.
+// Each operation is a local gather, one all_to_all_v, a local scatter (combine_backward adds a
+// second, small one: the K weight gradients per row, back to the token's rank).
 // Gradient rule (kernels/README.md): every output here is written, none accumulated.
 #pragma once
 
