@@ -1,6 +1,5 @@
 #include "moetron/parallel/dispatch_stage.h"
 
-#include <fmt/format.h>
 #include <algorithm>
 #include <bit>
 #include <climits>
@@ -169,7 +168,7 @@ void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buf
     count_sent(one_per_peer_, bytes);
     exclusive_prefix_sum(recv_displs_, recv_rows_);
     num_recv_ = recv_displs_[g - 1] + recv_rows_[g - 1];
-    // Cannot overflow: max_recv is every peer's max_inputs (each input row reaches a peer once).
+    // Cannot fail: max_recv is all peers' max_inputs (an input row reaches a peer once at most).
     MT_CHECK(num_recv_ <= spec_.max_recv,
              "[dispatch_layout] hop '{}': rank {} receives {} rows, more than the {} planned",
              spec_.name, spec_.self, num_recv_, spec_.max_recv);

@@ -118,7 +118,7 @@ class Hop {
     // sent (recv_records gets the received ones). Collective over group.
     void plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buffers,
               Communicator& group, DispatchBytes& bytes);
-    // Forward: each input row (width floats) to each of its peers; recv gets what arrives.
+    // Forward: each input row (the payload's width) to each of its peers; recv gets what arrives.
     void fan_out(float* recv, float* send, const float* input, Payload payload, Communicator& group,
                  DispatchBytes& bytes) const;
     // Reverse: recv's rows go back to where they came from; input[i] = the sum over the peers of

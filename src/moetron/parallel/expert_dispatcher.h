@@ -86,7 +86,9 @@ class ExpertDispatcher {
     virtual size_t buffer_bytes() const = 0;
 
     // Computes where every copy of slot's num_tokens tokens goes, from topk_ids (N, K) of global
-    // expert ids. Collective over the EP group for the flat dispatcher.
+    // expert ids; topk_weights (N, K) travel with them (flat and two_tier weight the experts'
+    // outputs on the experts' rank, with these weights: pass the same ones to combine). A
+    // collective over the EP group (and its rail and domain groups) for flat and two_tier.
     virtual void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights,
                        int64_t num_tokens) = 0;
     // After route(): rows the local experts receive (R), and the El + 1 segment boundaries.
