@@ -38,6 +38,9 @@ struct DispatchConfig {
     // Expert-side rows a rank holds (R at most). 0: the worst case, every rank sending every
     // token to this rank's experts, ep * max_tokens * min(K, El): dropless whatever the routing.
     // A smaller capacity saves memory; a routing that overflows it is an error, never a drop.
+    // It bounds the expert rows only: the hops' receive rows (each source token once at most)
+    // are planned for the worst case, so an overflow shows after the layout's last collective
+    // and never leaves the other ranks waiting.
     int64_t recv_capacity_rows = 0;
     // Consecutive EP ranks per scale-up domain (0: the whole EP group is one domain). The flat
     // dispatch uses it only to tell intra- from inter-domain bytes; the two-tier one routes by it.
