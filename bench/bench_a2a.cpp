@@ -8,6 +8,7 @@
 //  - Progress/thread:{0,1}: a 16 MiB all_reduce posted before 50 ms of computation without MPI
 //    calls; the time wait() takes afterwards, without and with the progress thread.
 // Iteration counts are fixed so that every rank runs the same collectives; only rank 0 reports.
+// The MoE dispatch itself (flat against two-tier, bytes per tier) is `moetron bench a2a`.
 #include <benchmark/benchmark.h>
 
 #include <cstdio>

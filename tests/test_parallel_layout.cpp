@@ -135,6 +135,24 @@ TEST(ParallelTopology, Tp2Ep2OnFourRanksWithDomainsOfTwo) {
     EXPECT_EQ(g.color, 1);
 }
 
+// The two-tier dispatch's groups inside each EP group: 16 ranks, domains of 4, ep 8 (two EP
+// groups, each over two domains).
+TEST(ParallelTopology, EpDomainAndEpRailSplitEachEpGroup) {
+    const Topology t = make_topology(parse_layout("ep8"), 16, 4);
+    EXPECT_EQ(members(t, GroupKind::ep, 9), (Ranks{8, 9, 10, 11, 12, 13, 14, 15}));
+    EXPECT_EQ(members(t, GroupKind::ep_domain, 9), (Ranks{8, 9, 10, 11}));
+    EXPECT_EQ(members(t, GroupKind::ep_rail, 9), (Ranks{9, 13}));
+    EXPECT_EQ(members(t, GroupKind::rail, 9), (Ranks{1, 5, 9, 13}));  // the job's rail
+    const GroupMembership rail = group_of(t, GroupKind::ep_rail, 13);
+    const GroupMembership domain = group_of(t, GroupKind::ep_domain, 13);
+    // EP rank = rail index * ranks per domain + domain index.
+    EXPECT_EQ(rail.index * 4 + domain.index, group_of(t, GroupKind::ep, 13).index);
+    // An EP group inside one domain: ep_domain is the EP group, ep_rail the rank alone.
+    const Topology small = make_topology(parse_layout("ep2"), 8, 4);
+    EXPECT_EQ(members(small, GroupKind::ep_domain, 5), (Ranks{4, 5}));
+    EXPECT_EQ(members(small, GroupKind::ep_rail, 5), (Ranks{5}));
+}
+
 TEST(ParallelTopology, Dp2Ep2FoldsExpertsIndependentlyOfData) {
     const Topology t = make_topology(parse_layout("dp2.ep2"), 2, 2);
     EXPECT_EQ(t.tp, 1);

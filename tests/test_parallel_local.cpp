@@ -80,9 +80,10 @@ void run_local_case(const DispatchCase& c) {
     LocalCommunicator ep("ep");
     const DispatchConfig cfg = testing::config_for(c);
     DispatchBuffer buffer(cfg, 1);
-    DispatchLayout layout(cfg, 1);
+    DispatchLayout layout(cfg, 1, 0);
     const testing::DispatchResult got = testing::run_dispatch(c, ep, layout, buffer);
-    testing::expect_matches_reference(got, testing::reference_result(c, 0, 1), c.name);
+    testing::expect_matches_reference(got, testing::reference_result(c, 0, 1),
+                                      testing::analytic_bytes(c, 0, 1, false), c.name);
 }
 
 TEST(ParallelLocalDispatch, MatchesReferenceOnOneRank) {
@@ -104,7 +105,7 @@ TEST(ParallelLocalDispatch, MatchesReferenceOnOneRank) {
     run_local_case(c);
 }
 
-// The layout on its own: counts, send order and expert segments for a hand-checked routing.
+// The layout on its own: counts and expert segments for a hand-checked routing.
 TEST(ParallelLocalDispatch, LayoutOfAKnownRouting) {
     LocalCommunicator ep("ep");
     DispatchConfig cfg;
@@ -112,26 +113,28 @@ TEST(ParallelLocalDispatch, LayoutOfAKnownRouting) {
     cfg.top_k = 2;
     cfg.hidden = 1;
     cfg.max_tokens = 3;
-    DispatchLayout layout(cfg, 1);
+    DispatchLayout layout(cfg, 1, 0);
+    DispatchBuffer buffer(cfg, 1);
     const std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};  // tokens 0, 1, 2
-    dispatch_layout(layout, ids.data(), 3, ep);
+    const std::vector<float> weights(6, 1.0f);
+    dispatch_layout(layout, ids.data(), weights.data(), 3, buffer, ep);
     EXPECT_EQ(layout.num_recv_rows(), 6);
     EXPECT_EQ(std::vector<int64_t>(layout.expert_offsets().begin(), layout.expert_offsets().end()),
               (std::vector<int64_t>{0, 2, 3, 5, 6}));
-    EXPECT_EQ(std::vector<int32_t>(layout.send_expert_counts().begin(),
-                                   layout.send_expert_counts().end()),
-              (std::vector<int32_t>{2, 1, 2, 1}));
-    // Copies sorted by expert, stable: e0 <- copies 1, 2; e1 <- 5; e2 <- 0, 4; e3 <- 3.
+    // Each token once to its one rank, however many of its experts live there.
     EXPECT_EQ(
-        std::vector<int32_t>(layout.copy_to_send_row().begin(), layout.copy_to_send_row().end()),
-        (std::vector<int32_t>{3, 0, 1, 5, 4, 2}));
+        std::vector<int>(layout.send_rows_per_rank().begin(), layout.send_rows_per_rank().end()),
+        (std::vector<int>{3}));
+    EXPECT_EQ(layout.spread().rank_sum, 3);
+    EXPECT_EQ(layout.spread().domain_max, 1);
 
-    DispatchBuffer buffer(cfg, 1);
+    // Copies sorted by expert, stable: e0 <- tokens 0, 1; e1 <- 2; e2 <- 0, 2; e3 <- 1.
     const std::vector<float> x = {10, 20, 30};
     std::vector<float> expert_inp(static_cast<size_t>(cfg.capacity_rows(1)));
     dispatch_forward(expert_inp.data(), x.data(), layout, buffer, ep);
     EXPECT_EQ(std::vector<float>(expert_inp.begin(), expert_inp.begin() + 6),
               (std::vector<float>{10, 20, 30, 10, 30, 20}));
+    EXPECT_EQ(buffer.bytes_sent().intra_domain + buffer.bytes_sent().inter_domain, 0u);
 }
 
 TEST(ParallelLocalDispatch, ConfigErrorsSayWhich) {
@@ -156,9 +159,15 @@ TEST(ParallelLocalDispatch, ConfigErrorsSayWhich) {
     // Worst case: every rank sends every token's copies on this rank's min(K, El) experts.
     EXPECT_EQ(cfg.worst_case_recv_rows(3), 3 * 4 * 2);
     EXPECT_EQ(cfg.worst_case_recv_rows(6), 6 * 4 * 1);
+    // One send row per token and destination rank (min(K, ep) per token); the staging rows hold
+    // every source token once at worst.
     const ArenaPlan plan = DispatchBuffer::plan(cfg, 3);
-    EXPECT_EQ(plan.entries()[plan.index_of("send_rows")].size_bytes, 4u * 2 * 8 * 4);
-    EXPECT_EQ(plan.entries()[plan.index_of("staging_rows")].size_bytes, 24u * 8 * 4);
+    EXPECT_EQ(plan.entries()[plan.index_of("ep.send_rows")].size_bytes, 4u * 2 * 8 * 4);
+    EXPECT_EQ(plan.entries()[plan.index_of("ep.recv_rows")].size_bytes, 3u * 4 * 8 * 4);
+    DispatchConfig split = cfg;
+    split.domain_size = 4;
+    expect_error_containing([&] { split.validate(6); },
+                            "an EP group of 6 ranks does not split into whole domains of 4");
 }
 
 TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
@@ -168,22 +177,26 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
     cfg.top_k = 2;
     cfg.hidden = 3;
     cfg.max_tokens = 2;
-    DispatchLayout layout(cfg, 1);
+    DispatchLayout layout(cfg, 1, 0);
+    DispatchBuffer buffer(cfg, 1);
+    const std::vector<float> w(6, 0.5f);
     const std::vector<int32_t> bad = {0, 1, 2, 4};
-    expect_error_containing([&] { dispatch_layout(layout, bad.data(), 2, ep); },
+    expect_error_containing([&] { dispatch_layout(layout, bad.data(), w.data(), 2, buffer, ep); },
                             "expert id 4 of token 1 (choice 1) is not in [0, 4)");
     const std::vector<int32_t> ok = {0, 1, 2, 3, 0, 1};
-    expect_error_containing([&] { dispatch_layout(layout, ok.data(), 3, ep); },
+    expect_error_containing([&] { dispatch_layout(layout, ok.data(), w.data(), 3, buffer, ep); },
                             "3 tokens, but the layout holds at most max_tokens = 2");
 
     DispatchConfig tight = cfg;
     tight.recv_capacity_rows = 3;
-    DispatchLayout small(tight, 1);
-    expect_error_containing([&] { dispatch_layout(small, ok.data(), 2, ep); },
-                            "receives 4 rows for its 4 experts, but the dispatch buffer holds 3");
+    DispatchLayout small(tight, 1, 0);
+    DispatchBuffer small_buffer(tight, 1);
+    expect_error_containing(
+        [&] { dispatch_layout(small, ok.data(), w.data(), 2, small_buffer, ep); },
+        "receives 4 rows for its 4 experts, but the dispatch buffer holds 3");
 
     // A buffer planned for other shapes is refused before any data moves.
-    dispatch_layout(layout, ok.data(), 2, ep);
+    dispatch_layout(layout, ok.data(), w.data(), 2, buffer, ep);
     DispatchConfig other = cfg;
     other.hidden = 5;
     DispatchBuffer wrong(other, 1);

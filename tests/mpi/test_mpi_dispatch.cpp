@@ -1,6 +1,6 @@
 // Flat dispatch under mpirun: dispatch -> identity experts scaled by (e + 1) -> combine, and the
 // backward of both, against the single-process reference (dispatch_reference.h), on 1, 2 and 4
-// ranks, with adversarial routings.
+// ranks, with adversarial routings; the bytes sent per tier against the analytic count.
 #include <gtest/gtest.h>
 
 #include "mpi/dispatch_reference.h"
@@ -16,9 +16,10 @@ void run_case(const DispatchCase& c) {
     parallel::Communicator& ep = mpi_world();
     const parallel::DispatchConfig cfg = config_for(c);
     DispatchBuffer buffer(cfg, ep.size());
-    DispatchLayout layout(cfg, ep.size());
+    DispatchLayout layout(cfg, ep.size(), ep.rank());
     const DispatchResult got = run_dispatch(c, ep, layout, buffer);
-    expect_matches_reference(got, reference_result(c, ep.rank(), ep.size()), c.name);
+    expect_matches_reference(got, reference_result(c, ep.rank(), ep.size()),
+                             analytic_bytes(c, ep.rank(), ep.size(), false), c.name);
 }
 
 // E = 8 splits over 1, 2 and 4 ranks (El = 8, 4, 2).
@@ -27,6 +28,19 @@ TEST(MpiDispatch, RandomRoutingMatchesReference) {
     c.name = "random";
     c.tokens_per_rank = {13, 5, 9, 1};
     run_case(c);
+}
+
+// The same with emulated domains of one rank: every peer is remote, the bytes split accordingly.
+TEST(MpiDispatch, RandomRoutingOverDomainsOfOneRank) {
+    DispatchCase c;
+    c.name = "random_domains_of_1";
+    c.tokens_per_rank = {13, 5, 9, 1};
+    c.domain_size = 1;
+    run_case(c);
+    c.name = "skewed_domains_of_2";
+    c.routing = Routing::skewed;
+    c.domain_size = 2;
+    run_case(c);  // one domain on 1 and 2 ranks
 }
 
 TEST(MpiDispatch, AllTokensToOneExpert) {
@@ -96,10 +110,11 @@ TEST(MpiDispatch, LayoutAndBufferReusedAcrossRoutings) {
     second.tokens_per_rank = {2, 12};
     const parallel::DispatchConfig cfg = config_for(first);
     DispatchBuffer buffer(cfg, ep.size());
-    DispatchLayout layout(cfg, ep.size());
+    DispatchLayout layout(cfg, ep.size(), ep.rank());
     for (const DispatchCase* c : {&first, &second, &first}) {
         const DispatchResult got = run_dispatch(*c, ep, layout, buffer);
-        expect_matches_reference(got, reference_result(*c, ep.rank(), ep.size()), c->name);
+        expect_matches_reference(got, reference_result(*c, ep.rank(), ep.size()),
+                                 analytic_bytes(*c, ep.rank(), ep.size(), false), c->name);
     }
 }
 
@@ -110,23 +125,28 @@ TEST(MpiDispatch, OverflowingTheReceiveCapacityIsAnError) {
     c.top_k = 1;
     parallel::DispatchConfig cfg = config_for(c);
     cfg.recv_capacity_rows = c.max_tokens();  // rank 0 receives size() * 7 rows
-    DispatchLayout layout(cfg, ep.size());
+    DispatchLayout layout(cfg, ep.size(), ep.rank());
+    DispatchBuffer buffer(cfg, ep.size());
     const RankInputs in = make_inputs(c, ep.rank(), ep.size());
+    auto route = [&] {
+        parallel::dispatch_layout(layout, in.ids.data(), in.weights.data(), in.num_tokens, buffer,
+                                  ep);
+    };
     if (ep.size() == 1) {
-        EXPECT_NO_THROW(parallel::dispatch_layout(layout, in.ids.data(), in.num_tokens, ep));
+        EXPECT_NO_THROW(route());
         return;
     }
     // Only the receiving rank can know; the others finish the layout normally.
     if (ep.rank() == 0) {
         try {
-            parallel::dispatch_layout(layout, in.ids.data(), in.num_tokens, ep);
+            route();
             ADD_FAILURE() << "no error for an overflowing receive buffer";
         } catch (const Error& e) {
             EXPECT_NE(std::string(e.what()).find("recv_capacity_rows"), std::string::npos)
                 << e.what();
         }
     } else {
-        EXPECT_NO_THROW(parallel::dispatch_layout(layout, in.ids.data(), in.num_tokens, ep));
+        EXPECT_NO_THROW(route());
     }
 }
 

@@ -16,6 +16,7 @@ int run(int argc, char** argv) {
     register_export(app);
     register_import(app);
     register_calibrate(app);
+    register_bench(app);
     CLI11_PARSE(app, argc, argv);
     return 0;
 }

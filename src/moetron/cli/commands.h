@@ -20,5 +20,6 @@ void register_plan(CLI::App& app);       // moetron plan: search layouts for a G
 void register_export(CLI::App& app);     // moetron export: checkpoint -> Hugging Face dir
 void register_import(CLI::App& app);     // moetron import: Hugging Face dir -> checkpoint
 void register_calibrate(CLI::App& app);  // moetron calibrate: measure this machine for simulate
+void register_bench(CLI::App& app);      // moetron bench a2a: flat vs two-tier dispatch (mpirun)
 
 }  // namespace moetron::cli

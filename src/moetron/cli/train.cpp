@@ -56,6 +56,7 @@ struct TrainOptions {
     // Distributed runs.
     std::string layout;
     int domain_size = 0;
+    std::string dispatch = "flat";
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -146,6 +147,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.world = world;
     parallel.layout = o.layout;
     parallel.domain_size = o.domain_size;
+    parallel.dispatch = parallel::parse_dispatch_kind(o.dispatch);
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap;
@@ -190,6 +192,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         std::fprintf(out, "        per rank: %lld of the %lld sequences of each micro-batch\n",
                      static_cast<long long>(config.batch_size / trainer.topology().dp),
                      static_cast<long long>(config.batch_size));
+        if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
+            std::fprintf(out, "        experts: %s\n", d->description().c_str());
     }
     std::fprintf(
         out,
@@ -326,6 +330,11 @@ void register_train(CLI::App& app) {
     cmd->add_option("--domain-size", o->domain_size,
                     "ranks per scale-up domain (0: the whole job is one domain)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--dispatch", o->dispatch,
+                    "how the MoE all-to-all crosses scale-up domains: flat (once per destination "
+                    "rank) or two_tier (once per destination domain over the rail, then inside "
+                    "the domain; needs ep a multiple of --domain-size)")
+        ->check(CLI::IsMember({"flat", "two_tier"}));
     cmd->add_option("--comm-timeout-s", o->comm_timeout_s,
                     "a collective waiting longer than this ends the job with an error naming it")
         ->check(CLI::PositiveNumber);

@@ -93,6 +93,21 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
     return {parallel.ep->rank() * local, local};
 }
 
+// two_tier over G domains: each router group's experts must live in one domain (experts are
+// contiguous per rank, ranks per domain), so that topk_group bounds the domains a token reaches.
+void check_domain_limited_routing(const ModelConfig& c, const ModelParallel& parallel) {
+    if (parallel.dispatch != parallel::DispatchKind::two_tier || parallel.ep == nullptr) return;
+    const int64_t ep = parallel.ep->size();
+    const int64_t per_domain = parallel.domain_size == 0 ? ep : std::min(parallel.domain_size, ep);
+    const int64_t domains = ep / per_domain;
+    MT_CHECK(domains <= 1 || c.n_group % domains == 0,
+             "[model] two_tier dispatch over {} EP domains needs n_group ({}) to be a multiple of "
+             "{}, so that each router group's experts live in one domain (topk_group = {} then "
+             "bounds the domains a token reaches); set n_group in model '{}' or use --dispatch "
+             "flat",
+             domains, c.n_group, domains, c.topk_group, c.name);
+}
+
 int64_t num_moe_slots(const ModelConfig& c) {
     int64_t slots = c.num_moe_layers();
     for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) slots += c.mtp_layer_is_moe(d);
@@ -282,7 +297,14 @@ struct Model::Impl {
             dc.max_tokens = r.batch_size * r.seq_len;
             dc.num_slots = num_moe_slots(c);
             dc.recv_capacity_rows = par.dispatch_capacity_rows;
-            dispatcher = parallel::make_expert_dispatcher(dc, shard.count > 0 ? par.ep : nullptr);
+            dc.kind = par.dispatch;
+            dc.domain_size = par.domain_size;
+            check_domain_limited_routing(c, par);
+            parallel::ExpertGroups groups;
+            groups.ep = shard.count > 0 ? par.ep : nullptr;
+            groups.rail = par.ep_rail;
+            groups.domain = par.ep_domain;
+            dispatcher = parallel::make_expert_dispatcher(dc, groups);
         }
 
         ArenaPlan act_plan("activations");
@@ -674,6 +696,10 @@ TensorView Model::param(const std::string& name) const {
 TensorView Model::grad(const std::string& name) const {
     const ParamEntry& e = impl_->table.entry(name);
     return {static_cast<float*>(impl_->grads.base()) + e.offset, e.shape, DType::f32};
+}
+
+parallel::ExpertDispatcher* Model::expert_dispatcher() const {
+    return impl_->dispatcher.get();
 }
 
 size_t Model::planned_bytes() const {

@@ -18,6 +18,7 @@
 #include "moetron/model/config.h"
 #include "moetron/model/moe.h"     // ExpertShard
 #include "moetron/model/params.h"  // ParamEntry, TensorSpec
+#include "moetron/parallel/expert_dispatcher.h"
 #include "moetron/parallel/grad_buckets.h"
 
 namespace moetron::parallel {
@@ -58,6 +59,14 @@ struct ModelParallel {
     // Expert-side rows per MoE layer (see DispatchConfig::recv_capacity_rows); 0: dropless worst
     // case. Only used with expert parallelism.
     int64_t dispatch_capacity_rows = 0;
+    // How the EP group's all-to-all crosses scale-up domains (parallel/expert_dispatcher.h), the
+    // EP ranks per domain, and the groups two_tier works over (ParallelGroups::ep_rail and
+    // ep_domain). two_tier needs n_group to be a multiple of the EP domains (domain-limited
+    // routing: each router group's experts in one domain).
+    parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
+    int64_t domain_size = 0;
+    parallel::Communicator* ep_rail = nullptr;
+    parallel::Communicator* ep_domain = nullptr;
 };
 
 inline constexpr int64_t kMaxMtpDepths = 8;
@@ -161,6 +170,9 @@ class Model {
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report
+    // The MoE layers' dispatcher (its kind, byte and spread statistics); null without routed
+    // experts.
+    parallel::ExpertDispatcher* expert_dispatcher() const;
 
   private:
     struct Impl;

@@ -121,7 +121,7 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
     parallel::ExpertDispatcher& dispatch =
         dispatcher_of(saved, expert_side_rows(saved.expert_rows, n, K), El);
     const int64_t slot = saved.dispatch_slot;
-    dispatch.route(slot, saved.topk_ids, n);
+    dispatch.route(slot, saved.topk_ids, saved.topk_weights, n);
     const int64_t R = dispatch.num_expert_rows(slot);
     const int64_t* offsets = dispatch.expert_offsets(slot).data();
     dispatch.dispatch_forward(slot, saved.permuted, inp);

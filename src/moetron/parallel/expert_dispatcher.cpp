@@ -1,12 +1,26 @@
 #include "moetron/parallel/expert_dispatcher.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/kernels/cpu/permute.h"
 #include "moetron/parallel/dispatch_flat.h"
+#include "moetron/parallel/dispatch_two_tier.h"
 
 namespace moetron::parallel {
+
+DispatchKind parse_dispatch_kind(std::string_view name) {
+    if (name == "flat") return DispatchKind::flat;
+    if (name == "two_tier") return DispatchKind::two_tier;
+    MT_THROW("[dispatch] unknown dispatch '{}'; use flat or two_tier", name);
+}
+
+std::string_view dispatch_kind_name(DispatchKind kind) {
+    return kind == DispatchKind::two_tier ? "two_tier" : "flat";
+}
 
 namespace {
 
@@ -30,6 +44,7 @@ class LocalDispatcher final : public ExpertDispatcher {
         check_config(c);
         num_local_experts_ = c.num_experts;
         first_local_expert_ = 0;
+        description_ = "local (every expert in this process)";
         slots_.resize(static_cast<size_t>(c.num_slots));
         for (Slot& s : slots_) {
             s.copy_to_row.resize(static_cast<size_t>(c.max_tokens * c.top_k));
@@ -47,7 +62,8 @@ class LocalDispatcher final : public ExpertDispatcher {
         return bytes;
     }
 
-    void route(int64_t slot, const int32_t* topk_ids, int64_t num_tokens) override {
+    void route(int64_t slot, const int32_t* topk_ids, const float* /*topk_weights*/,
+               int64_t num_tokens) override {
         MT_CHECK(num_tokens >= 0 && num_tokens <= config_.max_tokens,
                  "[expert_dispatch] {} tokens, but the dispatcher holds at most {}", num_tokens,
                  config_.max_tokens);
@@ -105,94 +121,140 @@ class LocalDispatcher final : public ExpertDispatcher {
     std::vector<Slot> slots_;
 };
 
-// Experts split over the EP group; one DispatchLayout per slot and one shared DispatchBuffer.
-class FlatDispatcher final : public ExpertDispatcher {
+DispatchConfig route_config(const ExpertDispatchConfig& c) {
+    DispatchConfig d;
+    d.num_experts = c.num_experts;
+    d.top_k = c.top_k;
+    d.hidden = c.hidden;
+    d.max_tokens = c.max_tokens;
+    d.recv_capacity_rows = c.recv_capacity_rows;
+    d.domain_size = c.domain_size;
+    return d;
+}
+
+// Experts split over the EP group; one route (Layout) per slot and one shared buffer (Buffer).
+// Flat and two-tier differ only in their hops and groups (dispatch_stage.h).
+template <class Layout, class Buffer>
+class RoutedDispatcher final : public ExpertDispatcher {
   public:
-    FlatDispatcher(const ExpertDispatchConfig& c, Communicator& ep)
-        : ep_(ep), flat_config_(flat_config(c)), buffer_(flat_config_, ep.size()) {
+    RoutedDispatcher(const ExpertDispatchConfig& c, Communicator& ep,
+                     std::vector<Communicator*> groups, const char* kind, std::string description)
+        : groups_(std::move(groups)),
+          kind_(kind),
+          route_config_(route_config(c)),
+          buffer_(route_config_, ep.size()) {
         check_config(c);
-        num_local_experts_ = flat_config_.local_experts(ep.size());
+        num_local_experts_ = route_config_.local_experts(ep.size());
         first_local_expert_ = static_cast<int64_t>(ep.rank()) * num_local_experts_;
+        description_ = std::move(description);
         slots_.reserve(static_cast<size_t>(c.num_slots));
-        for (int64_t i = 0; i < c.num_slots; ++i) {
-            slots_.push_back(
-                {DispatchLayout(flat_config_, ep.size()),
-                 std::vector<float>(static_cast<size_t>(c.max_tokens * c.top_k * c.hidden))});
-        }
+        for (int64_t i = 0; i < c.num_slots; ++i)
+            slots_.emplace_back(route_config_, ep.size(), ep.rank());
         num_slots_ = c.num_slots;
     }
 
-    const char* kind() const override { return "flat"; }
-    int64_t capacity_rows() const override { return flat_config_.capacity_rows(ep_.size()); }
+    const char* kind() const override { return kind_; }
+    int64_t capacity_rows() const override {
+        return route_config_.capacity_rows(buffer_.ep_size());
+    }
     size_t buffer_bytes() const override {
-        size_t bytes = buffer_.size_bytes();
-        for (const Slot& s : slots_) bytes += s.returned_rows.size() * sizeof(float);
-        return bytes;  // the layouts' index arrays are small next to the rows
+        return buffer_.size_bytes();  // the layouts' index arrays are small next to the rows
     }
 
-    void route(int64_t slot, const int32_t* topk_ids, int64_t num_tokens) override {
-        dispatch_layout(at(slot).layout, topk_ids, num_tokens, ep_);
+    void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights,
+               int64_t num_tokens) override {
+        Layout& layout = at(slot);
+        layout.plan(topk_ids, topk_weights, num_tokens, buffer_, groups_);
+        const RoutingSpread& s = layout.spread();
+        ++stats_.routes;
+        stats_.spread.num_tokens += s.num_tokens;
+        stats_.spread.rank_sum += s.rank_sum;
+        stats_.spread.rank_max = std::max(stats_.spread.rank_max, s.rank_max);
+        stats_.spread.domain_sum += s.domain_sum;
+        stats_.spread.domain_max = std::max(stats_.spread.domain_max, s.domain_max);
     }
-    int64_t num_expert_rows(int64_t slot) const override { return at(slot).layout.num_recv_rows(); }
+    int64_t num_expert_rows(int64_t slot) const override { return at(slot).experts().num_rows(); }
     std::span<const int64_t> expert_offsets(int64_t slot) const override {
-        return at(slot).layout.expert_offsets();
+        return at(slot).experts().expert_offsets();
     }
 
     void dispatch_forward(int64_t slot, float* expert_inp, const float* inp) override {
-        parallel::dispatch_forward(expert_inp, inp, at(slot).layout, buffer_, ep_);
+        at(slot).to_experts(expert_inp, inp, /*weighted=*/false, buffer_, groups_);
     }
     void combine_forward(int64_t slot, float* out, const float* expert_out,
-                         const float* weights) override {
-        Slot& s = at(slot);
-        parallel::combine_forward(out, s.returned_rows.data(), expert_out, weights, s.layout,
-                                  buffer_, ep_);
+                         const float* /*weights: the route's*/) override {
+        at(slot).to_tokens(out, expert_out, /*weighted=*/true, buffer_, groups_);
     }
     void combine_backward(int64_t slot, float* dexpert_out, float* dweights, const float* dout,
-                          const float* weights, const float* /*expert_out*/) override {
-        Slot& s = at(slot);
-        parallel::combine_backward(dexpert_out, dweights, dout, weights, s.returned_rows.data(),
-                                   s.layout, buffer_, ep_);
+                          const float* /*weights: the route's*/, const float* expert_out) override {
+        at(slot).combine_grads(dexpert_out, dweights, dout, expert_out, buffer_, groups_);
     }
     void dispatch_backward(int64_t slot, float* dinp, const float* dexpert_inp) override {
-        parallel::dispatch_backward(dinp, dexpert_inp, at(slot).layout, buffer_, ep_);
+        at(slot).to_tokens(dinp, dexpert_inp, /*weighted=*/false, buffer_, groups_);
+    }
+
+    DispatchStats stats() const override {
+        DispatchStats s = stats_;
+        s.bytes = buffer_.bytes_sent();
+        return s;
+    }
+    void reset_stats() override {
+        stats_ = {};
+        buffer_.bytes_sent() = {};
     }
 
   private:
-    struct Slot {
-        DispatchLayout layout;
-        std::vector<float> returned_rows;  // (max_tokens * K, D): combine_forward's, for dweights
-    };
-    static DispatchConfig flat_config(const ExpertDispatchConfig& c) {
-        DispatchConfig d;
-        d.num_experts = c.num_experts;
-        d.top_k = c.top_k;
-        d.hidden = c.hidden;
-        d.max_tokens = c.max_tokens;
-        d.recv_capacity_rows = c.recv_capacity_rows;
-        return d;
-    }
-    Slot& at(int64_t slot) {
+    Layout& at(int64_t slot) {
         check_slot(slot, num_slots_);
         return slots_[static_cast<size_t>(slot)];
     }
-    const Slot& at(int64_t slot) const {
+    const Layout& at(int64_t slot) const {
         check_slot(slot, num_slots_);
         return slots_[static_cast<size_t>(slot)];
     }
 
-    Communicator& ep_;
-    DispatchConfig flat_config_;
-    DispatchBuffer buffer_;
-    std::vector<Slot> slots_;
+    std::vector<Communicator*> groups_;  // one per hop
+    const char* kind_;
+    DispatchConfig route_config_;
+    Buffer buffer_;
+    std::vector<Layout> slots_;
     int64_t num_slots_ = 0;
+    DispatchStats stats_;
 };
 
 }  // namespace
 
 std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchConfig& config,
-                                                         Communicator* ep) {
+                                                         const ExpertGroups& groups) {
+    Communicator* ep = groups.ep;
     if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config);
-    return std::make_unique<FlatDispatcher>(config, *ep);
+    const int64_t L = config.domain_size == 0 ? ep->size() : config.domain_size;
+    const int64_t G = ep->size() / std::min<int64_t>(L, ep->size());
+    if (config.kind == DispatchKind::flat || G == 1) {
+        std::string why =
+            config.kind == DispatchKind::flat
+                ? fmt::format("flat over EP group '{}' of {} ranks", ep->name(), ep->size())
+                : fmt::format(
+                      "flat: two_tier asked, but EP group '{}' of {} ranks lies in one "
+                      "domain of {} ranks, where both are the same",
+                      ep->name(), ep->size(), L);
+        return std::make_unique<RoutedDispatcher<DispatchLayout, DispatchBuffer>>(
+            config, *ep, std::vector<Communicator*>{ep}, "flat", std::move(why));
+    }
+    check_two_tier(route_config(config), ep->size());
+    MT_CHECK(groups.rail != nullptr && groups.domain != nullptr,
+             "[expert_dispatch] two_tier over EP group '{}' needs its rail and domain groups",
+             ep->name());
+    MT_CHECK(groups.rail->size() == G && groups.domain->size() == L &&
+                 groups.rail->rank() * L + groups.domain->rank() == ep->rank(),
+             "[expert_dispatch] two_tier: rail group '{}' (rank {} of {}) and domain group '{}' "
+             "(rank {} of {}) do not split EP rank {} of {} into {} domains of {}",
+             groups.rail->name(), groups.rail->rank(), groups.rail->size(), groups.domain->name(),
+             groups.domain->rank(), groups.domain->size(), ep->rank(), ep->size(), G, L);
+    return std::make_unique<RoutedDispatcher<TwoTierLayout, TwoTierBuffer>>(
+        config, *ep, std::vector<Communicator*>{groups.rail, groups.domain}, "two_tier",
+        fmt::format("two_tier over EP group '{}': {} domains of {} ranks (rail '{}', domain '{}')",
+                    ep->name(), G, L, groups.rail->name(), groups.domain->name()));
 }
 
 }  // namespace moetron::parallel

@@ -1,13 +1,18 @@
 // ExpertDispatcher: how a MoE layer moves its token copies to the experts that own them and back,
-// without knowing what the experts compute. Two implementations:
-//   local: every expert lives in this process; dispatch is a permutation of the copies sorted by
-//          expert (kernels/cpu/permute.h), combine its weighted inverse.
-//   flat:  experts split contiguously over the EP group (rank r owns [r*El, (r+1)*El)); dispatch
-//          and combine are one all_to_all_v each (dispatch_flat.h).
+// without knowing what the experts compute. Three implementations:
+//   local:    every expert lives in this process; dispatch is a permutation of the copies sorted
+//             by expert (kernels/cpu/permute.h), combine its weighted inverse.
+//   flat:     experts split contiguously over the EP group (rank r owns [r*El, (r+1)*El)); a
+//             token travels once to each rank that owns one of its experts, in one all_to_all_v
+//             (dispatch_flat.h).
+//   two_tier: the same placement over an EP group of several scale-up domains; a token crosses
+//             the scale-out tier once per destination domain, then fans out inside the domain
+//             (dispatch_two_tier.h). Same results as flat.
 // Either way the expert side sees rows sorted by local expert, bounded by expert_offsets(), so the
 // caller runs one grouped GEMM over El experts whatever the placement.
 //
-// A "slot" is one routing context (one MoE layer): route() computes where every copy goes and the
+// A "slot" is one routing context (one MoE layer): route() computes where every copy goes (the
+// weights travel with the routing: flat and two_tier apply them on the experts' rank) and the
 // slot keeps it from the forward to the backward. All state is sized at construction from the
 // config (no allocation per call). The four data movements mirror each other:
 //   dispatch_forward:  expert_inp (R, D)  <- inp (N, D)
@@ -21,10 +26,19 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include "moetron/parallel/communicator.h"
+#include "moetron/parallel/dispatch_stage.h"
 
 namespace moetron::parallel {
+
+// How tokens cross the EP group (--dispatch): once per destination rank (flat), or once per
+// destination domain over the rail and then inside the domain (two_tier).
+enum class DispatchKind { flat, two_tier };
+DispatchKind parse_dispatch_kind(std::string_view name);  // "flat" | "two_tier"; throws otherwise
+std::string_view dispatch_kind_name(DispatchKind kind);
 
 struct ExpertDispatchConfig {
     int64_t num_experts = 0;  // E over the whole EP group
@@ -35,14 +49,35 @@ struct ExpertDispatchConfig {
     // Expert-side rows a rank holds at most (flat only; 0: the dropless worst case, see
     // DispatchConfig::recv_capacity_rows).
     int64_t recv_capacity_rows = 0;
+    DispatchKind kind = DispatchKind::flat;
+    // Consecutive EP ranks per scale-up domain (0: one domain): two_tier routes by it, flat
+    // splits its byte counts by it.
+    int64_t domain_size = 0;
+};
+
+// What the dispatcher sent and how far the tokens spread, since construction or reset_stats().
+struct DispatchStats {
+    DispatchBytes bytes;   // to other ranks, by tier
+    int64_t routes = 0;    // route() calls
+    RoutingSpread spread;  // summed over routes (max: the largest)
+};
+
+// The groups a dispatcher works over: ep for flat; for two_tier also the EP group's rail and
+// domain groups (ParallelGroups::ep_rail, ep_domain).
+struct ExpertGroups {
+    Communicator* ep = nullptr;
+    Communicator* rail = nullptr;
+    Communicator* domain = nullptr;
 };
 
 class ExpertDispatcher {
   public:
     virtual ~ExpertDispatcher() = default;
 
-    // "local" or "flat", for logs.
+    // "local", "flat" or "two_tier", for logs.
     virtual const char* kind() const = 0;
+    // One line for the start-up log: the kind and why (e.g. two_tier asked over one domain).
+    const std::string& description() const { return description_; }
     int64_t num_local_experts() const { return num_local_experts_; }  // El
     int64_t first_local_expert() const { return first_local_expert_; }
     // Rows the expert-side buffers (expert_inp, expert_out and their gradients) must hold.
@@ -51,16 +86,18 @@ class ExpertDispatcher {
     virtual size_t buffer_bytes() const = 0;
 
     // Computes where every copy of slot's num_tokens tokens goes, from topk_ids (N, K) of global
-    // expert ids. Collective over the EP group for the flat dispatcher.
-    virtual void route(int64_t slot, const int32_t* topk_ids, int64_t num_tokens) = 0;
+    // expert ids; topk_weights (N, K) travel with them (flat and two_tier weight the experts'
+    // outputs on the experts' rank, with these weights: pass the same ones to combine). A
+    // collective over the EP group (and its rail and domain groups) for flat and two_tier.
+    virtual void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights,
+                       int64_t num_tokens) = 0;
     // After route(): rows the local experts receive (R), and the El + 1 segment boundaries.
     virtual int64_t num_expert_rows(int64_t slot) const = 0;
     virtual std::span<const int64_t> expert_offsets(int64_t slot) const = 0;
 
     virtual void dispatch_forward(int64_t slot, float* expert_inp, const float* inp) = 0;
-    // expert_out must stay untouched until combine_backward of the same slot (the local
-    // dispatcher reads it there for dweights; the flat one keeps its own copy of the returned
-    // rows).
+    // expert_out must stay untouched until combine_backward of the same slot (every dispatcher
+    // reads it there for dweights).
     virtual void combine_forward(int64_t slot, float* out, const float* expert_out,
                                  const float* weights) = 0;
     virtual void combine_backward(int64_t slot, float* dexpert_out, float* dweights,
@@ -68,14 +105,20 @@ class ExpertDispatcher {
                                   const float* expert_out) = 0;
     virtual void dispatch_backward(int64_t slot, float* dinp, const float* dexpert_inp) = 0;
 
+    virtual DispatchStats stats() const { return {}; }
+    virtual void reset_stats() {}
+
   protected:
     int64_t num_local_experts_ = 0;
     int64_t first_local_expert_ = 0;
+    std::string description_;
 };
 
-// The flat dispatcher over ep when ep is given and has more than one rank, else the local one.
-// Throws moetron::Error when the config cannot work (experts not splitting over ep, ...).
+// With groups.ep of more than one rank: config.kind's dispatcher over it (two_tier over an EP
+// group inside one domain is the flat one, and says so in description()); else the local one.
+// Throws moetron::Error when the config cannot work (experts not splitting over ep, two_tier
+// without its groups, ...).
 std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchConfig& config,
-                                                         Communicator* ep);
+                                                         const ExpertGroups& groups);
 
 }  // namespace moetron::parallel

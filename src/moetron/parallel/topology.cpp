@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "moetron/core/error.h"
 
 namespace moetron::parallel {
@@ -104,6 +106,10 @@ std::string_view group_kind_name(GroupKind kind) {
             return "edp";
         case GroupKind::rail:
             return "rail";
+        case GroupKind::ep_domain:
+            return "ep_domain";
+        case GroupKind::ep_rail:
+            return "ep_rail";
     }
     return "unknown";
 }
@@ -167,6 +173,21 @@ GroupMembership group_of(const Topology& t, GroupKind kind, int rank) {
                 g.ranks.push_back(d * t.domain_size + c.local);
             g.index = c.domain;
             break;
+        case GroupKind::ep_domain: {  // EP ranks [first, first + L) of this rank's domain
+            const int per_domain = std::min(t.ep, t.domain_size);
+            const int first = c.ep / per_domain * per_domain;
+            for (int i = first; i < first + per_domain; ++i)
+                g.ranks.push_back(expert_rank(i, c.edp, c.expert_pp));
+            g.index = c.ep - first;
+            break;
+        }
+        case GroupKind::ep_rail: {  // EP ranks with this rank's local index, one per domain
+            const int per_domain = std::min(t.ep, t.domain_size);
+            for (int i = c.ep % per_domain; i < t.ep; i += per_domain)
+                g.ranks.push_back(expert_rank(i, c.edp, c.expert_pp));
+            g.index = c.ep / per_domain;
+            break;
+        }
     }
     // Every group lists its ranks in increasing order, so its first rank names it uniquely.
     g.color = g.ranks.front();
@@ -189,6 +210,10 @@ std::unique_ptr<Communicator>& ParallelGroups::slot(GroupKind kind) {
             return edp;
         case GroupKind::rail:
             return rail;
+        case GroupKind::ep_domain:
+            return ep_domain;
+        case GroupKind::ep_rail:
+            return ep_rail;
     }
     MT_THROW("[layout] unknown group kind {}", static_cast<int>(kind));
 }

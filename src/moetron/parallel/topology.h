@@ -11,7 +11,10 @@
 // TP = 1 and edp = world / (ep * pp); EP groups are consecutive ranks, inside one domain when
 // ep <= domain_size.
 // Rail group: the ranks with the same local index in every domain (the scale-out "rail" that the
-// two-tier dispatch crosses once per target domain).
+// two-tier dispatch crosses once per target domain). The two-tier dispatch works inside one EP
+// group: ep_domain = the EP group's ranks in this rank's domain, ep_rail = the EP group's ranks
+// with this rank's local index (one per domain the EP group spans). When the EP group lies in one
+// domain, ep_domain is the EP group and ep_rail this rank alone.
 #pragma once
 
 #include <memory>
@@ -45,10 +48,10 @@ Topology make_topology(const Layout& layout, int world_size, int domain_size = 0
 // Checks the layout against the model: tp divides the attention heads, ep the routed experts.
 void validate_topology_for_model(const Topology& topology, const ModelConfig& model);
 
-enum class GroupKind { tp, cp, dp, pp, ep, edp, rail };
-inline constexpr GroupKind kAllGroupKinds[] = {GroupKind::tp,  GroupKind::cp, GroupKind::dp,
-                                               GroupKind::pp,  GroupKind::ep, GroupKind::edp,
-                                               GroupKind::rail};
+enum class GroupKind { tp, cp, dp, pp, ep, edp, rail, ep_domain, ep_rail };
+inline constexpr GroupKind kAllGroupKinds[] = {
+    GroupKind::tp,  GroupKind::cp,   GroupKind::dp,        GroupKind::pp,     GroupKind::ep,
+    GroupKind::edp, GroupKind::rail, GroupKind::ep_domain, GroupKind::ep_rail};
 std::string_view group_kind_name(GroupKind kind);  // "tp", "ep", ...
 
 struct RankCoordinates {
@@ -67,7 +70,7 @@ GroupMembership group_of(const Topology& topology, GroupKind kind, int rank);
 
 // Communicators for every group of this rank, split from world (a collective over world).
 struct ParallelGroups {
-    std::unique_ptr<Communicator> tp, cp, dp, pp, ep, edp, rail;
+    std::unique_ptr<Communicator> tp, cp, dp, pp, ep, edp, rail, ep_domain, ep_rail;
     std::unique_ptr<Communicator>& slot(GroupKind kind);
     Communicator& get(GroupKind kind);  // throws when that group was not built
 };

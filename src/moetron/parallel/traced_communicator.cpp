@@ -24,16 +24,20 @@ std::string_view traffic_class_name(TrafficClass traffic) {
 TrafficClass traffic_class_of(GroupKind kind) {
     switch (kind) {
         case GroupKind::ep:
-        case GroupKind::rail:
+        case GroupKind::ep_domain:
+        case GroupKind::ep_rail:
             return TrafficClass::expert_dispatch;
         case GroupKind::tp:
             return TrafficClass::tensor_parallel;
         case GroupKind::dp:
         case GroupKind::edp:
             return TrafficClass::data_parallel;
-        default:
+        case GroupKind::cp:
+        case GroupKind::pp:
+        case GroupKind::rail:  // the world's rail; the dispatch uses the EP group's (ep_rail)
             return TrafficClass::other;
     }
+    return TrafficClass::other;
 }
 
 double CommWaitTotals::total_s() const {

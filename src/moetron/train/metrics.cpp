@@ -145,6 +145,10 @@ void MetricsLog::log_step(const StepRecord& r) {
         w.json_number("mfu", r.mfu);
         w.json_number("expert_load_max_over_mean", r.expert_load_max_over_mean);
         w.json_number("expert_load_min_over_mean", r.expert_load_min_over_mean);
+        w.json_number("dispatch_intra_domain_bytes", r.dispatch_intra_domain_bytes);
+        w.json_number("dispatch_inter_domain_bytes", r.dispatch_inter_domain_bytes);
+        w.json_number("domains_per_token_mean", r.domains_per_token_mean);
+        w.json_number("domains_per_token_max", r.domains_per_token_max);
         if (validated) w.json_number("val_loss", r.val_loss);
         if (r.expert_comm_s + r.tp_comm_s + r.dp_comm_s > 0) {  // a distributed step
             w.json_number("compute_ms", r.compute_only_s * 1e3);

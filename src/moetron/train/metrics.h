@@ -26,6 +26,13 @@ struct StepRecord {
     double mfu = 0;                        // model FLOP/s over the measured GEMM peak
     double expert_load_max_over_mean = 0;  // worst MoE layer
     double expert_load_min_over_mean = 0;
+    // Expert dispatch on this rank during the step (parallel/expert_dispatcher.h): bytes sent to
+    // ranks of its own scale-up domain and of other domains, and the destination domains per
+    // routed token (mean and max over the step's MoE layers).
+    double dispatch_intra_domain_bytes = 0;
+    double dispatch_inter_domain_bytes = 0;
+    double domains_per_token_mean = 0;
+    double domains_per_token_max = 0;
     double val_loss = std::numeric_limits<double>::quiet_NaN();  // set on validation steps
 
     // Where this rank's step time went (distributed runs; zeros on one process): time blocked in

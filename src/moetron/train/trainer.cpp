@@ -19,11 +19,15 @@ namespace moetron {
 
 namespace {
 
-ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communicator* world) {
+ModelParallel model_parallel(parallel::ParallelGroups& groups, const TrainParallel& p) {
     ModelParallel mp;
-    if (world == nullptr) return mp;
+    if (p.world == nullptr) return mp;
     mp.ep = groups.ep.get();
-    mp.load = world;  // every rank routes tokens of its own (tp = 1)
+    mp.load = p.world;  // every rank routes tokens of its own (tp = 1)
+    mp.dispatch = p.dispatch;
+    mp.domain_size = p.domain_size;
+    mp.ep_rail = groups.ep_rail.get();
+    mp.ep_domain = groups.ep_domain.get();
     return mp;
 }
 
@@ -93,6 +97,16 @@ parallel::ParallelGroups make_traced_groups(parallel::Communicator* world,
     return groups;
 }
 
+// The dispatcher's bytes per tier and domains per token, for the step's record.
+void record_dispatch_stats(StepRecord& r, const parallel::DispatchStats& s) {
+    r.dispatch_intra_domain_bytes = static_cast<double>(s.bytes.intra_domain);
+    r.dispatch_inter_domain_bytes = static_cast<double>(s.bytes.inter_domain);
+    if (s.spread.num_tokens > 0)
+        r.domains_per_token_mean =
+            static_cast<double>(s.spread.domain_sum) / static_cast<double>(s.spread.num_tokens);
+    r.domains_per_token_max = static_cast<double>(s.spread.domain_max);
+}
+
 // Sums a few doubles over the data-parallel group (no-op on one process).
 template <size_t N>
 void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& values) {
@@ -109,7 +123,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
       groups_(make_traced_groups(world_, topology_, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
-                        model_parallel(groups_, world_))),
+                        model_parallel(groups_, parallel))),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {
@@ -173,6 +187,8 @@ StepRecord Trainer::step() {
     parallel::reset_group_counters(groups_);
     Timer timer;
     model_->zero_grads();
+    parallel::ExpertDispatcher* dispatcher = model_->expert_dispatcher();
+    if (dispatcher != nullptr) dispatcher->reset_stats();
     // The whole step's batch first: its counts normalize every micro-batch, so the step's loss is
     // the mean over all its valid tokens however it is split over micro-batches and ranks.
     const int64_t B = config_.batch_size, S = config_.seq_len, micro_tokens = B * S;
@@ -196,6 +212,7 @@ StepRecord Trainer::step() {
         losses[2] += l.balance_loss;
     }
     if (sync_ != nullptr) sync_->finish();
+    if (dispatcher != nullptr) record_dispatch_stats(r, dispatcher->stats());
     sum_over_ranks(groups_, losses);
     r.loss = losses[0];
     r.mtp_loss = losses[1];

@@ -62,6 +62,8 @@ struct TrainParallel {
     double bucket_mb = 4.0;                   // gradient-sync bucket size in MiB
     bool zero1 = true;    // shard the optimizer state over the data-parallel group
     bool overlap = true;  // post gradient buckets during the backward
+    // How the MoE all-to-all crosses domains (--dispatch; parallel/expert_dispatcher.h).
+    parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
 };
 
 class Trainer {

@@ -1,0 +1,527 @@
+#include "moetron/parallel/dispatch_stage.h"
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cstring>
+
+#include "moetron/core/error.h"
+
+namespace moetron::parallel {
+
+namespace {
+
+void exclusive_prefix_sum(std::span<int> offsets, std::span<const int> counts) {
+    int running = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+        offsets[i] = running;
+        running += counts[i];
+    }
+}
+
+int64_t row_width(const DispatchConfig& c) {
+    return std::max(c.hidden, c.top_k);
+}
+
+}  // namespace
+
+// ---- DispatchConfig ----
+
+void DispatchConfig::validate(int ep_size) const {
+    MT_CHECK(ep_size >= 1, "[dispatch] EP group size must be >= 1, got {}", ep_size);
+    MT_CHECK(num_experts >= 1, "[dispatch] num_experts must be >= 1, got {}", num_experts);
+    MT_CHECK(num_experts % ep_size == 0,
+             "[dispatch] the {} experts do not split evenly over an EP group of {} ranks",
+             num_experts, ep_size);
+    MT_CHECK(top_k >= 1 && top_k <= num_experts, "[dispatch] top_k {} is not in [1, {}]", top_k,
+             num_experts);
+    MT_CHECK(hidden >= 1, "[dispatch] hidden must be >= 1, got {}", hidden);
+    MT_CHECK(max_tokens >= 0, "[dispatch] max_tokens must be >= 0, got {}", max_tokens);
+    MT_CHECK(recv_capacity_rows >= 0, "[dispatch] recv_capacity_rows must be >= 0, got {}",
+             recv_capacity_rows);
+    MT_CHECK(domain_size >= 0, "[dispatch] domain_size must be >= 0 (0: one domain), got {}",
+             domain_size);
+    MT_CHECK(domain_size == 0 || domain_size >= ep_size || ep_size % domain_size == 0,
+             "[dispatch] an EP group of {} ranks does not split into whole domains of {} ranks; "
+             "use an ep that is a multiple of domain_size (or at most domain_size)",
+             ep_size, domain_size);
+    // all_to_all_v counts and displacements are MPI ints, in floats. The staging rows hold every
+    // source token once at worst (ep * max_tokens rows).
+    MT_CHECK(max_tokens * top_k * row_width(*this) <= INT_MAX,
+             "[dispatch] max_tokens*K*D = {}*{}*{} floats exceed MPI's int count limit; use "
+             "smaller micro-batches",
+             max_tokens, top_k, hidden);
+    MT_CHECK(ep_size * max_tokens * row_width(*this) <= INT_MAX,
+             "[dispatch] ep*max_tokens*D = {}*{}*{} staging floats exceed MPI's int count limit; "
+             "use smaller micro-batches",
+             ep_size, max_tokens, hidden);
+    MT_CHECK(capacity_rows(ep_size) * hidden <= INT_MAX,
+             "[dispatch] receive capacity {} rows x {} floats exceeds MPI's int count limit; set "
+             "recv_capacity_rows lower (the worst case is {} rows)",
+             capacity_rows(ep_size), hidden, worst_case_recv_rows(ep_size));
+}
+
+int64_t DispatchConfig::worst_case_recv_rows(int ep_size) const {
+    return ep_size * max_tokens * std::min(top_k, local_experts(ep_size));
+}
+
+int64_t DispatchConfig::capacity_rows(int ep_size) const {
+    return recv_capacity_rows > 0 ? recv_capacity_rows : worst_case_recv_rows(ep_size);
+}
+
+int64_t DispatchConfig::ranks_per_domain(int ep_size) const {
+    return domain_size == 0 ? ep_size : std::min<int64_t>(domain_size, ep_size);
+}
+
+// ---- Hop ----
+
+Hop::Hop(HopSpec spec, int64_t hidden, int64_t top_k)
+    : spec_(std::move(spec)), hidden_(hidden), top_k_(top_k) {
+    const auto g = static_cast<size_t>(spec_.group_size);
+    MT_CHECK(spec_.peer_is_remote.size() == g && spec_.self >= 0 && spec_.self < spec_.group_size,
+             "[dispatch] hop '{}': bad spec (group {}, self {})", spec_.name, spec_.group_size,
+             spec_.self);
+    input_slot_begin_.resize(static_cast<size_t>(spec_.max_inputs) + 1);
+    input_slots_.resize(static_cast<size_t>(spec_.max_slots));
+    for (auto* v : {&send_rows_, &send_displs_, &recv_rows_, &recv_displs_, &next_slot_,
+                    &one_per_peer_, &peer_index_})
+        v->resize(g);
+    for (PeerCounts& c : counts_)
+        for (auto* v : {&c.send_counts, &c.send_displs, &c.recv_counts, &c.recv_displs})
+            v->resize(g);
+    for (size_t p = 0; p < g; ++p) {
+        one_per_peer_[p] = 1;
+        peer_index_[p] = static_cast<int>(p);
+    }
+}
+
+int64_t Hop::width(Payload p) const {
+    switch (p) {
+        case Payload::rows:
+            return hidden_;
+        case Payload::weights:
+            return top_k_;
+        case Payload::records:
+            return 2 * top_k_ + 1;
+    }
+    return 0;
+}
+
+void Hop::check_group(const Communicator& group, const char* op) const {
+    MT_CHECK(group.size() == spec_.group_size && group.rank() == spec_.self,
+             "[{}] hop '{}' was planned for rank {} of a group of {}, group '{}' gives rank {} of "
+             "{}",
+             op, spec_.name, spec_.self, spec_.group_size, group.name(), group.rank(),
+             group.size());
+}
+
+void Hop::count_sent(std::span<const int> counts, DispatchBytes& bytes) const {
+    for (int p = 0; p < spec_.group_size; ++p) {
+        if (p == spec_.self) continue;
+        const uint64_t b = static_cast<uint64_t>(counts[p]) * 4;  // floats and int32 words
+        (spec_.peer_is_remote[p] ? bytes.inter_domain : bytes.intra_domain) += b;
+    }
+}
+
+void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buffers,
+               Communicator& group, DispatchBytes& bytes) {
+    check_group(group, "dispatch_layout");
+    MT_CHECK(num_inputs >= 0 && num_inputs <= spec_.max_inputs,
+             "[dispatch_layout] hop '{}': {} input rows, but it holds at most {}", spec_.name,
+             num_inputs, spec_.max_inputs);
+    const int64_t K = top_k_, words = 2 * K + 1;
+    const int g = spec_.group_size;
+
+    // The peers of each input row, ascending, one per peer however many experts it holds there.
+    std::fill(send_rows_.begin(), send_rows_.end(), 0);
+    int32_t n = 0;
+    for (int64_t i = 0; i < num_inputs; ++i) {
+        input_slot_begin_[i] = n;
+        const int32_t* ids = records + i * words + 1;
+        for (int64_t j = 0; j < K; ++j) {
+            const int p = spec_.to_peers.peer_of(ids[j]);
+            if (p < 0) continue;
+            int32_t pos = n;
+            bool seen = false;
+            for (int32_t s = input_slot_begin_[i]; s < n; ++s) seen = seen || input_slots_[s] == p;
+            if (seen) continue;
+            while (pos > input_slot_begin_[i] && input_slots_[pos - 1] > p) {
+                input_slots_[pos] = input_slots_[pos - 1];
+                --pos;
+            }
+            input_slots_[pos] = p;
+            ++n;
+            ++send_rows_[p];
+        }
+    }
+    input_slot_begin_[num_inputs] = n;
+    num_inputs_ = num_inputs;
+
+    // Send order: peer major, then input row; replace each peer by its send slot.
+    exclusive_prefix_sum(send_displs_, send_rows_);
+    std::copy(send_displs_.begin(), send_displs_.end(), next_slot_.begin());
+    for (int32_t s = 0; s < n; ++s) input_slots_[s] = next_slot_[input_slots_[s]]++;
+
+    // Every peer learns how many rows it receives from this rank.
+    group.all_to_all_v(recv_rows_.data(), one_per_peer_, peer_index_, send_rows_.data(),
+                       one_per_peer_, peer_index_);
+    count_sent(one_per_peer_, bytes);
+    exclusive_prefix_sum(recv_displs_, recv_rows_);
+    num_recv_ = recv_displs_[g - 1] + recv_rows_[g - 1];
+    // Cannot fail: max_recv is all peers' max_inputs (an input row reaches a peer once at most).
+    MT_CHECK(num_recv_ <= spec_.max_recv,
+             "[dispatch_layout] hop '{}': rank {} receives {} rows, more than the {} planned",
+             spec_.name, spec_.self, num_recv_, spec_.max_recv);
+
+    for (Payload payload : {Payload::rows, Payload::weights, Payload::records}) {
+        PeerCounts& c = counts_[static_cast<int>(payload)];
+        const int w = static_cast<int>(width(payload));
+        for (int p = 0; p < g; ++p) {
+            const bool own = p == spec_.self;  // own rows bypass MPI
+            c.send_counts[p] = own ? 0 : send_rows_[p] * w;
+            c.send_displs[p] = send_displs_[p] * w;
+            c.recv_counts[p] = own ? 0 : recv_rows_[p] * w;
+            c.recv_displs[p] = recv_displs_[p] * w;
+        }
+    }
+
+    // The records follow the rows' own path.
+    const PeerCounts& c = counts_[static_cast<int>(Payload::records)];
+    const int64_t own_begin = send_displs_[spec_.self],
+                  own_end = own_begin + send_rows_[spec_.self];
+    const int64_t own_recv = recv_displs_[spec_.self];
+    for (int64_t i = 0; i < num_inputs; ++i) {
+        for (int32_t s = input_slot_begin_[i]; s < input_slot_begin_[i + 1]; ++s) {
+            const int64_t slot = input_slots_[s];
+            int32_t* dst = slot >= own_begin && slot < own_end
+                               ? buffers.recv_records + (own_recv + slot - own_begin) * words
+                               : buffers.send_records + slot * words;
+            std::memcpy(dst, records + i * words, static_cast<size_t>(words) * sizeof(int32_t));
+        }
+    }
+    group.all_to_all_v(buffers.recv_records, c.recv_counts, c.recv_displs, buffers.send_records,
+                       c.send_counts, c.send_displs);
+    count_sent(c.send_counts, bytes);
+}
+
+const float* Hop::slot_row(int32_t slot, const float* send, const float* recv, int64_t w) const {
+    const int own_begin = send_displs_[spec_.self];
+    if (slot >= own_begin && slot < own_begin + send_rows_[spec_.self])
+        return recv + (recv_displs_[spec_.self] + slot - own_begin) * w;
+    return send + static_cast<int64_t>(slot) * w;
+}
+
+float* Hop::slot_row(int32_t slot, float* send, float* recv, int64_t w) const {
+    return const_cast<float*>(
+        slot_row(slot, static_cast<const float*>(send), static_cast<const float*>(recv), w));
+}
+
+void Hop::fan_out(float* recv, float* send, const float* input, Payload payload,
+                  Communicator& group, DispatchBytes& bytes) const {
+    check_group(group, "dispatch");
+    const int64_t w = width(payload);
+    const size_t row_bytes = static_cast<size_t>(w) * sizeof(float);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < num_inputs_; ++i)
+        for (int32_t s = input_slot_begin_[i]; s < input_slot_begin_[i + 1]; ++s)
+            std::memcpy(slot_row(input_slots_[s], send, recv, w), input + i * w, row_bytes);
+    const PeerCounts& c = counts_[static_cast<int>(payload)];
+    group.all_to_all_v(recv, c.recv_counts, c.recv_displs, send, c.send_counts, c.send_displs);
+    count_sent(c.send_counts, bytes);
+}
+
+void Hop::fan_in(float* input, float* send, const float* recv, Payload payload, Communicator& group,
+                 DispatchBytes& bytes) const {
+    check_group(group, "combine");
+    const int64_t w = width(payload);
+    const PeerCounts& c = counts_[static_cast<int>(payload)];
+    group.all_to_all_v(send, c.send_counts, c.send_displs, recv, c.recv_counts, c.recv_displs);
+    count_sent(c.recv_counts, bytes);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < num_inputs_; ++i) {
+        float* dst = input + i * w;
+        std::fill(dst, dst + w, 0.0f);
+        for (int32_t s = input_slot_begin_[i]; s < input_slot_begin_[i + 1]; ++s) {
+            const float* src = slot_row(input_slots_[s], send, recv, w);
+            for (int64_t k = 0; k < w; ++k) dst[k] += src[k];
+        }
+    }
+}
+
+// ---- ExpertSide ----
+
+ExpertSide::ExpertSide(const DispatchConfig& config, int ep_size, int ep_rank)
+    : config_(config), ep_size_(ep_size), ep_rank_(ep_rank) {
+    config.validate(ep_size);
+    MT_CHECK(ep_rank >= 0 && ep_rank < ep_size, "[dispatch] rank {} is not in an EP group of {}",
+             ep_rank, ep_size);
+    local_experts_ = config.local_experts(ep_size);
+    first_expert_ = ep_rank * local_experts_;
+    capacity_ = config.capacity_rows(ep_size);
+    staging_copy_begin_.resize(static_cast<size_t>(ep_size * config.max_tokens) + 1);
+    copy_expert_row_.resize(static_cast<size_t>(capacity_));
+    copy_choice_.resize(static_cast<size_t>(capacity_));
+    copy_weight_.resize(static_cast<size_t>(capacity_));
+    expert_offsets_.resize(static_cast<size_t>(local_experts_) + 1);
+    rows_by_source_.resize(static_cast<size_t>(ep_size * local_experts_));
+}
+
+void ExpertSide::build(const int32_t* records, int64_t num_staging, const std::string& group_name) {
+    const int64_t K = config_.top_k, El = local_experts_, words = 2 * K + 1;
+    auto local_expert = [&](const int32_t* rec, int64_t j) { return rec[1 + j] - first_expert_; };
+
+    // Copies per (source rank, local expert), then per local expert.
+    std::fill(rows_by_source_.begin(), rows_by_source_.end(), 0);
+    int64_t total = 0;
+    for (int64_t s = 0; s < num_staging; ++s) {
+        const int32_t* rec = records + s * words;
+        MT_CHECK(rec[0] >= 0 && rec[0] < ep_size_,
+                 "[dispatch_layout] a route record names source rank {} outside the EP group of {}",
+                 rec[0], ep_size_);
+        for (int64_t j = 0; j < K; ++j) {
+            const int64_t le = local_expert(rec, j);
+            if (le < 0 || le >= El) continue;
+            ++rows_by_source_[rec[0] * El + le];
+            ++total;
+        }
+    }
+    MT_CHECK(total <= capacity_,
+             "[dispatch_layout] rank {} of group '{}' receives {} rows for its {} experts, but the "
+             "dispatch buffer holds {} (recv_capacity_rows); raise it, up to the worst case {}",
+             ep_rank_, group_name, total, El, capacity_, config_.worst_case_recv_rows(ep_size_));
+
+    // Segments: local expert major, then source rank; rows_by_source_ becomes each block's next
+    // free row.
+    int64_t row = 0;
+    for (int64_t le = 0; le < El; ++le) {
+        expert_offsets_[le] = row;
+        for (int p = 0; p < ep_size_; ++p) {
+            const int64_t n = rows_by_source_[p * El + le];
+            rows_by_source_[p * El + le] = row;
+            row += n;
+        }
+    }
+    expert_offsets_[El] = row;
+
+    // Copies in staging order; a source's rows keep its token order on every path.
+    int32_t c = 0;
+    for (int64_t s = 0; s < num_staging; ++s) {
+        staging_copy_begin_[s] = c;
+        const int32_t* rec = records + s * words;
+        for (int64_t j = 0; j < K; ++j) {
+            const int64_t le = local_expert(rec, j);
+            if (le < 0 || le >= El) continue;
+            copy_expert_row_[c] = static_cast<int32_t>(rows_by_source_[rec[0] * El + le]++);
+            copy_choice_[c] = static_cast<int32_t>(j);
+            copy_weight_[c] = std::bit_cast<float>(rec[1 + K + j]);
+            ++c;
+        }
+    }
+    staging_copy_begin_[num_staging] = c;
+    num_staging_ = num_staging;
+    num_rows_ = total;
+}
+
+void ExpertSide::expand(float* expert_rows, const float* staging, bool weighted) const {
+    const int64_t D = config_.hidden;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < num_staging_; ++s) {
+        const float* src = staging + s * D;
+        for (int32_t c = staging_copy_begin_[s]; c < staging_copy_begin_[s + 1]; ++c) {
+            float* dst = expert_rows + static_cast<int64_t>(copy_expert_row_[c]) * D;
+            if (!weighted) {
+                std::memcpy(dst, src, static_cast<size_t>(D) * sizeof(float));
+            } else {
+                const float w = copy_weight_[c];
+                for (int64_t i = 0; i < D; ++i) dst[i] = w * src[i];
+            }
+        }
+    }
+}
+
+void ExpertSide::reduce(float* staging, const float* expert_rows, bool weighted) const {
+    const int64_t D = config_.hidden;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < num_staging_; ++s) {
+        float* dst = staging + s * D;
+        std::fill(dst, dst + D, 0.0f);
+        for (int32_t c = staging_copy_begin_[s]; c < staging_copy_begin_[s + 1]; ++c) {
+            const float* src = expert_rows + static_cast<int64_t>(copy_expert_row_[c]) * D;
+            const float w = weighted ? copy_weight_[c] : 1.0f;
+            for (int64_t i = 0; i < D; ++i) dst[i] += w * src[i];
+        }
+    }
+}
+
+void ExpertSide::weight_grads(float* dweights, const float* dout, const float* expert_out) const {
+    const int64_t D = config_.hidden, K = config_.top_k;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < num_staging_; ++s) {
+        float* dw = dweights + s * K;
+        std::fill(dw, dw + K, 0.0f);
+        for (int32_t c = staging_copy_begin_[s]; c < staging_copy_begin_[s + 1]; ++c) {
+            const float* y = expert_out + static_cast<int64_t>(copy_expert_row_[c]) * D;
+            double dot = 0;  // double: D can be 7168 and the sum cancels
+            for (int64_t i = 0; i < D; ++i) dot += static_cast<double>(dout[s * D + i]) * y[i];
+            dw[copy_choice_[c]] = static_cast<float>(dot);
+        }
+    }
+}
+
+// ---- RouteBuffer ----
+
+ArenaPlan RouteBuffer::plan(const DispatchConfig& config, std::span<const HopSpec> hops) {
+    MT_CHECK(!hops.empty(), "[dispatch] a route needs at least one hop");
+    ArenaPlan p("dispatch_buffer");
+    const int64_t W = row_width(config), words = config.record_words();
+    for (const HopSpec& h : hops) {
+        p.add(h.name + ".send_rows", Shape{h.max_slots, W});
+        p.add(h.name + ".recv_rows", Shape{h.max_recv, W});
+        p.add(h.name + ".send_records", Shape{h.max_slots, words}, DType::i32);
+        p.add(h.name + ".recv_records", Shape{h.max_recv, words}, DType::i32);
+    }
+    p.add("token_records", Shape{config.max_tokens, words}, DType::i32);
+    p.add("staging_weights", Shape{hops.back().max_recv, config.top_k});
+    return p;
+}
+
+RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<const HopSpec> hops)
+    : config_(config), ep_size_(ep_size), arena_(plan(config, hops), host_memory()) {
+    for (const HopSpec& h : hops) {
+        HopBuffers b;
+        b.send = arena_.view(h.name + ".send_rows").f32();
+        b.recv = arena_.view(h.name + ".recv_rows").f32();
+        b.send_records = arena_.view(h.name + ".send_records").ptr<int32_t>();
+        b.recv_records = arena_.view(h.name + ".recv_records").ptr<int32_t>();
+        hops_.push_back(b);
+    }
+    token_records_ = arena_.view("token_records").ptr<int32_t>();
+    staging_weights_ = arena_.view("staging_weights").f32();
+}
+
+// ---- Route ----
+
+Route::Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops)
+    : config_(config), ep_size_(ep_size), ep_rank_(ep_rank), experts_(config, ep_size, ep_rank) {
+    for (HopSpec& h : hops) hops_.emplace_back(std::move(h), config.hidden, config.top_k);
+}
+
+void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> groups,
+                  const char* op) const {
+    MT_CHECK(groups.size() == hops_.size(), "[{}] {} groups given for a route of {} hops", op,
+             groups.size(), hops_.size());
+    const DispatchConfig& b = buffer.config();
+    bool fits = buffer.ep_size() == ep_size_ && buffer.num_hops() == hops_.size() &&
+                b.hidden == config_.hidden && b.top_k == config_.top_k &&
+                b.max_tokens >= config_.max_tokens &&
+                b.capacity_rows(ep_size_) >= config_.capacity_rows(ep_size_);
+    MT_CHECK(fits,
+             "[{}] the dispatch buffer (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops) does "
+             "not fit the layout (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops)",
+             op, b.hidden, b.top_k, b.max_tokens, b.capacity_rows(buffer.ep_size()),
+             buffer.ep_size(), buffer.num_hops(), config_.hidden, config_.top_k, config_.max_tokens,
+             config_.capacity_rows(ep_size_), ep_size_, hops_.size());
+}
+
+void Route::spread_of(const int32_t* topk_ids, int64_t num_tokens) {
+    const int64_t K = config_.top_k, El = config_.local_experts(ep_size_);
+    const int64_t L = config_.ranks_per_domain(ep_size_);
+    spread_ = RoutingSpread{};
+    spread_.num_tokens = num_tokens;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        int64_t ranks = 0, domains = 0;
+        for (int64_t j = 0; j < K; ++j) {
+            const int64_t rank = topk_ids[t * K + j] / El;
+            bool new_rank = true, new_domain = true;
+            for (int64_t i = 0; i < j; ++i) {
+                const int64_t other = topk_ids[t * K + i] / El;
+                new_rank = new_rank && other != rank;
+                new_domain = new_domain && other / L != rank / L;
+            }
+            ranks += new_rank;
+            domains += new_domain;
+        }
+        spread_.rank_sum += ranks;
+        spread_.rank_max = std::max(spread_.rank_max, ranks);
+        spread_.domain_sum += domains;
+        spread_.domain_max = std::max(spread_.domain_max, domains);
+    }
+}
+
+void Route::plan(const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+                 RouteBuffer& buffer, std::span<Communicator* const> groups) {
+    check(buffer, groups, "dispatch_layout");
+    MT_CHECK(num_tokens >= 0 && num_tokens <= config_.max_tokens,
+             "[dispatch_layout] {} tokens, but the layout holds at most max_tokens = {}",
+             num_tokens, config_.max_tokens);
+    MT_CHECK(topk_weights != nullptr || num_tokens == 0, "[dispatch_layout] topk_weights is null");
+    const int64_t K = config_.top_k, E = config_.num_experts, words = config_.record_words();
+
+    // The tokens' route records.
+    int32_t* records = buffer.token_records();
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        int32_t* rec = records + t * words;
+        rec[0] = ep_rank_;
+        for (int64_t j = 0; j < K; ++j) {
+            const int32_t e = topk_ids[t * K + j];
+            MT_CHECK(e >= 0 && e < E,
+                     "[dispatch_layout] expert id {} of token {} (choice {}) is not in [0, {})", e,
+                     t, j, E);
+            rec[1 + j] = e;
+            rec[1 + K + j] = std::bit_cast<int32_t>(topk_weights[t * K + j]);
+        }
+    }
+    spread_of(topk_ids, num_tokens);
+
+    // Each hop from the records of its input rows: the tokens', then what the previous received.
+    const int32_t* inputs = records;
+    int64_t num_inputs = num_tokens;
+    for (size_t h = 0; h < hops_.size(); ++h) {
+        hops_[h].plan(inputs, num_inputs, buffer.hop(h), *groups[h], buffer.bytes_sent());
+        inputs = buffer.hop(h).recv_records;
+        num_inputs = hops_[h].num_recv();
+    }
+    num_tokens_ = num_tokens;
+    experts_.build(inputs, num_inputs, groups.back()->name());
+}
+
+void Route::to_experts(float* expert_rows, const float* token_rows, bool weighted,
+                       RouteBuffer& buffer, std::span<Communicator* const> groups) const {
+    const float* inputs = token_rows;
+    for (size_t h = 0; h < hops_.size(); ++h) {
+        const HopBuffers& b = buffer.hop(h);
+        hops_[h].fan_out(b.recv, b.send, inputs, Payload::rows, *groups[h], buffer.bytes_sent());
+        inputs = b.recv;
+    }
+    experts_.expand(expert_rows, inputs, weighted);
+}
+
+void Route::return_to_tokens(float* token_rows, const float* last_recv, Payload payload,
+                             RouteBuffer& buffer, std::span<Communicator* const> groups) const {
+    const float* recv = last_recv;
+    for (size_t h = hops_.size(); h-- > 0;) {
+        float* out = h == 0 ? token_rows : buffer.hop(h - 1).recv;
+        hops_[h].fan_in(out, buffer.hop(h).send, recv, payload, *groups[h], buffer.bytes_sent());
+        recv = out;
+    }
+}
+
+void Route::to_tokens(float* token_rows, const float* expert_rows, bool weighted,
+                      RouteBuffer& buffer, std::span<Communicator* const> groups) const {
+    float* staged = staging(buffer);
+    experts_.reduce(staged, expert_rows, weighted);
+    return_to_tokens(token_rows, staged, Payload::rows, buffer, groups);
+}
+
+void Route::combine_grads(float* dexpert_out, float* dweights, const float* dout,
+                          const float* expert_out, RouteBuffer& buffer,
+                          std::span<Communicator* const> groups) const {
+    MT_CHECK(dweights != nullptr || num_tokens_ == 0,
+             "[combine_backward] dweights is null (its return is a collective every rank joins)");
+    to_experts(dexpert_out, dout, /*weighted=*/true, buffer, groups);
+    // The staging rows still hold dout, one row per (token, this rank).
+    experts_.weight_grads(buffer.staging_weights(), staging(buffer), expert_out);
+    return_to_tokens(dweights, buffer.staging_weights(), Payload::weights, buffer, groups);
+}
+
+}  // namespace moetron::parallel

@@ -1,0 +1,266 @@
+// The pieces that the flat and the two-tier expert dispatch (dispatch_flat.h,
+// dispatch_two_tier.h) are both made of. A dispatch is a chain of hops, then the expert side:
+//
+//   token rows --hop--> ... --hop--> staging rows --expand--> expert rows (sorted by local expert)
+//
+// A hop is one all_to_all_v over one group: every input row travels once to each peer that owns
+// at least one of its experts (DeepEP's "once per destination", not once per copy), and on the
+// way back the rows those peers return are summed into it. Flat: one hop over the EP group, the
+// peer being the rank that owns the expert. Two-tier: a hop over the rail (the peer being the
+// domain that owns the expert, reached at the rank with this rank's local index), then a hop
+// inside the domain (the peer being the owning rank, among this domain's experts). A row whose
+// peer is this rank itself skips the all_to_all_v: it is copied straight to the receive side.
+// At the last hop's receiver each staging row expands to its copies on this rank's experts, and
+// combine sums the copies' weighted outputs into one row per staging row before going back.
+//
+// Routing travels with the rows at layout time as route records of 2K+1 int32 words:
+//   [0] the source rank in the EP group, [1, K] the token's K global expert ids,
+//   [K+1, 2K] its K weights (the float bits).
+// A row's peers at every hop follow from its ids, so no other metadata (masks) travels.
+// Gradient rule (kernels/README.md): every output here is written, none accumulated.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "moetron/core/arena.h"
+#include "moetron/parallel/communicator.h"
+
+namespace moetron::parallel {
+
+struct DispatchConfig {
+    int64_t num_experts = 0;  // E, over the whole EP group
+    int64_t top_k = 0;        // K
+    int64_t hidden = 0;       // D
+    int64_t max_tokens = 0;   // N per rank and call, at most
+    // Expert-side rows a rank holds (R at most). 0: the worst case, every rank sending every
+    // token to this rank's experts, ep * max_tokens * min(K, El): dropless whatever the routing.
+    // A smaller capacity saves memory; a routing that overflows it is an error, never a drop.
+    // It bounds the expert rows only: the hops' receive rows (each source token once at most)
+    // are planned for the worst case, so an overflow shows after the layout's last collective
+    // and never leaves the other ranks waiting.
+    int64_t recv_capacity_rows = 0;
+    // Consecutive EP ranks per scale-up domain (0: the whole EP group is one domain). The flat
+    // dispatch uses it only to tell intra- from inter-domain bytes; the two-tier one routes by it.
+    int64_t domain_size = 0;
+
+    // Throws moetron::Error saying which value cannot work with an EP group of ep_size ranks.
+    void validate(int ep_size) const;
+    int64_t local_experts(int ep_size) const { return num_experts / ep_size; }
+    int64_t worst_case_recv_rows(int ep_size) const;
+    int64_t capacity_rows(int ep_size) const;  // recv_capacity_rows, or the worst case
+    // EP ranks per domain (L) and EP domains (G = ep / L).
+    int64_t ranks_per_domain(int ep_size) const;
+    int64_t num_domains(int ep_size) const { return ep_size / ranks_per_domain(ep_size); }
+    int64_t record_words() const { return 2 * top_k + 1; }
+};
+
+// Bytes a rank sent to other ranks (its own rows excluded), split by tier: to ranks of its own
+// scale-up domain, and to ranks of other domains. Everything the dispatch sends counts: rows,
+// route records, counts and weight gradients.
+struct DispatchBytes {
+    uint64_t intra_domain = 0;
+    uint64_t inter_domain = 0;
+};
+
+// How far one layout's tokens spread: destination ranks and domains per token.
+struct RoutingSpread {
+    int64_t num_tokens = 0;
+    int64_t rank_sum = 0, rank_max = 0;
+    int64_t domain_sum = 0, domain_max = 0;
+};
+
+// Which peer of a hop owns global expert e: experts [first, first + count) split contiguously,
+// per_peer each. An expert outside the range (-1) is not this hop's business.
+struct ExpertsToPeers {
+    int64_t first = 0;
+    int64_t count = 0;
+    int64_t per_peer = 1;
+    int peer_of(int64_t e) const {
+        return e < first || e >= first + count ? -1 : static_cast<int>((e - first) / per_peer);
+    }
+};
+
+// What a hop is, fixed at construction from the config and this rank's place.
+struct HopSpec {
+    std::string name;  // "ep", "rail", "domain": for error messages
+    int group_size = 1;
+    int self = 0;
+    std::vector<uint8_t> peer_is_remote;  // (group_size) 1: that peer is in another domain
+    ExpertsToPeers to_peers;
+    int64_t max_inputs = 0;  // input rows
+    int64_t max_slots = 0;   // (input row, peer) pairs
+    int64_t max_recv = 0;    // rows received
+};
+
+// The rows a hop sends and receives: its communication buffers (shared by all layouts).
+struct HopBuffers {
+    float* send = nullptr;            // (max_slots, max(D, K))
+    float* recv = nullptr;            // (max_recv, max(D, K))
+    int32_t* send_records = nullptr;  // (max_slots, 2K+1)
+    int32_t* recv_records = nullptr;  // (max_recv, 2K+1)
+};
+
+// What an exchange carries per row: hidden rows (D floats), weight gradients (K floats) or route
+// records (2K+1 words).
+enum class Payload { rows, weights, records };
+
+class Hop {
+  public:
+    Hop(HopSpec spec, int64_t hidden, int64_t top_k);
+
+    const HopSpec& spec() const { return spec_; }
+    int64_t num_inputs() const { return num_inputs_; }
+    int64_t num_recv() const { return num_recv_; }
+    std::span<const int> send_rows_per_peer() const { return send_rows_; }
+    std::span<const int> recv_rows_per_peer() const { return recv_rows_; }
+
+    // Layout: the peers of each input row from its record, the counts exchanged, the records
+    // sent (recv_records gets the received ones). Collective over group.
+    void plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buffers,
+              Communicator& group, DispatchBytes& bytes);
+    // Forward: each input row (the payload's width) to each of its peers; recv gets what arrives.
+    void fan_out(float* recv, float* send, const float* input, Payload payload, Communicator& group,
+                 DispatchBytes& bytes) const;
+    // Reverse: recv's rows go back to where they came from; input[i] = the sum over the peers of
+    // row i of what they returned.
+    void fan_in(float* input, float* send, const float* recv, Payload payload, Communicator& group,
+                DispatchBytes& bytes) const;
+
+  private:
+    struct PeerCounts {  // in elements, own rows zeroed (they bypass MPI)
+        std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
+    };
+    int64_t width(Payload p) const;
+    const float* slot_row(int32_t slot, const float* send, const float* recv, int64_t w) const;
+    float* slot_row(int32_t slot, float* send, float* recv, int64_t w) const;
+    void check_group(const Communicator& group, const char* op) const;
+    void count_sent(std::span<const int> counts, DispatchBytes& bytes) const;
+
+    HopSpec spec_;
+    int64_t hidden_, top_k_;
+    int64_t num_inputs_ = 0, num_recv_ = 0;
+    std::vector<int32_t> input_slot_begin_;  // (max_inputs + 1) CSR over input rows
+    std::vector<int32_t> input_slots_;       // (max_slots) send slot of each (row, peer)
+    std::vector<int> send_rows_, send_displs_, recv_rows_, recv_displs_;  // (group) in rows
+    std::vector<int> next_slot_;                                          // (group) scratch
+    std::vector<int> one_per_peer_, peer_index_;  // for exchanging one count with every peer
+    PeerCounts counts_[3];                        // by Payload
+};
+
+// The last hop's receiver: each staging row's copies on this rank's experts, the expert rows
+// sorted by local expert, inside an expert by source rank, then by the source's token order.
+class ExpertSide {
+  public:
+    ExpertSide(const DispatchConfig& config, int ep_size, int ep_rank);
+
+    int64_t num_rows() const { return num_rows_; }  // R
+    std::span<const int64_t> expert_offsets() const { return expert_offsets_; }
+    int64_t local_experts() const { return local_experts_; }
+    int64_t first_expert() const { return first_expert_; }
+
+    // From the staging rows' route records; throws when R exceeds the capacity (only this rank
+    // can know: call it after the layout's last collective).
+    void build(const int32_t* records, int64_t num_staging, const std::string& group_name);
+    // expert_rows[copy] = (weight of the copy, when weighted) * staging[row of the copy].
+    void expand(float* expert_rows, const float* staging, bool weighted) const;
+    // staging[row] = sum over the row's copies of (weight, when weighted) * expert_rows[copy].
+    void reduce(float* staging, const float* expert_rows, bool weighted) const;
+    // dweights (num_staging, K): for the row's copy of choice j, dot(dout[row], expert_out[copy]);
+    // 0 for choices on other ranks (summed on the way back, the zeros add nothing).
+    void weight_grads(float* dweights, const float* dout, const float* expert_out) const;
+
+  private:
+    DispatchConfig config_;
+    int ep_size_;
+    int ep_rank_;
+    int64_t local_experts_, first_expert_, capacity_;
+    int64_t num_staging_ = 0, num_rows_ = 0;
+    std::vector<int32_t> staging_copy_begin_;  // (max staging + 1) CSR over staging rows
+    std::vector<int32_t> copy_expert_row_;     // (capacity) expert row of each copy
+    std::vector<int32_t> copy_choice_;         // (capacity) j of each copy
+    std::vector<float> copy_weight_;           // (capacity)
+    std::vector<int64_t> expert_offsets_;      // (El + 1)
+    std::vector<int64_t> rows_by_source_;      // (ep, El) scratch: counts, then fill positions
+};
+
+// The communication buffers of a chain of hops, planned up front and shared by every MoE layer
+// of a rank (their contents live only during one call); and the bytes sent through them.
+class RouteBuffer {
+  public:
+    RouteBuffer(const DispatchConfig& config, int ep_size, std::span<const HopSpec> hops);
+    // The sizes, before allocating anything: per hop "<name>.send_rows", "<name>.recv_rows",
+    // "<name>.send_records", "<name>.recv_records"; "token_records" (max_tokens, 2K+1) and
+    // "staging_weights" (last hop's max_recv, K).
+    static ArenaPlan plan(const DispatchConfig& config, std::span<const HopSpec> hops);
+
+    const DispatchConfig& config() const { return config_; }
+    int ep_size() const { return ep_size_; }
+    size_t size_bytes() const { return arena_.size_bytes(); }
+    const HopBuffers& hop(size_t i) const { return hops_[i]; }
+    size_t num_hops() const { return hops_.size(); }
+    int32_t* token_records() const { return token_records_; }
+    float* staging_weights() const { return staging_weights_; }
+    DispatchBytes& bytes_sent() { return bytes_sent_; }
+    const DispatchBytes& bytes_sent() const { return bytes_sent_; }
+
+  private:
+    DispatchConfig config_;
+    int ep_size_;
+    Arena arena_;
+    std::vector<HopBuffers> hops_;
+    int32_t* token_records_;
+    float* staging_weights_;
+    DispatchBytes bytes_sent_;
+};
+
+// A routing through a chain of hops: the hops' plans, the expert side and the spread. The
+// operations take the groups hop by hop (groups[i] is hops[i]'s) and the shared buffer.
+class Route {
+  public:
+    Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops);
+
+    const DispatchConfig& config() const { return config_; }
+    int ep_size() const { return ep_size_; }
+    int64_t num_tokens() const { return num_tokens_; }
+    const ExpertSide& experts() const { return experts_; }
+    const Hop& hop(size_t i) const { return hops_[i]; }
+    const RoutingSpread& spread() const { return spread_; }
+
+    // topk_ids, topk_weights (N, K) -> every hop planned, the expert side built.
+    void plan(const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+              RouteBuffer& buffer, std::span<Communicator* const> groups);
+    // Token rows (N, D) -> expert rows (R, D), scaled by each copy's weight when weighted.
+    void to_experts(float* expert_rows, const float* token_rows, bool weighted, RouteBuffer& buffer,
+                    std::span<Communicator* const> groups) const;
+    // Expert rows (R, D) -> token rows (N, D): each token's copies summed (weighted when asked).
+    void to_tokens(float* token_rows, const float* expert_rows, bool weighted, RouteBuffer& buffer,
+                   std::span<Communicator* const> groups) const;
+    // combine's backward: dexpert_out = w * dout at the experts; dweights (N, K) =
+    // dot(dout[t], expert_out[copy]) computed at the experts and sent back (so dweights may be
+    // null only on a rank without tokens: the return is a collective every rank joins).
+    void combine_grads(float* dexpert_out, float* dweights, const float* dout,
+                       const float* expert_out, RouteBuffer& buffer,
+                       std::span<Communicator* const> groups) const;
+    // Throws when the buffer or the groups do not fit this route.
+    void check(const RouteBuffer& buffer, std::span<Communicator* const> groups,
+               const char* op) const;
+
+  private:
+    void spread_of(const int32_t* topk_ids, int64_t num_tokens);
+    float* staging(const RouteBuffer& buffer) const { return buffer.hop(hops_.size() - 1).recv; }
+    // The staging rows of the last hop -> token rows, hop by hop in reverse.
+    void return_to_tokens(float* token_rows, const float* last_recv, Payload payload,
+                          RouteBuffer& buffer, std::span<Communicator* const> groups) const;
+
+    DispatchConfig config_;
+    int ep_size_, ep_rank_;
+    std::vector<Hop> hops_;
+    ExpertSide experts_;
+    int64_t num_tokens_ = 0;
+    RoutingSpread spread_;
+};
+
+}  // namespace moetron::parallel
