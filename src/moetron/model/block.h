@@ -52,21 +52,25 @@ struct BlockMoeOptions {
 void bind_block_params(ParamBinder& b, BlockParams& p, const std::string& prefix,
                        const ModelConfig& c, bool is_moe);
 void bind_block_activations(BufferBinder& b, BlockActivations& a, const std::string& prefix,
-                            const ModelConfig& c, bool is_moe, int64_t batch, int64_t seq_len);
+                            const ModelConfig& c, bool is_moe, int tp_size, int64_t batch,
+                            int64_t seq_len);
 void bind_block_scratch(BufferBinder& b, BlockScratch& s, const std::string& prefix,
-                        const ModelConfig& c, int64_t num_tokens);
+                        const ModelConfig& c, int tp_size, int64_t num_tokens);
 
 // x_out (N, D) written from x_in (N, D), which the caller keeps for the backward. Returns the
-// block's balance loss (alpha-weighted; 0 for a dense block).
+// block's balance loss (alpha-weighted; 0 for a dense block). With tensor parallelism (tp: the
+// attention heads, the dense MLP and the shared experts split, attention_mla.h, mlp.h, moe.h)
+// every TP rank holds the same x_in and gets the same x_out.
 double block_forward(float* x_out, const BlockActivations& saved, const float* x_in,
                      const BlockParams& w, const BlockScratch& scratch, const RopeTables& rope,
-                     const ModelConfig& c, const BlockMoeOptions& moe, int64_t batch,
-                     int64_t seq_len);
+                     const ModelConfig& c, const parallel::TensorParallel& tp,
+                     const BlockMoeOptions& moe, int64_t batch, int64_t seq_len);
 // dx: on entry the gradient on x_out, on return the gradient on x_in (the residual stream's
 // gradient, updated in place). grads accumulate.
 void block_backward(float* dx, const BlockParams& grads, const float* x_in,
                     const BlockActivations& saved, const BlockParams& w,
                     const BlockScratch& scratch, const RopeTables& rope, const ModelConfig& c,
-                    const BlockMoeOptions& moe, int64_t batch, int64_t seq_len);
+                    const parallel::TensorParallel& tp, const BlockMoeOptions& moe, int64_t batch,
+                    int64_t seq_len);
 
 }  // namespace moetron

@@ -22,6 +22,7 @@
 #include "moetron/core/rng.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/expert_dispatcher.h"
+#include "moetron/parallel/tensor_parallel.h"
 
 #include "moetron/kernels/cpu/cross_entropy.h"
 #include "moetron/kernels/cpu/elementwise.h"
@@ -68,9 +69,11 @@ void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
         bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
 }
 
-std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard) {
+std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard,
+                                            const parallel::TensorParallel& tp) {
     std::vector<TensorSpec> specs;
     ParamBinder binder(&specs, static_cast<float>(c.initializer_range));
+    binder.set_tensor_parallel(tp.rank(), tp.size());
     ModelParams tree = sharded_tree(c, shard);
     bind_model_params(binder, tree, c);
     return specs;
@@ -91,6 +94,29 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
              parallel.ep->name());
     const int64_t local = c.n_routed_experts / ep;
     return {parallel.ep->rank() * local, local};
+}
+
+// What tensor parallelism over tp ranks needs of the model, with the numbers.
+void check_tensor_parallel(const ModelConfig& c, const ModelParallel& parallel, int tp) {
+    if (tp == 1) return;
+    MT_CHECK(c.num_attention_heads % tp == 0,
+             "[model] tp {} does not divide the {} attention heads of model '{}' (each TP rank "
+             "keeps num_attention_heads / tp of them)",
+             tp, c.num_attention_heads, c.name);
+    MT_CHECK(c.intermediate_size % tp == 0,
+             "[model] tp {} does not divide intermediate_size {} of model '{}' (the dense MLP is "
+             "split over TP)",
+             tp, c.intermediate_size, c.name);
+    const int64_t shared_ffn = c.n_shared_experts * c.moe_intermediate_size;
+    MT_CHECK(c.n_routed_experts == 0 || shared_ffn % tp == 0,
+             "[model] tp {} does not divide the shared experts' intermediate size "
+             "n_shared_experts * moe_intermediate_size = {} of model '{}'",
+             tp, shared_ffn, c.name);
+    MT_CHECK(c.n_routed_experts == 0 ||
+                 (parallel.load != nullptr && parallel.load->size() >= parallel.tp->size()),
+             "[model] tensor parallelism over '{}' with routed experts needs ModelParallel::load "
+             "spanning the TP ranks: each routes its own share of the tokens",
+             parallel.tp->name());
 }
 
 int64_t num_moe_slots(const ModelConfig& c) {
@@ -165,7 +191,7 @@ void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
 }  // namespace
 
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config) {
-    return sharded_param_specs(config, {});
+    return sharded_param_specs(config, {}, {});
 }
 
 LossDenominators& LossDenominators::operator+=(const LossDenominators& other) {
@@ -225,6 +251,7 @@ struct Model::Impl {
     ModelRuntime runtime;
     LossWeights loss_weights;
     ModelParallel parallel;
+    parallel::TensorParallel tp;  // declared before table: the specs read it
     ExpertShard shard;
     ParamTable table;
     Arena params, grads, acts;
@@ -261,8 +288,9 @@ struct Model::Impl {
           runtime(r),
           loss_weights(lw),
           parallel(par),
+          tp(par.tp),
           shard(expert_shard_of(c, par)),
-          table(sharded_param_specs(c, shard)),
+          table(sharded_param_specs(c, shard, tp)),
           w(sharded_tree(c, shard)),
           g(sharded_tree(c, shard)) {
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
@@ -271,6 +299,8 @@ struct Model::Impl {
         grads = Arena(param_plan, host_memory());
         ParamBinder bind_w(table, static_cast<float*>(params.base()));
         ParamBinder bind_g(table, static_cast<float*>(grads.base()));
+        bind_w.set_tensor_parallel(tp.rank(), tp.size());
+        bind_g.set_tensor_parallel(tp.rank(), tp.size());
         bind_model_params(bind_w, w, c);
         bind_model_params(bind_g, g, c);
 
@@ -359,15 +389,16 @@ struct Model::Impl {
         layers.resize(static_cast<size_t>(c.num_hidden_layers));
         for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
             layers[l].moe.expert_rows = expert_rows;
-            bind_block_activations(b, layers[l], main_layer_prefix(l), c, c.is_moe_layer(l), B, S);
+            bind_block_activations(b, layers[l], main_layer_prefix(l), c, c.is_moe_layer(l),
+                                   tp.size(), B, S);
         }
         mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
         for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
             mtp[d].block.moe.expert_rows = expert_rows;
-            bind_mtp_activations(b, mtp[d], mtp_prefix(d), c, d, B, S);
+            bind_mtp_activations(b, mtp[d], mtp_prefix(d), c, d, tp.size(), B, S);
         }
         block_scratch.moe.expert_rows = expert_rows;
-        bind_block_scratch(b, block_scratch, "scratch.block.", c, n);
+        bind_block_scratch(b, block_scratch, "scratch.block.", c, tp.size(), n);
         if (c.num_nextn_predict_layers > 0) bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, n);
         bind_head_scratch(b, head, c, n);
         b(d_stream, "d_stream", {n, D});
@@ -452,7 +483,7 @@ struct Model::Impl {
         for (int64_t l = 0; l < L; ++l) {
             losses.balance_loss +=
                 block_forward(residual[l + 1], layers[l], residual[l], w.layers[l], block_scratch,
-                              rope, c, moe(main_slot[l], backward), batch, seq_len);
+                              rope, c, tp, moe(main_slot[l], backward), batch, seq_len);
         }
 
         // MTP depths, each with its loss (and that loss's head backward) right away.
@@ -461,9 +492,9 @@ struct Model::Impl {
             num_mtp > 0 ? grad_scale * loss_weights.mtp_lambda / static_cast<float>(num_mtp) : 0;
         for (int64_t d = 0; d < num_mtp; ++d) {
             const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-            losses.balance_loss +=
-                mtp_forward(mtp[d], h_prev, tokens, targets, w.embed, w.mtp[d], mtp_scratch,
-                            block_scratch, rope, c, moe(mtp_slot[d], backward), d, batch, seq_len);
+            losses.balance_loss += mtp_forward(mtp[d], h_prev, tokens, targets, w.embed, w.mtp[d],
+                                               mtp_scratch, block_scratch, rope, c, tp,
+                                               moe(mtp_slot[d], backward), d, batch, seq_len);
             const int64_t mtp_den = den == nullptr ? 0 : den->mtp_tokens[d];
             const cpu::CrossEntropyResult ce =
                 head_loss(run_mtp_backward ? mtp[d].d_out : nullptr, mtp[d].out, mtp[d].targets,
@@ -489,14 +520,14 @@ struct Model::Impl {
             if (run_mtp_backward) {
                 const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
                 mtp_backward(d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d], mtp_scratch,
-                             block_scratch, rope, c, moe(mtp_slot[d], false), batch, seq_len);
+                             block_scratch, rope, c, tp, moe(mtp_slot[d], false), batch, seq_len);
                 cpu::add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev, n * D);
             }
             notify_grads_ready(mtp_range[d]);
         }
         for (int64_t l = L - 1; l >= 0; --l) {
             block_backward(d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
-                           block_scratch, rope, c, moe(main_slot[l], false), batch, seq_len);
+                           block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
             notify_grads_ready(layer_range[l]);
         }
         cpu::embedding_backward(g.embed, d_stream, tokens, n, c.vocab_size, D);
@@ -542,6 +573,7 @@ struct Model::Impl {
 Model::Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights,
              const ModelParallel& parallel) {
     check_model_config(config, runtime);
+    check_tensor_parallel(config, parallel, parallel.tp != nullptr ? parallel.tp->size() : 1);
     impl_ = std::make_unique<Impl>(config, runtime, weights, parallel);
 }
 
@@ -654,10 +686,13 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
     for (const ParamEntry& e : impl_->table.entries()) {
         // Routed experts are replicated over the expert-data-parallel group (the whole
         // data-parallel group when ep = 1); everything else over the data-parallel group.
-        const auto group = is_routed_expert_param(e.name)
-                               ? parallel::ReplicaGroup::expert_data_parallel
-                               : parallel::ReplicaGroup::data_parallel;
-        spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay});
+        const bool expert = is_routed_expert_param(e.name);
+        const auto group = expert ? parallel::ReplicaGroup::expert_data_parallel
+                                  : parallel::ReplicaGroup::data_parallel;
+        // A parameter the TP ranks replicate (not split) has the same copy on each of them; the
+        // routed experts' EDP group already counts every rank.
+        const int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
+        spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay, copies});
     }
     return spans;
 }

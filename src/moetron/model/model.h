@@ -58,6 +58,11 @@ struct ModelParallel {
     // Expert-side rows per MoE layer (see DispatchConfig::recv_capacity_rows); 0: dropless worst
     // case. Only used with expert parallelism.
     int64_t dispatch_capacity_rows = 0;
+    // Tensor parallelism (Megatron style) over this group: its ranks hold the same tokens and
+    // split the attention heads, the dense MLP and the shared experts (attention_mla.h, mlp.h,
+    // moe.h). Each sends its 1/tp share of the tokens to the routed experts, so `load` must then
+    // count every rank (the world). Null or one rank: none.
+    parallel::Communicator* tp = nullptr;
 };
 
 inline constexpr int64_t kMaxMtpDepths = 8;
@@ -154,7 +159,8 @@ class Model {
     int64_t num_params() const;
     const std::vector<ParamEntry>& param_entries() const;
     // The flat buffer as gradient synchronization sees it: one span per entry, with its replica
-    // group (the routed experts: the expert-data-parallel group; the rest: data-parallel).
+    // group (the routed experts: the expert-data-parallel group; the rest: data-parallel) and,
+    // for a parameter replicated over the TP group, its tp identical copies outside that group.
     std::vector<parallel::ParamSpan> param_spans() const;
     // Which routed experts this rank holds.
     ExpertShard expert_shard() const;

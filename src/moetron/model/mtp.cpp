@@ -44,7 +44,8 @@ void bind_mtp_params(ParamBinder& b, MtpParams& p, const std::string& prefix, co
 }
 
 void bind_mtp_activations(BufferBinder& b, MtpActivations& a, const std::string& prefix,
-                          const ModelConfig& c, int64_t depth, int64_t batch, int64_t seq_len) {
+                          const ModelConfig& c, int64_t depth, int tp_size, int64_t batch,
+                          int64_t seq_len) {
     const int64_t n = batch * seq_len, D = c.hidden_size;
     b(a.input_tokens, prefix + "input_tokens", {n});
     b(a.targets, prefix + "targets", {n});
@@ -53,7 +54,8 @@ void bind_mtp_activations(BufferBinder& b, MtpActivations& a, const std::string&
     b(a.hidden_rstd, prefix + "hidden_rstd", {n});
     b(a.concat, prefix + "concat", {n, 2 * D});
     b(a.block_in, prefix + "block_in", {n, D});
-    bind_block_activations(b, a.block, prefix, c, c.mtp_layer_is_moe(depth), batch, seq_len);
+    bind_block_activations(b, a.block, prefix, c, c.mtp_layer_is_moe(depth), tp_size, batch,
+                           seq_len);
     b(a.out, prefix + "out", {n, D});
     b(a.d_out, prefix + "d_out", {n, D});
 }
@@ -69,8 +71,8 @@ void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
 double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32_t* tokens,
                    const int32_t* targets, const float* embedding, const MtpParams& w,
                    const MtpScratch& scratch, const BlockScratch& block_scratch,
-                   const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
-                   int64_t depth, int64_t batch, int64_t seq_len) {
+                   const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                   const BlockMoeOptions& moe, int64_t depth, int64_t batch, int64_t seq_len) {
     const int64_t n = batch * seq_len, D = c.hidden_size, shift = depth + 1;
     const float eps = static_cast<float>(c.rms_norm_eps);
 
@@ -91,19 +93,19 @@ double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32
     cpu::linear_forward(saved.block_in, saved.concat, w.eh_proj, n, 2 * D, D);
 
     return block_forward(saved.out, saved.block, saved.block_in, w.block, block_scratch, rope, c,
-                         moe, batch, seq_len);
+                         tp, moe, batch, seq_len);
 }
 
 void mtp_backward(float* d_h_prev, const MtpParams& grads, float* embedding_grad,
                   const float* h_prev, const MtpActivations& saved, const MtpParams& w,
                   const MtpScratch& scratch, const BlockScratch& block_scratch,
-                  const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
-                  int64_t batch, int64_t seq_len) {
+                  const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                  const BlockMoeOptions& moe, int64_t batch, int64_t seq_len) {
     const int64_t n = batch * seq_len, D = c.hidden_size;
 
     float* dx = saved.d_out;
     block_backward(dx, grads.block, saved.block_in, saved.block, w.block, block_scratch, rope, c,
-                   moe, batch, seq_len);
+                   tp, moe, batch, seq_len);
     cpu::linear_backward(scratch.d_concat, grads.eh_proj, dx, saved.concat, w.eh_proj, n, 2 * D, D);
 
     float* d_half = scratch.normed;

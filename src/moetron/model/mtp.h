@@ -48,7 +48,8 @@ struct MtpScratch {
 void bind_mtp_params(ParamBinder& b, MtpParams& p, const std::string& prefix, const ModelConfig& c,
                      int64_t depth);
 void bind_mtp_activations(BufferBinder& b, MtpActivations& a, const std::string& prefix,
-                          const ModelConfig& c, int64_t depth, int64_t batch, int64_t seq_len);
+                          const ModelConfig& c, int64_t depth, int tp_size, int64_t batch,
+                          int64_t seq_len);
 void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
                       const ModelConfig& c, int64_t num_tokens);
 
@@ -57,14 +58,14 @@ void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
 double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32_t* tokens,
                    const int32_t* targets, const float* embedding, const MtpParams& w,
                    const MtpScratch& scratch, const BlockScratch& block_scratch,
-                   const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
-                   int64_t depth, int64_t batch, int64_t seq_len);
+                   const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                   const BlockMoeOptions& moe, int64_t depth, int64_t batch, int64_t seq_len);
 // Consumes saved.d_out (overwritten as the running residual gradient). d_h_prev (N, D) written;
 // grads and embedding_grad (V, D) accumulate.
 void mtp_backward(float* d_h_prev, const MtpParams& grads, float* embedding_grad,
                   const float* h_prev, const MtpActivations& saved, const MtpParams& w,
                   const MtpScratch& scratch, const BlockScratch& block_scratch,
-                  const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
-                  int64_t batch, int64_t seq_len);
+                  const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                  const BlockMoeOptions& moe, int64_t batch, int64_t seq_len);
 
 }  // namespace moetron
