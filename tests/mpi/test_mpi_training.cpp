@@ -555,9 +555,10 @@ TEST(MpiTraining, TensorParallelShardsInitializeAsTheirSliceOfTheFullModel) {
         EXPECT_EQ(e.numel * (e.tp.sharded() ? world.size() : 1), we.numel) << e.name;
         split += e.tp.sharded();
     }
-    // Per block q_b, kv_b, o_proj and gate_up, down of the dense MLP or the shared experts.
+    // Per block q_b, kv_b, o_proj and gate_up, down of the dense MLP or the shared experts; the
+    // embedding and the head.
     const int64_t blocks = c.num_hidden_layers + c.num_nextn_predict_layers;
-    EXPECT_EQ(split, world.size() > 1 ? 5 * blocks : 0);
+    EXPECT_EQ(split, world.size() > 1 ? 5 * blocks + 2 : 0);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "moetron/kernels/cpu/rope.h"
 #include "moetron/model/block.h"
 #include "moetron/model/mtp.h"
+#include "moetron/model/vocab_parallel.h"
 
 namespace moetron {
 
@@ -60,11 +61,12 @@ ModelParams sharded_tree(const ModelConfig& c, const ExpertShard& shard) {
 // Binds p, whose vectors sharded_tree() sized.
 void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
     const int64_t V = c.vocab_size, D = c.hidden_size;
-    b.weight(p.embed, "embed", {V, D});
+    // Vocabulary-parallel over TP (vocab_parallel.h): each rank holds V/tp rows of both.
+    b.column_parallel_weight(p.embed, "embed", {V, D});
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
         bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
     b.norm(p.final_norm, "final_norm", D);
-    b.weight(p.head, "head", {V, D});
+    b.column_parallel_weight(p.head, "head", {V, D});
     for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
         bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
 }
@@ -107,6 +109,10 @@ void check_tensor_parallel(const ModelConfig& c, const ModelParallel& parallel, 
              "[model] tp {} does not divide intermediate_size {} of model '{}' (the dense MLP is "
              "split over TP)",
              tp, c.intermediate_size, c.name);
+    MT_CHECK(c.vocab_size % tp == 0,
+             "[model] tp {} does not divide vocab_size {} of model '{}' (the embedding, output "
+             "head and cross-entropy are vocabulary-parallel)",
+             tp, c.vocab_size, c.name);
     const int64_t shared_ffn = c.n_shared_experts * c.moe_intermediate_size;
     MT_CHECK(c.n_routed_experts == 0 || shared_ffn % tp == 0,
              "[model] tp {} does not divide the shared experts' intermediate size "
@@ -129,40 +135,48 @@ int64_t num_moe_slots(const ModelConfig& c) {
 struct HeadScratch {
     float* normed = nullptr;    // (N, D)
     float* rstd = nullptr;      // (N)
-    float* logits = nullptr;    // (N, V); their gradient after a backward
+    float* logits = nullptr;    // (N, V/tp) this rank's vocabulary part; their gradient after
+                                // a backward
     float* lse = nullptr;       // (N)
     float* losses = nullptr;    // (N)
     float* d_normed = nullptr;  // (N, D)
+    VocabParallelScratch vocab;
 };
 
-void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, int64_t n) {
+void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, int tp_size,
+                       int64_t n) {
     b(s.normed, "head.normed", {n, c.hidden_size});
     b(s.rstd, "head.rstd", {n});
-    b(s.logits, "head.logits", {n, c.vocab_size});
+    b(s.logits, "head.logits", {n, c.vocab_size / tp_size});
     b(s.lse, "head.lse", {n});
     b(s.losses, "head.losses", {n});
     b(s.d_normed, "head.d_normed", {n, c.hidden_size});
+    bind_vocab_parallel_scratch(b, s.vocab, "head.vocab.", tp_size, n);
 }
 
 // Cross-entropy of head(rmsnorm(hidden)) against targets. When d_hidden is not null, also the
 // backward of loss_grad * (loss sum / denominator), denominator <= 0 meaning this call's valid
-// count (its mean): d_hidden (N, D) written; the norm's and head's gradients accumulate.
+// count (its mean): d_hidden (N, D) written; the norm's and head's gradients accumulate. With
+// tensor parallelism the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h).
 cpu::CrossEntropyResult head_loss(float* d_hidden, const float* hidden, const int32_t* targets,
                                   const float* norm_w, float* norm_g, const float* head_w,
                                   float* head_g, const HeadScratch& s, const ModelConfig& c,
-                                  int64_t n, float loss_grad, int64_t denominator) {
-    const int64_t D = c.hidden_size, V = c.vocab_size;
+                                  const parallel::TensorParallel& tp, int64_t n, float loss_grad,
+                                  int64_t denominator) {
+    const int64_t D = c.hidden_size, V = c.vocab_size, Vp = V / tp.size();
     cpu::rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, n, D,
                          static_cast<float>(c.rms_norm_eps));
-    cpu::linear_forward(s.logits, s.normed, head_w, n, D, V);
-    const cpu::CrossEntropyResult ce =
-        cpu::cross_entropy_forward(s.losses, s.lse, s.logits, targets, n, V, kIgnoreIndex);
+    cpu::linear_forward(s.logits, s.normed, head_w, n, D, Vp);
+    const cpu::CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
+        s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
     if (d_hidden == nullptr) return ce;
 
     const int64_t count = denominator > 0 ? denominator : ce.num_valid;
     const float per_token = count > 0 ? loss_grad / static_cast<float>(count) : 0.0f;
-    cpu::cross_entropy_backward(s.logits, s.logits, s.lse, targets, n, V, kIgnoreIndex, per_token);
-    cpu::linear_backward(s.d_normed, head_g, s.logits, s.normed, head_w, n, D, V);
+    vocab_parallel_cross_entropy_backward(s.logits, s.logits, s.lse, targets, n, V, kIgnoreIndex,
+                                          per_token, tp);
+    cpu::linear_backward(s.d_normed, head_g, s.logits, s.normed, head_w, n, D, Vp);
+    tp.sum_partial_input_grads(s.d_normed, n * D);  // f: the head is column-parallel
     cpu::rmsnorm_backward(d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd, n, D);
     return ce;
 }
@@ -400,7 +414,7 @@ struct Model::Impl {
         block_scratch.moe.expert_rows = expert_rows;
         bind_block_scratch(b, block_scratch, "scratch.block.", c, tp.size(), n);
         if (c.num_nextn_predict_layers > 0) bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, n);
-        bind_head_scratch(b, head, c, n);
+        bind_head_scratch(b, head, c, tp.size(), n);
         b(d_stream, "d_stream", {n, D});
         b(d_h_prev, "d_h_prev", {n, D});
     }
@@ -479,7 +493,7 @@ struct Model::Impl {
         MicroBatchLosses losses;
 
         // Forward: embedding and main blocks.
-        cpu::embedding_forward(residual[0], tokens, w.embed, n, c.vocab_size, D);
+        vocab_parallel_embedding_forward(residual[0], tokens, w.embed, n, c.vocab_size, D, tp);
         for (int64_t l = 0; l < L; ++l) {
             losses.balance_loss +=
                 block_forward(residual[l + 1], layers[l], residual[l], w.layers[l], block_scratch,
@@ -498,7 +512,7 @@ struct Model::Impl {
             const int64_t mtp_den = den == nullptr ? 0 : den->mtp_tokens[d];
             const cpu::CrossEntropyResult ce =
                 head_loss(run_mtp_backward ? mtp[d].d_out : nullptr, mtp[d].out, mtp[d].targets,
-                          w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head, head, c, n,
+                          w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head, head, c, tp, n,
                           mtp_loss_grad, mtp_den);
             losses.mtp_loss += mean_loss(ce, mtp_den);
         }
@@ -508,7 +522,7 @@ struct Model::Impl {
         const int64_t lm_den = den == nullptr ? 0 : den->lm_tokens;
         const cpu::CrossEntropyResult main_ce =
             head_loss(backward ? d_stream : nullptr, residual[L], targets, w.final_norm,
-                      g.final_norm, w.head, g.head, head, c, n, grad_scale, lm_den);
+                      g.final_norm, w.head, g.head, head, c, tp, n, grad_scale, lm_den);
         losses.lm_loss = mean_loss(main_ce, lm_den);
         losses.num_tokens = main_ce.num_valid;
         if (!backward) return losses;
@@ -530,7 +544,7 @@ struct Model::Impl {
                            block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
             notify_grads_ready(layer_range[l]);
         }
-        cpu::embedding_backward(g.embed, d_stream, tokens, n, c.vocab_size, D);
+        vocab_parallel_embedding_backward(g.embed, d_stream, tokens, n, c.vocab_size, D, tp);
         notify_grads_ready(embed_range);
         return losses;
     }

@@ -60,8 +60,9 @@ struct ModelParallel {
     int64_t dispatch_capacity_rows = 0;
     // Tensor parallelism (Megatron style) over this group: its ranks hold the same tokens and
     // split the attention heads, the dense MLP and the shared experts (attention_mla.h, mlp.h,
-    // moe.h). Each sends its 1/tp share of the tokens to the routed experts, so `load` must then
-    // count every rank (the world). Null or one rank: none.
+    // moe.h) and the vocabulary of the embedding, output head and cross-entropy
+    // (vocab_parallel.h). Each sends its 1/tp share of the tokens to the routed experts, so `load`
+    // must then count every rank (the world). Null or one rank: none.
     parallel::Communicator* tp = nullptr;
 };
 
@@ -131,6 +132,8 @@ class Model {
     MicroBatchLosses forward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                              int64_t seq_len);
     // The main head's logits after forward(); after forward_backward() the buffer holds gradients.
+    // With tensor parallelism, this rank's vocabulary part: (B*S, V/tp), columns from
+    // rank * V/tp.
     const float* logits() const;
     // grads() = 0: the trainer calls it once per optimizer step, before the first micro-batch.
     void zero_grads();

@@ -2,9 +2,9 @@
 
 #include <cstring>
 
-#include "moetron/kernels/cpu/embedding.h"
 #include "moetron/kernels/cpu/matmul.h"
 #include "moetron/kernels/cpu/rmsnorm.h"
+#include "moetron/model/vocab_parallel.h"
 
 namespace moetron {
 
@@ -85,7 +85,8 @@ double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32
         }
     }
 
-    cpu::embedding_forward(saved.emb, saved.input_tokens, embedding, n, c.vocab_size, D);
+    vocab_parallel_embedding_forward(saved.emb, saved.input_tokens, embedding, n, c.vocab_size, D,
+                                     tp);
     cpu::rmsnorm_forward(scratch.normed, saved.emb_rstd, saved.emb, w.emb_norm, n, D, eps);
     copy_into_half(saved.concat, scratch.normed, n, D, 0);
     cpu::rmsnorm_forward(scratch.normed, saved.hidden_rstd, h_prev, w.hidden_norm, n, D, eps);
@@ -112,7 +113,8 @@ void mtp_backward(float* d_h_prev, const MtpParams& grads, float* embedding_grad
     copy_from_half(d_half, scratch.d_concat, n, D, 0);
     cpu::rmsnorm_backward(scratch.d_emb, grads.emb_norm, d_half, saved.emb, w.emb_norm,
                           saved.emb_rstd, n, D);
-    cpu::embedding_backward(embedding_grad, scratch.d_emb, saved.input_tokens, n, c.vocab_size, D);
+    vocab_parallel_embedding_backward(embedding_grad, scratch.d_emb, saved.input_tokens, n,
+                                      c.vocab_size, D, tp);
 
     copy_from_half(d_half, scratch.d_concat, n, D, 1);
     cpu::rmsnorm_backward(d_h_prev, grads.hidden_norm, d_half, h_prev, w.hidden_norm,

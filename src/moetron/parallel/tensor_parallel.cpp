@@ -20,6 +20,10 @@ void TensorParallel::sum_partial_input_grads(float* dx, int64_t count) const {
     if (enabled()) group_->all_reduce_sum(dx, static_cast<size_t>(count), DType::f32);
 }
 
+void TensorParallel::sum(double* x, int64_t count) const {
+    if (enabled()) group_->all_reduce_sum(x, static_cast<size_t>(count), DType::f64);
+}
+
 RowRange TensorParallel::row_share(int64_t num_rows, std::string_view what) const {
     MT_CHECK(num_rows % size_ == 0,
              "[tp] the {} {} do not split evenly over the {} ranks of tensor-parallel group '{}'",

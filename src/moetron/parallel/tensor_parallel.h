@@ -40,6 +40,9 @@ class TensorParallel {
     // in place.
     void sum_partial_input_grads(float* dx, int64_t count) const;
 
+    // Sums x (count doubles) over the group in place (statistics such as the cross-entropy's).
+    void sum(double* x, int64_t count) const;
+
     // This rank's share of num_rows split evenly over the group; throws naming `what` when the
     // group does not divide num_rows.
     RowRange row_share(int64_t num_rows, std::string_view what) const;
