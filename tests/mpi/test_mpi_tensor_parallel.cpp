@@ -1,6 +1,7 @@
 // Tensor parallelism's pieces over the world as one TP group (model/vocab_parallel.h,
 // parallel/tensor_parallel.h): the vocabulary-parallel cross-entropy and embedding against the
-// plain kernels on the whole vocabulary, and the f/g sums and row shares. Runs under mpirun
+// plain kernels on the whole vocabulary, the sequence-parallel gather and reduce-scatter of rows,
+// the f sum and the row shares. Runs under mpirun
 // -np 1, 2 and 4 (one rank: the plain kernels themselves).
 #include <gtest/gtest.h>
 
@@ -70,31 +71,55 @@ TEST(MpiTensorParallel, VocabParallelCrossEntropyMatchesThePlainKernel) {
                 << "token " << t << " column " << first + v;
 }
 
+// The lookup comes out as this rank's token rows (sequence parallelism); the backward takes every
+// rank's rows of the output gradient.
 TEST(MpiTensorParallel, VocabParallelEmbeddingMatchesThePlainKernel) {
     const parallel::TensorParallel tp(&mpi_world());
-    const int64_t N = 9, V = 16, D = 6, Vp = V / tp.size();
+    const int64_t N = 8, V = 16, D = 6, Vp = V / tp.size(), rows = N / tp.size();
     const std::vector<float> table = shared_random(V * D, 2, 1.0f);
     const std::vector<float> dout = shared_random(N * D, 3, 1.0f);
-    const std::vector<int32_t> tokens = {0, 15, 7, 8, 3, 12, 7, 1, 15};
+    const std::vector<int32_t> tokens = {0, 15, 7, 8, 3, 12, 7, 15};
     std::vector<float> want(N * D), dtable(V * D, 0.0f);
     cpu::embedding_forward(want.data(), tokens.data(), table.data(), N, V, D);
     cpu::embedding_backward(dtable.data(), dout.data(), tokens.data(), N, V, D);
 
-    const int64_t first = tp.rank() * Vp;
-    std::vector<float> got(N * D);
-    vocab_parallel_embedding_forward(got.data(), tokens.data(), table.data() + first * D, N, V, D,
-                                     tp);
-    EXPECT_EQ(got, want);  // one nonzero part per element: the sum is exact
+    const int64_t first = tp.rank() * Vp, first_row = tp.rank() * rows;
+    std::vector<float> got(rows * D), full(N * D);
+    vocab_parallel_embedding_forward(got.data(), tokens.data(), table.data() + first * D,
+                                     full.data(), N, V, D, tp);
+    // One nonzero part per element: the sum is exact.
+    EXPECT_EQ(got, std::vector<float>(want.begin() + first_row * D,
+                                      want.begin() + (first_row + rows) * D));
     std::vector<float> dpart(Vp * D, 0.0f);
-    vocab_parallel_embedding_backward(dpart.data(), dout.data(), tokens.data(), N, V, D, tp);
+    vocab_parallel_embedding_backward(dpart.data(), dout.data() + first_row * D, tokens.data(),
+                                      full.data(), N, V, D, tp);
     EXPECT_EQ(dpart,
               std::vector<float>(dtable.begin() + first * D, dtable.begin() + (first + Vp) * D));
+}
+
+// Sequence parallelism's pair: the gather of every rank's rows, the reduce-scatter of sums.
+TEST(MpiTensorParallel, GatherAndReduceScatterRows) {
+    const parallel::TensorParallel tp(&mpi_world());
+    const int n = tp.size();
+    const std::vector<float> mine = {static_cast<float>(tp.rank()), 1.0f};
+    std::vector<float> full(2 * n, -1.0f);
+    const float* gathered = tp.gather_rows(full.data(), mine.data(), 2);
+    for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(gathered[2 * r], static_cast<float>(r));
+        EXPECT_EQ(gathered[2 * r + 1], 1.0f);
+    }
+    std::vector<float> partial(2 * n);
+    for (int i = 0; i < 2 * n; ++i) partial[i] = static_cast<float>(i);
+    std::vector<float> rows(2);
+    tp.reduce_scatter_rows(rows.data(), partial.data(), 2);
+    EXPECT_EQ(rows[0], static_cast<float>(n * 2 * tp.rank()));
+    EXPECT_EQ(rows[1], static_cast<float>(n * (2 * tp.rank() + 1)));
 }
 
 TEST(MpiTensorParallel, SumsAndRowSharesCoverTheGroup) {
     const parallel::TensorParallel tp(&mpi_world());
     std::vector<float> x = {1.0f, static_cast<float>(tp.rank())};
-    tp.sum_partial_outputs(x.data(), 2);
+    tp.sum_partial_input_grads(x.data(), 2);
     const int n = tp.size();
     EXPECT_EQ(x, (std::vector<float>{static_cast<float>(n), static_cast<float>(n * (n - 1) / 2)}));
     const parallel::RowRange rows = tp.row_share(8 * n, "rows");

@@ -366,8 +366,8 @@ TEST(MpiTraining, DataTimesExpertParallelZero1MatchesOneRank) {
     run_case({"dp4.ep2", false});
 }
 
-// Tensor parallelism (Megatron style): heads, dense MLP and shared experts split over TP; on 4
-// ranks tp2 is dp2 x tp2.
+// Tensor parallelism (Megatron style, sequence-parallel stream and norms): heads, vocabulary,
+// dense MLP and shared experts split over TP; on 4 ranks tp2 is dp2 x tp2.
 TEST(MpiTraining, TensorParallelMatchesOneRank) {
     if (mpi_world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
     run_case({"tp2", false});

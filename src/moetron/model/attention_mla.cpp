@@ -127,7 +127,6 @@ void mla_forward(float* out, const MlaActivations& saved, const float* inp, cons
     cpu::attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, batch, seq_len,
                            d.heads, d.qk, d.v, d.softmax_scale());
     cpu::linear_forward(out, saved.attn, w.o_proj, n, d.heads * d.v, d.dim);
-    tp.sum_partial_outputs(out, n * d.dim);  // g: o_proj is row-parallel
 }
 
 void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const float* inp,

@@ -11,9 +11,10 @@
 // column-parallel by heads, o_proj row-parallel, and the attention runs on the rank's H/tp heads.
 // The low-rank down-projections (q_a_proj, kv_a_proj_with_mqa) and their norms stay replicated:
 // every TP rank sees the same tokens, so they get identical gradients (summed over DP only).
-// Communication: o_proj's partial outputs are all-reduced (g); in the backward, the gradients of
-// the inputs of the split GEMMs (the normed latents, the shared rope key; x itself when
-// q_lora_rank == 0) are partial sums over the rank's heads and are all-reduced (f).
+// Communication: o_proj's outputs are partial sums over the ranks' heads, reduced by the caller
+// (block.h); in the backward, the gradients of the inputs of the split GEMMs (the normed latents,
+// the shared rope key; x itself when q_lora_rank == 0) are partial sums over the rank's heads and
+// are all-reduced (f), so that the input gradient comes out whole on every TP rank.
 #pragma once
 
 #include <cstdint>
@@ -82,8 +83,8 @@ void bind_mla_activations(BufferBinder& b, MlaActivations& a, const std::string&
 void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
                       const ModelConfig& c, int tp_size, int64_t num_tokens);
 
-// out (N, D) written (summed over the TP group); inp (N, D) is the normed residual stream, the
-// same on every TP rank, kept by the caller.
+// out (N, D) written: this rank's partial sum (the whole output with tp = 1); inp (N, D) is the
+// normed residual stream, the same on every TP rank, kept by the caller.
 void mla_forward(float* out, const MlaActivations& saved, const float* inp, const MlaParams& w,
                  const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
                  const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len);

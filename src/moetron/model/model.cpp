@@ -13,6 +13,11 @@
 //
 // Expert parallelism: this rank's tree binds only its ExpertShard of each MoE layer's experts, and
 // one ExpertDispatcher (one slot per MoE layer) moves the token copies over the EP group.
+//
+// Tensor parallelism (ModelParallel::tp, with sequence parallelism): the residual stream, the
+// MTP modules' inputs and every norm hold this rank's N/tp token rows (block.h); the embedding,
+// the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h); the losses come out
+// the same on every TP rank.
 #include "moetron/model/model.h"
 
 #include <algorithm>
@@ -99,8 +104,13 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
 }
 
 // What tensor parallelism over tp ranks needs of the model, with the numbers.
-void check_tensor_parallel(const ModelConfig& c, const ModelParallel& parallel, int tp) {
+void check_tensor_parallel(const ModelConfig& c, const ModelRuntime& r,
+                           const ModelParallel& parallel, int tp) {
     if (tp == 1) return;
+    MT_CHECK(r.batch_size * r.seq_len % tp == 0,
+             "[model] tp {} does not divide the {} x {} tokens of a micro-batch (sequence "
+             "parallelism splits them over the TP ranks)",
+             tp, r.batch_size, r.seq_len);
     MT_CHECK(c.num_attention_heads % tp == 0,
              "[model] tp {} does not divide the {} attention heads of model '{}' (each TP rank "
              "keeps num_attention_heads / tp of them)",
@@ -132,41 +142,56 @@ int64_t num_moe_slots(const ModelConfig& c) {
 }
 
 // The final norm, output head and cross-entropy; shared by the main model and the MTP depths.
+// Nr: this rank's token rows, N/tp (sequence parallelism, block.h).
 struct HeadScratch {
-    float* normed = nullptr;    // (N, D)
-    float* rstd = nullptr;      // (N)
+    float* normed = nullptr;    // (Nr, D)
+    float* rstd = nullptr;      // (Nr)
     float* logits = nullptr;    // (N, V/tp) this rank's vocabulary part; their gradient after
                                 // a backward
     float* lse = nullptr;       // (N)
     float* losses = nullptr;    // (N)
-    float* d_normed = nullptr;  // (N, D)
+    float* d_normed = nullptr;  // (Nr, D)
+    // tp > 1 only: the gathered normed rows, the head's partial input gradient over all N rows,
+    // the final norm gain's partial gradient.
+    float* normed_full = nullptr;    // (N, D)
+    float* d_normed_full = nullptr;  // (N, D)
+    float* d_norm_weight = nullptr;  // (D)
     VocabParallelScratch vocab;
 };
 
 void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, int tp_size,
                        int64_t n) {
-    b(s.normed, "head.normed", {n, c.hidden_size});
-    b(s.rstd, "head.rstd", {n});
+    const int64_t D = c.hidden_size, rows = n / tp_size;
+    b(s.normed, "head.normed", {rows, D});
+    b(s.rstd, "head.rstd", {rows});
     b(s.logits, "head.logits", {n, c.vocab_size / tp_size});
     b(s.lse, "head.lse", {n});
     b(s.losses, "head.losses", {n});
-    b(s.d_normed, "head.d_normed", {n, c.hidden_size});
+    b(s.d_normed, "head.d_normed", {rows, D});
+    if (tp_size > 1) {
+        b(s.normed_full, "head.normed_full", {n, D});
+        b(s.d_normed_full, "head.d_normed_full", {n, D});
+        b(s.d_norm_weight, "head.d_norm_weight", {D});
+    }
     bind_vocab_parallel_scratch(b, s.vocab, "head.vocab.", tp_size, n);
 }
 
-// Cross-entropy of head(rmsnorm(hidden)) against targets. When d_hidden is not null, also the
+// Cross-entropy of head(rmsnorm(hidden)) against targets (N). When d_hidden is not null, also the
 // backward of loss_grad * (loss sum / denominator), denominator <= 0 meaning this call's valid
-// count (its mean): d_hidden (N, D) written; the norm's and head's gradients accumulate. With
-// tensor parallelism the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h).
+// count (its mean): d_hidden written; the norm's and head's gradients accumulate. hidden and
+// d_hidden are this rank's (Nr, D) rows; with tensor parallelism the normed rows are all-gathered
+// for the head, and the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h).
 cpu::CrossEntropyResult head_loss(float* d_hidden, const float* hidden, const int32_t* targets,
                                   const float* norm_w, float* norm_g, const float* head_w,
                                   float* head_g, const HeadScratch& s, const ModelConfig& c,
                                   const parallel::TensorParallel& tp, int64_t n, float loss_grad,
                                   int64_t denominator) {
     const int64_t D = c.hidden_size, V = c.vocab_size, Vp = V / tp.size();
-    cpu::rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, n, D,
+    const int64_t rows = tp.local_rows(n);
+    cpu::rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, rows, D,
                          static_cast<float>(c.rms_norm_eps));
-    cpu::linear_forward(s.logits, s.normed, head_w, n, D, Vp);
+    const float* normed = tp.gather_rows(s.normed_full, s.normed, rows * D);
+    cpu::linear_forward(s.logits, normed, head_w, n, D, Vp);
     const cpu::CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
         s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
     if (d_hidden == nullptr) return ce;
@@ -175,9 +200,12 @@ cpu::CrossEntropyResult head_loss(float* d_hidden, const float* hidden, const in
     const float per_token = count > 0 ? loss_grad / static_cast<float>(count) : 0.0f;
     vocab_parallel_cross_entropy_backward(s.logits, s.logits, s.lse, targets, n, V, kIgnoreIndex,
                                           per_token, tp);
-    cpu::linear_backward(s.d_normed, head_g, s.logits, s.normed, head_w, n, D, Vp);
-    tp.sum_partial_input_grads(s.d_normed, n * D);  // f: the head is column-parallel
-    cpu::rmsnorm_backward(d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd, n, D);
+    // The head is column-parallel over the vocabulary: its input gradient is partial over TP.
+    float* d_normed = tp.enabled() ? s.d_normed_full : s.d_normed;
+    cpu::linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
+    tp.reduce_scatter_rows(s.d_normed, d_normed, rows * D);
+    sequence_parallel_rmsnorm_backward(d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd,
+                                       s.d_norm_weight, rows, D, tp);
     return ce;
 }
 
@@ -392,6 +420,7 @@ struct Model::Impl {
     void bind_activations(BufferBinder b) {
         const ModelConfig& c = config;
         const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
+        const int64_t rows = n / tp.size();  // the stream's token rows on this rank
         const int64_t expert_rows = dispatcher ? dispatcher->capacity_rows() : 0;
         float* cos = nullptr;
         float* sin = nullptr;
@@ -399,7 +428,7 @@ struct Model::Impl {
         b(sin, "rope.sin", {S, c.qk_rope_head_dim / 2});
         residual.resize(static_cast<size_t>(c.num_hidden_layers + 1));
         for (int64_t l = 0; l <= c.num_hidden_layers; ++l)
-            b(residual[l], "residual." + std::to_string(l), {n, D});
+            b(residual[l], "residual." + std::to_string(l), {rows, D});
         layers.resize(static_cast<size_t>(c.num_hidden_layers));
         for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
             layers[l].moe.expert_rows = expert_rows;
@@ -413,10 +442,11 @@ struct Model::Impl {
         }
         block_scratch.moe.expert_rows = expert_rows;
         bind_block_scratch(b, block_scratch, "scratch.block.", c, tp.size(), n);
-        if (c.num_nextn_predict_layers > 0) bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, n);
+        if (c.num_nextn_predict_layers > 0)
+            bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, tp.size(), n);
         bind_head_scratch(b, head, c, tp.size(), n);
-        b(d_stream, "d_stream", {n, D});
-        b(d_h_prev, "d_h_prev", {n, D});
+        b(d_stream, "d_stream", {rows, D});
+        b(d_h_prev, "d_h_prev", {rows, D});
     }
 
     // balance_scale turns the balance loss's mean over this micro-batch's sequences into its share
@@ -493,7 +523,8 @@ struct Model::Impl {
         MicroBatchLosses losses;
 
         // Forward: embedding and main blocks.
-        vocab_parallel_embedding_forward(residual[0], tokens, w.embed, n, c.vocab_size, D, tp);
+        vocab_parallel_embedding_forward(residual[0], tokens, w.embed, block_scratch.full, n,
+                                         c.vocab_size, D, tp);
         for (int64_t l = 0; l < L; ++l) {
             losses.balance_loss +=
                 block_forward(residual[l + 1], layers[l], residual[l], w.layers[l], block_scratch,
@@ -535,7 +566,8 @@ struct Model::Impl {
                 const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
                 mtp_backward(d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d], mtp_scratch,
                              block_scratch, rope, c, tp, moe(mtp_slot[d], false), batch, seq_len);
-                cpu::add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev, n * D);
+                cpu::add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
+                                 tp.local_rows(n) * D);
             }
             notify_grads_ready(mtp_range[d]);
         }
@@ -544,7 +576,8 @@ struct Model::Impl {
                            block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
             notify_grads_ready(layer_range[l]);
         }
-        vocab_parallel_embedding_backward(g.embed, d_stream, tokens, n, c.vocab_size, D, tp);
+        vocab_parallel_embedding_backward(g.embed, d_stream, tokens, block_scratch.full, n,
+                                          c.vocab_size, D, tp);
         notify_grads_ready(embed_range);
         return losses;
     }
@@ -587,7 +620,8 @@ struct Model::Impl {
 Model::Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights,
              const ModelParallel& parallel) {
     check_model_config(config, runtime);
-    check_tensor_parallel(config, parallel, parallel.tp != nullptr ? parallel.tp->size() : 1);
+    check_tensor_parallel(config, runtime, parallel,
+                          parallel.tp != nullptr ? parallel.tp->size() : 1);
     impl_ = std::make_unique<Impl>(config, runtime, weights, parallel);
 }
 

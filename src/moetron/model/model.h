@@ -61,8 +61,10 @@ struct ModelParallel {
     // Tensor parallelism (Megatron style) over this group: its ranks hold the same tokens and
     // split the attention heads, the dense MLP and the shared experts (attention_mla.h, mlp.h,
     // moe.h) and the vocabulary of the embedding, output head and cross-entropy
-    // (vocab_parallel.h). Each sends its 1/tp share of the tokens to the routed experts, so `load`
-    // must then count every rank (the world). Null or one rank: none.
+    // (vocab_parallel.h); the residual stream and the norms are sequence-parallel (each rank
+    // holds N/tp token rows, block.h), so B*S must split over the group. Each sends its 1/tp share
+    // of the tokens to the routed experts, so `load` must then count every rank (the world). Null
+    // or one rank: none.
     parallel::Communicator* tp = nullptr;
 };
 

@@ -151,7 +151,6 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
     if (c.n_shared_experts > 0)
         mlp_forward(out, saved.shared, inp, w.shared, n, D, shared_expert_ffn_dim(c, tp.size()),
                     true);
-    tp.sum_partial_outputs(out, n * D);  // g: the shared experts' down is row-parallel
 
     if (balance_alpha == 0.0f) return 0.0;
     // Sequence-wise balance loss (eq. 17-20).
@@ -211,8 +210,6 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     if (c.n_shared_experts > 0)
         mlp_backward(dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch, n, D,
                      shared_expert_ffn_dim(c, tp.size()), true);
-    // f: the shared experts' gate_up is column-parallel, and each routed row came from one rank.
-    tp.sum_partial_input_grads(dinp, n * D);
     // Every rank runs the router's backward on all N tokens, so it needs every rank's share.
     tp.all_gather(scratch.d_topk_weights, d_topk_own, own.count * K);
 
@@ -241,7 +238,10 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     cpu::router_backward(d_logits, scratch.d_topk_weights, d_scores, saved.scores, saved.topk_ids,
                          router_shape(c, n));
     cpu::linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E);
-    cpu::matmul(dinp, d_logits, w.gate, n, D, E, false, false, 1.0f);
+    // The router's input gradient is the same on every TP rank: each adds it to its own rows
+    // only, so that the sum over TP counts it once.
+    cpu::matmul(dinp + own.first * D, d_logits + own.first * E, w.gate, own.count, D, E, false,
+                false, 1.0f);
 }
 
 }  // namespace moetron

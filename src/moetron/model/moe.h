@@ -19,10 +19,11 @@
 // the experts and counts only their loads. The router itself scores all N tokens on every TP rank
 // (a small GEMM): the gate's gradient is then the same on every TP rank (summed over DP only, like
 // any replicated parameter) and the balance loss needs no communication. The shared experts are
-// column/row-parallel (mlp.h). One all-reduce over TP sums, per token row, the shared experts'
-// partial outputs and the routed output of the rank that owns the row (the other ranks add 0);
-// the backward mirrors it: one all-reduce of the input gradient and an all-gather of the routing
-// weights' gradient for the router.
+// column/row-parallel (mlp.h). The output is a partial sum over TP, which the caller reduces
+// (block.h): per token row, the shared experts' partial outputs plus the routed output on the
+// rank that owns the row (the other ranks add 0). The input gradient likewise: the shared
+// experts' partial one plus, on the owning rank only, the routed and router parts. The backward
+// all-gathers the routing weights' gradient for the router.
 #pragma once
 
 #include <cstdint>
@@ -105,7 +106,8 @@ void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
 // Fs / tp: the shared experts' intermediate size on one TP rank.
 int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 
-// out (N, D) written. When load_counts (E) is not null, the tokens routed to each expert are
+// out (N, D) written: this rank's partial sum over TP (the whole output with tp = 1). When
+// load_counts (E) is not null, the tokens routed to each expert are
 // added to it. With expert parallelism every rank of the EP group must call it (it exchanges the
 // token copies), and likewise moe_backward; with tensor parallelism, every rank of the TP group
 // too. Returns alpha * (the balance loss averaged over the B sequences); 0 when alpha = 0.
@@ -113,8 +115,8 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
                    const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
                    const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,
                    int64_t seq_len);
-// dinp (N, D) written; grads accumulate. balance_grad = d(total loss)/d(balance loss) times
-// alpha (alpha * grad_scale); 0 skips the balance term.
+// dinp (N, D) written (partial over TP, as out); grads accumulate. balance_grad = d(total
+// loss)/d(balance loss) times alpha (alpha * grad_scale); 0 skips the balance term.
 void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const float* inp,
                   const MoeActivations& saved, const MoeParams& w, const MoeScratch& scratch,
                   const MlpScratch& shared_scratch, const ModelConfig& c,

@@ -16,26 +16,27 @@ void bind_vocab_parallel_scratch(BufferBinder& b, VocabParallelScratch& s,
 }
 
 void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* table_part,
-                                      int64_t num_tokens, int64_t vocab_size, int64_t dim,
-                                      const parallel::TensorParallel& tp) {
+                                      float* full, int64_t num_tokens, int64_t vocab_size,
+                                      int64_t dim, const parallel::TensorParallel& tp) {
     if (!tp.enabled()) {
         cpu::embedding_forward(out, tokens, table_part, num_tokens, vocab_size, dim);
         return;
     }
     const parallel::RowRange part = tp.row_share(vocab_size, "vocabulary rows");
-    cpu::embedding_part_forward(out, tokens, table_part, num_tokens, part.first, part.count, dim);
-    tp.sum_partial_outputs(out, num_tokens * dim);  // g
+    cpu::embedding_part_forward(full, tokens, table_part, num_tokens, part.first, part.count, dim);
+    tp.reduce_scatter_rows(out, full, tp.local_rows(num_tokens) * dim);
 }
 
 void vocab_parallel_embedding_backward(float* dtable_part, const float* dout, const int32_t* tokens,
-                                       int64_t num_tokens, int64_t vocab_size, int64_t dim,
-                                       const parallel::TensorParallel& tp) {
+                                       float* full, int64_t num_tokens, int64_t vocab_size,
+                                       int64_t dim, const parallel::TensorParallel& tp) {
     if (!tp.enabled()) {
         cpu::embedding_backward(dtable_part, dout, tokens, num_tokens, vocab_size, dim);
         return;
     }
     const parallel::RowRange part = tp.row_share(vocab_size, "vocabulary rows");
-    cpu::embedding_part_backward(dtable_part, dout, tokens, num_tokens, part.first, part.count,
+    const float* dout_all = tp.gather_rows(full, dout, tp.local_rows(num_tokens) * dim);
+    cpu::embedding_part_backward(dtable_part, dout_all, tokens, num_tokens, part.first, part.count,
                                  dim);
 }
 

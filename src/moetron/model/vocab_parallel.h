@@ -1,9 +1,10 @@
 // Vocabulary-parallel embedding and cross-entropy over the tensor-parallel group (Megatron-LM,
 // Shoeybi et al. 2019 sec. 3): the (V, D) embedding table and the output head are split by
 // vocabulary rows, TP rank r holding rows [r*V/tp, (r+1)*V/tp) (the kernels' *_part functions).
-//   embedding: each rank looks up the tokens in its rows (zeros for the others) and g sums the
-//     parts over TP. Backward: each rank scatters the output gradient, the same on every TP rank,
-//     into its rows; no communication.
+//   embedding: each rank looks up the N tokens in its table rows (zeros for the others) and a
+//     reduce-scatter sums the parts into the rank's N/tp token rows of the stream (sequence
+//     parallelism, block.h). Backward: the stream's gradient rows are all-gathered and each rank
+//     scatters them into its table rows.
 //   output head: a column-parallel GEMM gives each rank its (N, V/tp) logits; the caller sums the
 //     head's partial input gradients over TP (f).
 //   cross-entropy: the row maxima of every rank are all-gathered (the Communicator reduces by sum
@@ -32,15 +33,16 @@ struct VocabParallelScratch {
 void bind_vocab_parallel_scratch(BufferBinder& b, VocabParallelScratch& s,
                                  const std::string& prefix, int tp_size, int64_t num_tokens);
 
-// out (N, D) written: the rows of tokens (N) in the table, of which this rank holds its part
-// (V/tp, D).
+// out (N/tp, D) written: this rank's token rows of the lookup of tokens (N) in the table, of
+// which this rank holds its part (V/tp, D). full: (N, D) scratch (tp > 1).
 void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* table_part,
-                                      int64_t num_tokens, int64_t vocab_size, int64_t dim,
-                                      const parallel::TensorParallel& tp);
-// dtable_part (V/tp, D) += the scatter of dout (N, D) by the tokens this rank's part holds.
+                                      float* full, int64_t num_tokens, int64_t vocab_size,
+                                      int64_t dim, const parallel::TensorParallel& tp);
+// dtable_part (V/tp, D) += the scatter of the whole dout (every rank's (N/tp, D) rows) by the
+// tokens this rank's part holds. full: (N, D) scratch (tp > 1).
 void vocab_parallel_embedding_backward(float* dtable_part, const float* dout, const int32_t* tokens,
-                                       int64_t num_tokens, int64_t vocab_size, int64_t dim,
-                                       const parallel::TensorParallel& tp);
+                                       float* full, int64_t num_tokens, int64_t vocab_size,
+                                       int64_t dim, const parallel::TensorParallel& tp);
 
 // losses (N) and lse (N) of the full rows written (the same on every TP rank) from this rank's
 // logits part (N, V/tp); as cpu::cross_entropy_forward.

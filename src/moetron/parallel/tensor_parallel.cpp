@@ -12,16 +12,34 @@ TensorParallel::TensorParallel(Communicator* group) : group_(group) {
     rank_ = group_->rank();
 }
 
-void TensorParallel::sum_partial_outputs(float* x, int64_t count) const {
-    if (enabled()) group_->all_reduce_sum(x, static_cast<size_t>(count), DType::f32);
-}
-
 void TensorParallel::sum_partial_input_grads(float* dx, int64_t count) const {
     if (enabled()) group_->all_reduce_sum(dx, static_cast<size_t>(count), DType::f32);
 }
 
 void TensorParallel::sum(double* x, int64_t count) const {
     if (enabled()) group_->all_reduce_sum(x, static_cast<size_t>(count), DType::f64);
+}
+
+int64_t TensorParallel::local_rows(int64_t num_rows) const {
+    return row_share(num_rows, "tokens of the micro-batch (sequence parallelism)").count;
+}
+
+const float* TensorParallel::gather_rows(float* full, const float* rows, int64_t count) const {
+    if (!enabled()) return rows;
+    group_->all_gather(full, rows, static_cast<size_t>(count), DType::f32);
+    return full;
+}
+
+void TensorParallel::reduce_scatter_rows(float* rows, const float* full, int64_t count) const {
+    if (enabled()) {
+        group_->reduce_scatter_sum(rows, full, static_cast<size_t>(count), DType::f32);
+    } else if (rows != full) {
+        std::copy(full, full + count, rows);
+    }
+}
+
+void TensorParallel::sum_partial_param_grads(float* grad, int64_t count) const {
+    if (enabled()) group_->all_reduce_sum(grad, static_cast<size_t>(count), DType::f32);
 }
 
 RowRange TensorParallel::row_share(int64_t num_rows, std::string_view what) const {
