@@ -321,8 +321,7 @@ void expect_matches_reference(const RunResult& got, const RunResult& want,
         worst.max_abs);
 }
 
-void run_case(const Case& k) {
-    const ModelConfig c = tiny_config();
+void run_case(const Case& k, const ModelConfig& c = tiny_config()) {
     const RunResult want = reference_run(c);
     const ParallelRun got = parallel_run(c, k);
     const std::string what = (k.layout.empty() ? std::string("dp") : k.layout) +
@@ -377,6 +376,18 @@ TEST(MpiTraining, TensorParallelMatchesOneRank) {
 TEST(MpiTraining, TensorParallelOverTheWorldMatchesOneRank) {
     if (mpi_world().size() < 4) GTEST_SKIP() << "needs 4 ranks (tp2 is covered above)";
     run_case({"tp4", true});
+}
+
+// The other paths of the split layers: one query projection (q_lora_rank = 0, split by heads
+// with its input gradient summed over TP), and MoE layers without shared experts.
+TEST(MpiTraining, TensorParallelWithoutLowRankQueryOrSharedExpertsMatchesOneRank) {
+    if (mpi_world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    ModelConfig one_query = tiny_config();
+    one_query.q_lora_rank = 0;
+    run_case({"tp2", true}, one_query);
+    ModelConfig no_shared = tiny_config();
+    no_shared.n_shared_experts = 0;
+    run_case({"tp2", true}, no_shared);
 }
 
 // tp2 x ep2 on 4 ranks (parallel folding: attention dp2 x tp2, experts edp2 x ep2), and ep4 with
