@@ -6,14 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/kernels/cpu/cross_entropy.h"
 #include "moetron/kernels/cpu/embedding.h"
+#include "moetron/model/model.h"
 #include "moetron/model/vocab_parallel.h"
 #include "moetron/parallel/tensor_parallel.h"
+#include "moetron/train/preset_path.h"
 #include "mpi/mpi_test_main.h"
 #include "testing.h"
 
@@ -140,6 +143,39 @@ TEST(MpiTensorParallel, SumsAndRowSharesCoverTheGroup) {
     std::vector<float> y = {2.0f};
     none.sum_partial_input_grads(y.data(), 1);
     EXPECT_EQ(y[0], 2.0f);
+}
+
+// What the model needs of tp, named with the numbers before any work.
+TEST(MpiTensorParallel, ModelNamesWhatTpMustDivide) {
+    parallel::Communicator& world = mpi_world();
+    if (world.size() == 1) GTEST_SKIP() << "one rank divides everything";
+    const ModelConfig c = load_model_config(find_preset("tiny"));
+    ModelParallel mp;
+    mp.tp = &world;
+    mp.load = &world;
+    auto expect_error = [&](const ModelConfig& config, ModelRuntime runtime, const char* what) {
+        try {
+            Model model(config, runtime, {}, mp);
+            ADD_FAILURE() << "no error; expected one containing: " << what;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        }
+    };
+    expect_error(c, {1, 8 * world.size() + 1}, "tokens of a micro-batch");
+    ModelConfig odd_vocab = c;
+    odd_vocab.vocab_size = 8 * world.size() + 1;
+    expect_error(odd_vocab, {1, 8}, "vocab_size");
+    ModelConfig odd_mlp = c;
+    odd_mlp.intermediate_size = 8 * world.size() + 1;
+    expect_error(odd_mlp, {1, 8}, "intermediate_size");
+    ModelParallel no_load = mp;
+    no_load.load = nullptr;
+    try {
+        Model model(c, {1, 8}, {}, no_load);
+        ADD_FAILURE() << "no error without a load group";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("ModelParallel::load"), std::string::npos) << e.what();
+    }
 }
 
 }  // namespace
