@@ -48,7 +48,7 @@ parallel::ExpertDispatcher& dispatcher_of(const MoeActivations& saved, int64_t e
     return d;
 }
 
-// Zeroes the rows of x (N, D) outside `own`: the rows other TP ranks fill before the all-reduce.
+// Zeroes the rows of x (N, D) outside `own`: other TP ranks fill them, and the caller sums over TP.
 void zero_other_rows(float* x, parallel::RowRange own, int64_t num_rows, int64_t dim) {
     std::fill(x, x + own.first * dim, 0.0f);
     std::fill(x + (own.first + own.count) * dim, x + num_rows * dim, 0.0f);
