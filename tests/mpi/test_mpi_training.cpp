@@ -572,5 +572,46 @@ TEST(MpiTraining, TensorParallelShardsInitializeAsTheirSliceOfTheFullModel) {
     EXPECT_EQ(split, world.size() > 1 ? 5 * blocks + 2 : 0);
 }
 
+// One forward_backward over the world as one TP group: every rank's gradient is its slice of the
+// one-process model's, before any optimizer (sharper than the 5-step comparison, which AdamW's
+// sensitivity to near-zero gradients limits). Split tensors and those replicated over TP compare
+// as they are; the routed experts, fed each rank's share of the tokens, once summed over the
+// world (their expert-data-parallel group here).
+TEST(MpiTraining, TensorParallelGradientsAreSlicesOfTheOneProcessGradients) {
+    parallel::Communicator& world = mpi_world();
+    const ModelConfig c = tiny_config();
+    const GlobalBatch b = global_batch(c, 1);
+    Model full(c, {kGlobalBatch, kSeq}, kLossWeights);
+    full.init_parameters(kSeed);
+    full.zero_grads();
+    const MicroBatchLosses want =
+        full.forward_backward(b.tokens.data(), b.targets.data(), kGlobalBatch, kSeq, 1.0f);
+    ModelParallel mp;
+    mp.tp = &world;
+    mp.load = &world;
+    Model sharded(c, {kGlobalBatch, kSeq}, kLossWeights, mp);
+    sharded.init_parameters(kSeed);
+    sharded.zero_grads();
+    const MicroBatchLosses got =
+        sharded.forward_backward(b.tokens.data(), b.targets.data(), kGlobalBatch, kSeq, 1.0f);
+    EXPECT_NEAR(got.lm_loss, want.lm_loss, 1e-6 * want.lm_loss);
+    EXPECT_NEAR(got.mtp_loss, want.mtp_loss, 1e-6 * want.mtp_loss);
+    EXPECT_NEAR(got.balance_loss, want.balance_loss, 1e-5 * want.balance_loss);
+    double worst = 0;
+    for (size_t i = 0; i < full.param_entries().size(); ++i) {
+        const ParamEntry& e = sharded.param_entries()[i];
+        if (!e.trainable) continue;
+        const ParamEntry& we = full.param_entries()[i];
+        std::vector<float> g(sharded.grads() + e.offset, sharded.grads() + e.offset + e.numel);
+        if (is_routed_expert_param(e.name)) world.all_reduce_sum(std::span<float>(g));
+        const std::vector<float> slice = reference_slice(e, we, full.grads() + we.offset, {});
+        const TensorError err = tensor_error(g.data(), slice.data(), e.numel);
+        EXPECT_LE(err.l2_rel, 1e-5) << e.name;
+        worst = std::max(worst, err.l2_rel);
+    }
+    std::printf("[maxerr] mpi_training tp%d gradients (rank %d): l2rel=%.3e\n", world.size(),
+                world.rank(), worst);
+}
+
 }  // namespace
 }  // namespace moetron::testing
