@@ -5,8 +5,8 @@
 //
 // Tensor parallelism (Megatron style): gate_up is column-parallel over F (each rank keeps its
 // rows of gate_proj and of up_proj), down row-parallel, so out and dinp are partial sums that the
-// caller reduces over the TP group (g after the forward, f after the backward). F below is then
-// the rank's share, F / tp.
+// caller reduces over the TP group (block.h: reduce-scattered into the rank's token rows). F below
+// is then the rank's share, F / tp.
 #pragma once
 
 #include <cstdint>
