@@ -142,6 +142,23 @@ TEST(GradBuckets, ShardedBucketsCutOnMultiplesOfTheGroupAndOwnDisjointParts) {
     EXPECT_FALSE(runs[0].weight_decay);
 }
 
+// A tensor-parallel model mixes TP-split spans (one copy each) and TP-replicated ones (tp
+// copies): a bucket never mixes the two, so the global norm can count each copy once.
+TEST(GradBuckets, CutWhereTheCopiesOutsideTheGroupChange) {
+    const std::vector<ParamSpan> spans{
+        {0, 10, kDp, true, true, 2}, {10, 6, kDp, true, true, 1}, {16, 4, kDp, true, false, 1}};
+    BucketOptions o;
+    o.dp_size = 2;
+    o.shard_data_parallel = true;
+    const GradBuckets layout(spans, 20, o);
+    ASSERT_EQ(layout.buckets().size(), 2u);
+    EXPECT_EQ(layout.buckets()[0].numel, 10);
+    EXPECT_EQ(layout.buckets()[0].copies_outside_group, 2);
+    EXPECT_EQ(layout.buckets()[1].offset, 10);
+    EXPECT_EQ(layout.buckets()[1].numel, 10);
+    EXPECT_EQ(layout.buckets()[1].copies_outside_group, 1);
+}
+
 TEST(GradBuckets, BadSpansAreNamed) {
     BucketOptions o;
     const std::vector<ParamSpan> overlapping{{0, 10, kDp, true, true}, {5, 10, kDp, true, true}};

@@ -2,6 +2,7 @@
 // backward against finite differences (with ignored tokens), in-place use, and bad targets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -108,6 +109,72 @@ TEST(CrossEntropy, AllIgnoredBatchHasNoValidTokensAndZeroGradient) {
     cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), N, V,
                                 kIgnore, 1.0f);
     EXPECT_EQ(dlogits, std::vector<float>(N * V, 0.0f));
+}
+
+// The vocabulary-parallel parts, combined over uneven column blocks as the TP ranks would (max
+// of the maxima, sums of the sums), give the plain kernel's losses, lse and gradient.
+TEST(CrossEntropy, VocabularyPartsCombineToThePlainKernel) {
+    const int64_t N = 7, V = 30;
+    const int64_t part_begin[] = {0, 9, 20, 30};  // three parts of 9, 11 and 10 columns
+    auto logits = testing::random_floats(N * V, 4, 3.0f);
+    for (int64_t v = 0; v < V; ++v) logits[2 * V + v] += 500.0f;  // needs the shared max
+    const std::vector<int32_t> targets = {0, 8, 9, kIgnore, 29, 20, 19};
+    const float dloss = 0.25f;
+
+    std::vector<float> losses(N), lse(N), dlogits(N * V);
+    const auto want = cpu::cross_entropy_forward(losses.data(), lse.data(), logits.data(),
+                                                 targets.data(), N, V, kIgnore);
+    cpu::cross_entropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), N, V,
+                                kIgnore, dloss);
+
+    // Each part's columns as a contiguous (N, Vp) block, as a rank holds them.
+    auto part_logits = [&](int p) {
+        const int64_t first = part_begin[p], Vp = part_begin[p + 1] - first;
+        std::vector<float> out(N * Vp);
+        for (int64_t t = 0; t < N; ++t)
+            for (int64_t v = 0; v < Vp; ++v) out[t * Vp + v] = logits[t * V + first + v];
+        return out;
+    };
+    std::vector<float> row_max(N, -1e30f), part_max(N);
+    for (int p = 0; p < 3; ++p) {
+        const std::vector<float> x = part_logits(p);
+        cpu::cross_entropy_part_max(part_max.data(), x.data(), N,
+                                    part_begin[p + 1] - part_begin[p]);
+        for (int64_t t = 0; t < N; ++t) row_max[t] = std::max(row_max[t], part_max[t]);
+    }
+    std::vector<double> sum_exp(N, 0.0), target_logit(N, 0.0), s(N), tl(N);
+    for (int p = 0; p < 3; ++p) {
+        const std::vector<float> x = part_logits(p);
+        cpu::cross_entropy_part_sums(s.data(), tl.data(), x.data(), row_max.data(), targets.data(),
+                                     N, part_begin[p + 1] - part_begin[p], part_begin[p], kIgnore);
+        for (int64_t t = 0; t < N; ++t) {
+            sum_exp[t] += s[t];
+            target_logit[t] += tl[t];
+        }
+    }
+    double loss_sum = 0;
+    std::vector<float> part_lse(N);
+    for (int64_t t = 0; t < N; ++t) {
+        part_lse[t] = row_max[t] + static_cast<float>(std::log(sum_exp[t]));
+        EXPECT_NEAR(part_lse[t], lse[t], 1e-5 * std::fabs(lse[t])) << t;
+        if (targets[t] == kIgnore) continue;
+        const double loss = part_lse[t] - target_logit[t];
+        EXPECT_NEAR(loss, losses[t], 1e-5) << t;
+        loss_sum += loss;
+    }
+    EXPECT_NEAR(loss_sum, want.loss_sum, 1e-5 * want.loss_sum);
+
+    for (int p = 0; p < 3; ++p) {
+        const int64_t first = part_begin[p], Vp = part_begin[p + 1] - first;
+        std::vector<float> x = part_logits(p);
+        // In place, as the model runs it.
+        cpu::cross_entropy_part_backward(x.data(), x.data(), part_lse.data(), targets.data(), N, Vp,
+                                         first, kIgnore, dloss);
+        for (int64_t t = 0; t < N; ++t)
+            for (int64_t v = 0; v < Vp; ++v)
+                EXPECT_NEAR(x[t * Vp + v], dlogits[t * V + first + v], 1e-6)
+                    << "part " << p << " token " << t << " column " << first + v;
+    }
 }
 
 TEST(CrossEntropy, TargetOutsideVocabularyIsAnError) {

@@ -75,6 +75,30 @@ TEST(Embedding, BackwardIsIdenticalForAnyThreadCount) {
     EXPECT_EQ(parallel, serial);
 }
 
+// Vocabulary parts (two ranks' row blocks): the forward parts sum to the lookup, the backward
+// parts are the plain gradient's rows.
+TEST(Embedding, VocabularyPartsSumToTheLookupAndSplitTheGradient) {
+    const int64_t V = 12, D = 5, N = 6, half = V / 2;
+    const auto table = testing::random_floats(V * D, 7);
+    const auto dout = testing::random_floats(N * D, 8);
+    const std::vector<int32_t> tokens = {3, 11, 6, 3, 0, 5};
+    std::vector<float> want(N * D), dtable(V * D, 0.0f);
+    cpu::embedding_forward(want.data(), tokens.data(), table.data(), N, V, D);
+    cpu::embedding_backward(dtable.data(), dout.data(), tokens.data(), N, V, D);
+
+    std::vector<float> sum(N * D, 0.0f), part(N * D, 9.0f);  // garbage: must be overwritten
+    for (int64_t first : {int64_t{0}, half}) {
+        cpu::embedding_part_forward(part.data(), tokens.data(), table.data() + first * D, N, first,
+                                    half, D);
+        for (int64_t i = 0; i < N * D; ++i) sum[i] += part[i];
+        std::vector<float> dpart(half * D, 0.0f);
+        cpu::embedding_part_backward(dpart.data(), dout.data(), tokens.data(), N, first, half, D);
+        EXPECT_EQ(dpart, std::vector<float>(dtable.begin() + first * D,
+                                            dtable.begin() + (first + half) * D));
+    }
+    EXPECT_EQ(sum, want);
+}
+
 TEST(Embedding, TokenOutsideVocabularyIsAnErrorNamingIt) {
     const int64_t V = 4, D = 3;
     std::vector<float> table(V * D), out(2 * D);

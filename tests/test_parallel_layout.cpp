@@ -113,6 +113,32 @@ TEST(ParallelTopology, ModelChecks) {
         "needs routed experts");
 }
 
+// Tensor parallelism splits the vocabulary, the dense MLP and the shared experts too: each size
+// that tp must divide is named with its numbers.
+TEST(ParallelTopology, TensorParallelNamesWhatTpMustDivide) {
+    ModelConfig model;
+    model.name = "toy";
+    model.num_attention_heads = 8;
+    model.vocab_size = 256;
+    model.intermediate_size = 128;
+    model.n_routed_experts = 8;
+    model.n_shared_experts = 1;
+    model.moe_intermediate_size = 32;
+    const Topology tp4 = make_topology(parse_layout("tp4"), 8);
+    EXPECT_NO_THROW(validate_topology_for_model(tp4, model));
+    model.vocab_size = 250;
+    expect_error_containing([&] { validate_topology_for_model(tp4, model); },
+                            "tp 4 does not divide vocab_size 250");
+    model.vocab_size = 256;
+    model.intermediate_size = 130;
+    expect_error_containing([&] { validate_topology_for_model(tp4, model); },
+                            "tp 4 does not divide intermediate_size 130");
+    model.intermediate_size = 128;
+    model.moe_intermediate_size = 30;
+    expect_error_containing([&] { validate_topology_for_model(tp4, model); },
+                            "n_shared_experts 1 x moe_intermediate_size 30 = 30");
+}
+
 Ranks members(const Topology& t, GroupKind kind, int rank) {
     return group_of(t, kind, rank).ranks;
 }

@@ -1,10 +1,11 @@
 // N ranks train the same as 1 rank: the tiny model (configs/models/tiny.toml) trained for 5 steps
 // on one global batch per step, once in this process alone (the reference: one Model, every
 // expert, plain AdamW per tensor) and once over the world in a parallel layout (data parallel
-// with all-reduce or ZeRO-1, expert parallel, both), with bucketed gradient sync overlapped with
-// the backward. Per-step losses must agree within 1e-5 relative, final parameters (each rank's
-// share, experts against their slice) within 1e-4 relative per tensor (see kParamL2Tolerance),
-// router biases exactly.
+// with all-reduce or ZeRO-1, expert parallel, tensor parallel, and their combinations), with
+// bucketed gradient sync overlapped with the backward. Per-step losses must agree within 1e-5
+// relative, final parameters (each rank's share, experts against their slice) within 1e-4 relative
+// per tensor (see kParamL2Tolerance), router biases exactly. A tensor split over TP is compared
+// with its slice of the reference.
 //
 // The same comparison through train/trainer.h: Trainer::step on N ranks (TrainParallel) against
 // Trainer::step on one process (which uses train/optimizer.h's AdamW, not the distributed one).
@@ -12,6 +13,7 @@
 // Runs under mpirun -np 1, 2 and 4; a layout that needs another world size is skipped.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -149,6 +151,7 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
 
     ModelParallel mp;
     mp.ep = groups.ep.get();
+    mp.tp = groups.tp.get();
     mp.load = &world;
     Model model(c, {micro_batch, kSeq}, kLossWeights, mp);
     model.init_parameters(kSeed);
@@ -211,22 +214,47 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
     return run;
 }
 
+// The elements of the reference tensor `want` (its whole flat data) that the local tensor `e`
+// holds: a TP shard's slice, a routed-expert shard's experts, or all of it.
+std::vector<float> reference_slice(const ParamEntry& e, const ParamEntry& want_entry,
+                                   const float* want, const ExpertShard& shard) {
+    std::vector<float> out(static_cast<size_t>(e.numel));
+    if (e.tp.sharded()) {
+        e.tp.for_each_run(e.numel, [&](int64_t local, int64_t global, int64_t count) {
+            std::copy(want + global, want + global + count, out.begin() + local);
+        });
+        return out;
+    }
+    int64_t first = 0;
+    if (e.numel != want_entry.numel) {
+        EXPECT_TRUE(is_routed_expert_param(e.name)) << e.name;
+        first = shard.first * (want_entry.numel / want_entry.shape[0]);
+    }
+    std::copy(want + first, want + first + e.numel, out.begin());
+    return out;
+}
+
 // Per tensor: ||got - want||_2 / ||want||_2, and the largest elementwise difference.
 struct TensorError {
     double l2_rel = 0;
     double max_abs = 0;
 };
 
-TensorError tensor_error(const float* got, const float* want, int64_t n) {
-    double diff2 = 0, norm2 = 0;
+// split_over: for a tensor split over TP, the group whose ranks hold its parts (the world: every
+// data-parallel replica then adds its copy to both sums alike), so that the error is the whole
+// tensor's; a collective over it. Null for a tensor this rank holds whole.
+TensorError tensor_error(const float* got, const float* want, int64_t n,
+                         parallel::Communicator* split_over = nullptr) {
+    std::array<double, 2> sums{};  // diff2, norm2
     TensorError e;
     for (int64_t i = 0; i < n; ++i) {
         const double d = static_cast<double>(got[i]) - want[i];
-        diff2 += d * d;
-        norm2 += static_cast<double>(want[i]) * want[i];
+        sums[0] += d * d;
+        sums[1] += static_cast<double>(want[i]) * want[i];
         e.max_abs = std::max(e.max_abs, std::fabs(d));
     }
-    e.l2_rel = norm2 > 0 ? std::sqrt(diff2 / norm2) : std::sqrt(diff2);
+    if (split_over != nullptr) split_over->all_reduce_sum(std::span<double>(sums));
+    e.l2_rel = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
     return e;
 }
 
@@ -236,7 +264,9 @@ TensorError tensor_error(const float* got, const float* want, int64_t n) {
 // ranks, micro-batches, expert segments) changes them by percents. Such elements move by up to
 // ~1e-5 differently in 5 steps while the tensor as a whole agrees to ~1e-5 of its norm. The
 // elementwise guard (a tenth of one step's learning rate) still catches any real divergence: a
-// wrong gradient moves its elements by whole learning-rate steps.
+// wrong gradient moves its elements by whole learning-rate steps. A tensor split over TP is
+// measured whole (its parts' sums added over the ranks), not part by part: such elements can
+// gather in one part.
 constexpr double kParamL2Tolerance = 1e-4;
 constexpr double kParamMaxAbsTolerance = 0.1 * kLr;
 constexpr double kLossTolerance = 1e-5;
@@ -266,18 +296,16 @@ void expect_matches_reference(const RunResult& got, const RunResult& want,
         const ParamEntry& ge = got.entries[i];
         const ParamEntry& we = want.entries[i];
         ASSERT_EQ(ge.name, we.name);
-        int64_t first = 0;
-        if (ge.numel != we.numel) {
-            ASSERT_TRUE(is_routed_expert_param(ge.name)) << ge.name;
-            first = got.shard.first * (we.numel / we.shape[0]);
-        }
+        const std::vector<float> slice =
+            reference_slice(ge, we, want.params.data() + we.offset, got.shard);
         const float* g = got.params.data() + ge.offset;
-        const float* w = want.params.data() + we.offset + first;
+        const float* w = slice.data();
         if (!ge.trainable) {  // the router bias moves by whole steps of gamma: exactly alike
             EXPECT_TRUE(std::equal(g, g + ge.numel, w)) << what << " " << ge.name;
             continue;
         }
-        const TensorError e = tensor_error(g, w, ge.numel);
+        const TensorError e =
+            tensor_error(g, w, ge.numel, ge.tp.sharded() ? &mpi_world() : nullptr);
         EXPECT_LE(e.l2_rel, kParamL2Tolerance) << what << " " << ge.name;
         EXPECT_LE(e.max_abs, kParamMaxAbsTolerance) << what << " " << ge.name;
         worst.max_abs = std::max(worst.max_abs, e.max_abs);
@@ -293,8 +321,7 @@ void expect_matches_reference(const RunResult& got, const RunResult& want,
         worst.max_abs);
 }
 
-void run_case(const Case& k) {
-    const ModelConfig c = tiny_config();
+void run_case(const Case& k, const ModelConfig& c = tiny_config()) {
     const RunResult want = reference_run(c);
     const ParallelRun got = parallel_run(c, k);
     const std::string what = (k.layout.empty() ? std::string("dp") : k.layout) +
@@ -336,6 +363,39 @@ TEST(MpiTraining, DataTimesExpertParallelZero1MatchesOneRank) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
     run_case({"dp4.ep2", true});
     run_case({"dp4.ep2", false});
+}
+
+// Tensor parallelism (Megatron style, sequence-parallel stream and norms): heads, vocabulary,
+// dense MLP and shared experts split over TP; on 4 ranks tp2 is dp2 x tp2.
+TEST(MpiTraining, TensorParallelMatchesOneRank) {
+    if (mpi_world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    run_case({"tp2", false});
+    run_case({"tp2", true});
+}
+
+TEST(MpiTraining, TensorParallelOverTheWorldMatchesOneRank) {
+    if (mpi_world().size() < 4) GTEST_SKIP() << "needs 4 ranks (tp2 is covered above)";
+    run_case({"tp4", true});
+}
+
+// The other paths of the split layers: one query projection (q_lora_rank = 0, split by heads
+// with its input gradient summed over TP), and MoE layers without shared experts.
+TEST(MpiTraining, TensorParallelWithoutLowRankQueryOrSharedExpertsMatchesOneRank) {
+    if (mpi_world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    ModelConfig one_query = tiny_config();
+    one_query.q_lora_rank = 0;
+    run_case({"tp2", true}, one_query);
+    ModelConfig no_shared = tiny_config();
+    no_shared.n_shared_experts = 0;
+    run_case({"tp2", true}, no_shared);
+}
+
+// tp2 x ep2 on 4 ranks (parallel folding: attention dp2 x tp2, experts edp2 x ep2), and ep4 with
+// tp2: each TP rank sends its share of the tokens to the experts.
+TEST(MpiTraining, TensorTimesExpertParallelMatchesOneRank) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    run_case({"tp2.ep2", true});
+    run_case({"tp2.ep4", false});
 }
 
 // Two micro-batches per rank (accumulation with the global denominators) and the sync posted
@@ -422,6 +482,16 @@ TEST(MpiTrainer, DataTimesExpertParallelMatchesOneProcess) {
     run_trainer_case("dp4.ep2", true, true, 1);
 }
 
+TEST(MpiTrainer, TensorParallelMatchesOneProcess) {
+    if (mpi_world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+    run_trainer_case("tp2", true, true, 1);
+}
+
+TEST(MpiTrainer, TensorTimesExpertParallelMatchesOneProcess) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    run_trainer_case("tp2.ep2", true, true, 2);
+}
+
 TEST(MpiTrainer, AccumulationReplicatedOptimizerWithoutOverlapMatchesOneProcess) {
     run_trainer_case(ep_world(), false, false, 2);
 }
@@ -473,6 +543,74 @@ TEST(MpiTraining, ShardedExpertsInitializeAsTheirSliceOfTheFullModel) {
         no_load.ep = &world;
         EXPECT_THROW(Model(c, {1, 8}, {}, no_load), Error);
     }
+}
+
+// Counter-based initialization by global index: each TP shard (heads of q_b/kv_b/o_proj, features
+// of the MLPs) holds the same numbers as its slice of the unsharded model; the rest is replicated.
+TEST(MpiTraining, TensorParallelShardsInitializeAsTheirSliceOfTheFullModel) {
+    parallel::Communicator& world = mpi_world();
+    const ModelConfig c = tiny_config();
+    Model full(c, {1, 8}, {});
+    full.init_parameters(kSeed);
+    ModelParallel mp;
+    mp.tp = &world;
+    mp.load = &world;
+    Model sharded(c, {1, 8}, {}, mp);
+    sharded.init_parameters(kSeed);
+    int split = 0;
+    for (const ParamEntry& e : sharded.param_entries()) {
+        const TensorView want = full.param(e.name);
+        const ParamEntry& we = full.param_entries()[&e - sharded.param_entries().data()];
+        const std::vector<float> slice = reference_slice(e, we, want.ptr<float>(), {});
+        EXPECT_TRUE(std::equal(slice.begin(), slice.end(), sharded.params() + e.offset)) << e.name;
+        EXPECT_EQ(e.numel * (e.tp.sharded() ? world.size() : 1), we.numel) << e.name;
+        split += e.tp.sharded();
+    }
+    // Per block q_b, kv_b, o_proj and gate_up, down of the dense MLP or the shared experts; the
+    // embedding and the head.
+    const int64_t blocks = c.num_hidden_layers + c.num_nextn_predict_layers;
+    EXPECT_EQ(split, world.size() > 1 ? 5 * blocks + 2 : 0);
+}
+
+// One forward_backward over the world as one TP group: every rank's gradient is its slice of the
+// one-process model's, before any optimizer (sharper than the 5-step comparison, which AdamW's
+// sensitivity to near-zero gradients limits). Split tensors and those replicated over TP compare
+// as they are; the routed experts, fed each rank's share of the tokens, once summed over the
+// world (their expert-data-parallel group here).
+TEST(MpiTraining, TensorParallelGradientsAreSlicesOfTheOneProcessGradients) {
+    parallel::Communicator& world = mpi_world();
+    const ModelConfig c = tiny_config();
+    const GlobalBatch b = global_batch(c, 1);
+    Model full(c, {kGlobalBatch, kSeq}, kLossWeights);
+    full.init_parameters(kSeed);
+    full.zero_grads();
+    const MicroBatchLosses want =
+        full.forward_backward(b.tokens.data(), b.targets.data(), kGlobalBatch, kSeq, 1.0f);
+    ModelParallel mp;
+    mp.tp = &world;
+    mp.load = &world;
+    Model sharded(c, {kGlobalBatch, kSeq}, kLossWeights, mp);
+    sharded.init_parameters(kSeed);
+    sharded.zero_grads();
+    const MicroBatchLosses got =
+        sharded.forward_backward(b.tokens.data(), b.targets.data(), kGlobalBatch, kSeq, 1.0f);
+    EXPECT_NEAR(got.lm_loss, want.lm_loss, 1e-6 * want.lm_loss);
+    EXPECT_NEAR(got.mtp_loss, want.mtp_loss, 1e-6 * want.mtp_loss);
+    EXPECT_NEAR(got.balance_loss, want.balance_loss, 1e-5 * want.balance_loss);
+    double worst = 0;
+    for (size_t i = 0; i < full.param_entries().size(); ++i) {
+        const ParamEntry& e = sharded.param_entries()[i];
+        if (!e.trainable) continue;
+        const ParamEntry& we = full.param_entries()[i];
+        std::vector<float> g(sharded.grads() + e.offset, sharded.grads() + e.offset + e.numel);
+        if (is_routed_expert_param(e.name)) world.all_reduce_sum(std::span<float>(g));
+        const std::vector<float> slice = reference_slice(e, we, full.grads() + we.offset, {});
+        const TensorError err = tensor_error(g.data(), slice.data(), e.numel);
+        EXPECT_LE(err.l2_rel, 1e-5) << e.name;
+        worst = std::max(worst, err.l2_rel);
+    }
+    std::printf("[maxerr] mpi_training tp%d gradients (rank %d): l2rel=%.3e\n", world.size(),
+                world.rank(), worst);
 }
 
 }  // namespace

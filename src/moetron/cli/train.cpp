@@ -324,8 +324,8 @@ void register_train(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     o->layout_opt = cmd->add_option(
         "--layout", o->layout,
-        "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2 (dp: data-parallel ranks, ep: "
-        "ranks the routed experts are split over; tensor parallelism is not supported yet). "
+        "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2, tp2.ep2 (dp: data-parallel "
+        "ranks, ep: ranks the routed experts are split over, tp: tensor-parallel ranks). "
         "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
     cmd->add_option("--domain-size", o->domain_size,
                     "ranks per scale-up domain (0: the whole job is one domain)")

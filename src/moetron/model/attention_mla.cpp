@@ -11,11 +11,12 @@ namespace moetron {
 
 namespace {
 
+// heads: this rank's, num_attention_heads / tp (the model checks that tp divides them).
 struct MlaDims {
     int64_t dim, heads, q_rank, kv_rank, nope, rope, qk, v;
-    explicit MlaDims(const ModelConfig& c)
+    MlaDims(const ModelConfig& c, int tp_size)
         : dim(c.hidden_size),
-          heads(c.num_attention_heads),
+          heads(c.num_attention_heads / tp_size),
           q_rank(c.q_lora_rank),
           kv_rank(c.kv_lora_rank),
           nope(c.qk_nope_head_dim),
@@ -31,23 +32,23 @@ struct MlaDims {
 
 void bind_mla_params(ParamBinder& b, MlaParams& p, const std::string& prefix,
                      const ModelConfig& c) {
-    const MlaDims d(c);
+    const MlaDims d(c, 1);  // global shapes; the binder takes this rank's heads
     if (d.q_rank > 0) {
         b.weight(p.q_a_proj, prefix + "q_a_proj", {d.q_rank, d.dim});
         b.norm(p.q_a_norm, prefix + "q_a_norm", d.q_rank);
-        b.weight(p.q_b_proj, prefix + "q_b_proj", {d.heads * d.qk, d.q_rank});
+        b.column_parallel_weight(p.q_b_proj, prefix + "q_b_proj", {d.heads * d.qk, d.q_rank});
     } else {
-        b.weight(p.q_proj, prefix + "q_proj", {d.heads * d.qk, d.dim});
+        b.column_parallel_weight(p.q_proj, prefix + "q_proj", {d.heads * d.qk, d.dim});
     }
     b.weight(p.kv_a_proj, prefix + "kv_a_proj", {d.kv_rank + d.rope, d.dim});
     b.norm(p.kv_a_norm, prefix + "kv_a_norm", d.kv_rank);
-    b.weight(p.kv_b_proj, prefix + "kv_b_proj", {d.kv_b_out(), d.kv_rank});
-    b.weight(p.o_proj, prefix + "o_proj", {d.dim, d.heads * d.v});
+    b.column_parallel_weight(p.kv_b_proj, prefix + "kv_b_proj", {d.kv_b_out(), d.kv_rank});
+    b.row_parallel_weight(p.o_proj, prefix + "o_proj", {d.dim, d.heads * d.v});
 }
 
 void bind_mla_activations(BufferBinder& b, MlaActivations& a, const std::string& prefix,
-                          const ModelConfig& c, int64_t batch, int64_t seq_len) {
-    const MlaDims d(c);
+                          const ModelConfig& c, int tp_size, int64_t batch, int64_t seq_len) {
+    const MlaDims d(c, tp_size);
     const int64_t n = batch * seq_len;
     if (d.q_rank > 0) {
         b(a.q_a, prefix + "q_a", {n, d.q_rank});
@@ -65,8 +66,8 @@ void bind_mla_activations(BufferBinder& b, MlaActivations& a, const std::string&
 }
 
 void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
-                      const ModelConfig& c, int64_t num_tokens) {
-    const MlaDims d(c);
+                      const ModelConfig& c, int tp_size, int64_t num_tokens) {
+    const MlaDims d(c, tp_size);
     const int64_t n = num_tokens;
     b(s.kv, prefix + "kv", {n, d.heads, d.nope + d.v});
     b(s.k_rope, prefix + "k_rope", {n, d.rope});
@@ -84,8 +85,8 @@ void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
 
 void mla_forward(float* out, const MlaActivations& saved, const float* inp, const MlaParams& w,
                  const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
-                 int64_t batch, int64_t seq_len) {
-    const MlaDims d(c);
+                 const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len) {
+    const MlaDims d(c, tp.size());
     const int64_t n = batch * seq_len;
 
     // Queries (DeepSeek-V3 eq. 6-8): low-rank through a normed latent, or one projection.
@@ -130,8 +131,9 @@ void mla_forward(float* out, const MlaActivations& saved, const float* inp, cons
 
 void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const float* inp,
                   const MlaActivations& saved, const MlaParams& w, const MlaScratch& scratch,
-                  const RopeTables& rope, const ModelConfig& c, int64_t batch, int64_t seq_len) {
-    const MlaDims d(c);
+                  const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                  int64_t batch, int64_t seq_len) {
+    const MlaDims d(c, tp.size());
     const int64_t n = batch * seq_len;
 
     cpu::linear_backward(scratch.d_attn, grads.o_proj, dout, saved.attn, w.o_proj, n, d.heads * d.v,
@@ -158,10 +160,12 @@ void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const 
             for (int64_t i = 0; i < d.rope; ++i) dkr[i] += dk[d.nope + i];
         }
     }
+    tp.sum_partial_input_grads(d_k_rope, n * d.rope);  // f: every rank's heads read the key
     cpu::rope_backward(d_k_rope, rope.cos, rope.sin, n, seq_len, 1, d.rope, 0, d.rope);
 
     cpu::linear_backward(scratch.d_latent_normed, grads.kv_b_proj, d_kv, saved.latent_normed,
                          w.kv_b_proj, n, d.kv_rank, d.kv_b_out());
+    tp.sum_partial_input_grads(scratch.d_latent_normed, n * d.kv_rank);  // f: kv_b is split
     cpu::rmsnorm_backward(scratch.d_latent, grads.kv_a_norm, scratch.d_latent_normed, saved.latent,
                           w.kv_a_norm, saved.latent_rstd, n, d.kv_rank);
 
@@ -169,6 +173,7 @@ void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const 
     if (d.q_rank > 0) {
         cpu::linear_backward(scratch.d_q_a_normed, grads.q_b_proj, scratch.dq, saved.q_a_normed,
                              w.q_b_proj, n, d.q_rank, d.heads * d.qk);
+        tp.sum_partial_input_grads(scratch.d_q_a_normed, n * d.q_rank);  // f: q_b is split
         cpu::rmsnorm_backward(scratch.d_q_a, grads.q_a_norm, scratch.d_q_a_normed, saved.q_a,
                               w.q_a_norm, saved.q_a_rstd, n, d.q_rank);
         cpu::linear_backward(dinp, grads.q_a_proj, scratch.d_q_a, inp, w.q_a_proj, n, d.dim,
@@ -176,6 +181,7 @@ void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const 
     } else {
         cpu::linear_backward(dinp, grads.q_proj, scratch.dq, inp, w.q_proj, n, d.dim,
                              d.heads * d.qk);
+        tp.sum_partial_input_grads(dinp, n * d.dim);  // f: q_proj is split
     }
     const float* w_rope_key = w.kv_a_proj + d.kv_rank * d.dim;
     cpu::linear_backward(nullptr, grads.kv_a_proj, scratch.d_latent, inp, w.kv_a_proj, n, d.dim,

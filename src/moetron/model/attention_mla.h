@@ -6,12 +6,22 @@
 //   kv     = kv_b_proj(rmsnorm(c))               per head [k_nope | v]
 //   RoPE on q_rope and kr (HF's interleaved layout, kernels/cpu/rope.h); k = [k_nope | kr] per head
 //   out    = o_proj(causal_attention(q, k, v, scale = qk_head_dim^-0.5))       (no YaRN scaling)
+//
+// Tensor parallelism (Megatron style) splits the heads: q_b_proj (or q_proj) and kv_b_proj are
+// column-parallel by heads, o_proj row-parallel, and the attention runs on the rank's H/tp heads.
+// The low-rank down-projections (q_a_proj, kv_a_proj_with_mqa) and their norms stay replicated:
+// every TP rank sees the same tokens, so they get identical gradients (summed over DP only).
+// Communication: o_proj's outputs are partial sums over the ranks' heads, reduced by the caller
+// (block.h); in the backward, the gradients of the inputs of the split GEMMs (the normed latents,
+// the shared rope key; x itself when q_lora_rank == 0) are partial sums over the rank's heads and
+// are all-reduced (f), so that the input gradient comes out whole on every TP rank.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "moetron/model/params.h"
+#include "moetron/parallel/tensor_parallel.h"
 
 namespace moetron {
 
@@ -20,7 +30,7 @@ namespace moetron {
 inline constexpr float kMlaLatentNormEps = 1e-6f;
 
 // Letters: Q = q_lora_rank, C = kv_lora_rank, Dn = qk_nope_head_dim, R = qk_rope_head_dim,
-// Dqk = Dn + R, Dv = v_head_dim.
+// Dqk = Dn + R, Dv = v_head_dim. H below is the rank's heads: num_attention_heads / tp.
 struct MlaParams {
     float* q_a_proj = nullptr;   // (Q, D)            when q_lora_rank > 0
     float* q_a_norm = nullptr;   // (Q)               when q_lora_rank > 0
@@ -66,19 +76,22 @@ struct RopeTables {
     const float* sin = nullptr;
 };
 
+// The binder's tensor-parallel setting splits the heads; tp_size must be the same.
 void bind_mla_params(ParamBinder& b, MlaParams& p, const std::string& prefix, const ModelConfig& c);
 void bind_mla_activations(BufferBinder& b, MlaActivations& a, const std::string& prefix,
-                          const ModelConfig& c, int64_t batch, int64_t seq_len);
+                          const ModelConfig& c, int tp_size, int64_t batch, int64_t seq_len);
 void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
-                      const ModelConfig& c, int64_t num_tokens);
+                      const ModelConfig& c, int tp_size, int64_t num_tokens);
 
-// out (N, D) written; inp (N, D) is the normed residual stream, kept by the caller.
+// out (N, D) written: this rank's partial sum (the whole output with tp = 1); inp (N, D) is the
+// normed residual stream, the same on every TP rank, kept by the caller.
 void mla_forward(float* out, const MlaActivations& saved, const float* inp, const MlaParams& w,
                  const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
-                 int64_t batch, int64_t seq_len);
-// dinp (N, D) written; grads accumulate.
+                 const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len);
+// dinp (N, D) written (the full gradient on every TP rank); grads accumulate.
 void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const float* inp,
                   const MlaActivations& saved, const MlaParams& w, const MlaScratch& scratch,
-                  const RopeTables& rope, const ModelConfig& c, int64_t batch, int64_t seq_len);
+                  const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                  int64_t batch, int64_t seq_len);
 
 }  // namespace moetron

@@ -7,8 +7,8 @@ namespace moetron {
 
 void bind_mlp_params(ParamBinder& b, MlpParams& p, const std::string& prefix, int64_t dim,
                      int64_t ffn_dim) {
-    b.weight(p.gate_up, prefix + "gate_up", {2 * ffn_dim, dim});
-    b.weight(p.down, prefix + "down", {dim, ffn_dim});
+    b.column_parallel_weight(p.gate_up, prefix + "gate_up", {2 * ffn_dim, dim}, 2);
+    b.row_parallel_weight(p.down, prefix + "down", {dim, ffn_dim});
 }
 
 void bind_mlp_activations(BufferBinder& b, MlpActivations& a, const std::string& prefix,

@@ -2,6 +2,11 @@
 // first_k_dense_replace layers (F = intermediate_size) and its shared experts (one MLP of
 // F = n_shared_experts * moe_intermediate_size). gate and up are one fused (2F, D) weight =
 // [gate_proj; up_proj], so the first projection is a single GEMM.
+//
+// Tensor parallelism (Megatron style): gate_up is column-parallel over F (each rank keeps its
+// rows of gate_proj and of up_proj), down row-parallel, so out and dinp are partial sums that the
+// caller reduces over the TP group (block.h: reduce-scattered into the rank's token rows). F below
+// is then the rank's share, F / tp.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,7 @@ struct MlpScratch {
     float* d_gate_up = nullptr;  // (N, 2 F_max)
 };
 
+// ffn_dim is the global F; the binder's tensor-parallel setting takes this rank's share.
 void bind_mlp_params(ParamBinder& b, MlpParams& p, const std::string& prefix, int64_t dim,
                      int64_t ffn_dim);
 void bind_mlp_activations(BufferBinder& b, MlpActivations& a, const std::string& prefix,

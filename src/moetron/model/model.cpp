@@ -13,6 +13,11 @@
 //
 // Expert parallelism: this rank's tree binds only its ExpertShard of each MoE layer's experts, and
 // one ExpertDispatcher (one slot per MoE layer) moves the token copies over the EP group.
+//
+// Tensor parallelism (ModelParallel::tp, with sequence parallelism): the residual stream, the
+// MTP modules' inputs and every norm hold this rank's N/tp token rows (block.h); the embedding,
+// the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h); the losses come out
+// the same on every TP rank.
 #include "moetron/model/model.h"
 
 #include <algorithm>
@@ -22,6 +27,7 @@
 #include "moetron/core/rng.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/expert_dispatcher.h"
+#include "moetron/parallel/tensor_parallel.h"
 
 #include "moetron/kernels/cpu/cross_entropy.h"
 #include "moetron/kernels/cpu/elementwise.h"
@@ -31,6 +37,7 @@
 #include "moetron/kernels/cpu/rope.h"
 #include "moetron/model/block.h"
 #include "moetron/model/mtp.h"
+#include "moetron/model/vocab_parallel.h"
 
 namespace moetron {
 
@@ -59,18 +66,21 @@ ModelParams sharded_tree(const ModelConfig& c, const ExpertShard& shard) {
 // Binds p, whose vectors sharded_tree() sized.
 void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
     const int64_t V = c.vocab_size, D = c.hidden_size;
-    b.weight(p.embed, "embed", {V, D});
+    // Vocabulary-parallel over TP (vocab_parallel.h): each rank holds V/tp rows of both.
+    b.column_parallel_weight(p.embed, "embed", {V, D});
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
         bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
     b.norm(p.final_norm, "final_norm", D);
-    b.weight(p.head, "head", {V, D});
+    b.column_parallel_weight(p.head, "head", {V, D});
     for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
         bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
 }
 
-std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard) {
+std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard,
+                                            const parallel::TensorParallel& tp) {
     std::vector<TensorSpec> specs;
     ParamBinder binder(&specs, static_cast<float>(c.initializer_range));
+    binder.set_tensor_parallel(tp.rank(), tp.size());
     ModelParams tree = sharded_tree(c, shard);
     bind_model_params(binder, tree, c);
     return specs;
@@ -108,6 +118,38 @@ void check_domain_limited_routing(const ModelConfig& c, const ModelParallel& par
              domains, c.n_group, domains, c.topk_group, c.name);
 }
 
+// What tensor parallelism over tp ranks needs of the model, with the numbers.
+void check_tensor_parallel(const ModelConfig& c, const ModelRuntime& r,
+                           const ModelParallel& parallel, int tp) {
+    if (tp == 1) return;
+    MT_CHECK(r.batch_size * r.seq_len % tp == 0,
+             "[model] tp {} does not divide the {} x {} tokens of a micro-batch (sequence "
+             "parallelism splits them over the TP ranks)",
+             tp, r.batch_size, r.seq_len);
+    MT_CHECK(c.num_attention_heads % tp == 0,
+             "[model] tp {} does not divide the {} attention heads of model '{}' (each TP rank "
+             "keeps num_attention_heads / tp of them)",
+             tp, c.num_attention_heads, c.name);
+    MT_CHECK(c.intermediate_size % tp == 0,
+             "[model] tp {} does not divide intermediate_size {} of model '{}' (the dense MLP is "
+             "split over TP)",
+             tp, c.intermediate_size, c.name);
+    MT_CHECK(c.vocab_size % tp == 0,
+             "[model] tp {} does not divide vocab_size {} of model '{}' (the embedding, output "
+             "head and cross-entropy are vocabulary-parallel)",
+             tp, c.vocab_size, c.name);
+    const int64_t shared_ffn = c.n_shared_experts * c.moe_intermediate_size;
+    MT_CHECK(c.n_routed_experts == 0 || shared_ffn % tp == 0,
+             "[model] tp {} does not divide the shared experts' intermediate size "
+             "n_shared_experts * moe_intermediate_size = {} of model '{}'",
+             tp, shared_ffn, c.name);
+    MT_CHECK(c.n_routed_experts == 0 ||
+                 (parallel.load != nullptr && parallel.load->size() >= parallel.tp->size()),
+             "[model] tensor parallelism over '{}' with routed experts needs ModelParallel::load "
+             "spanning the TP ranks: each routes its own share of the tokens",
+             parallel.tp->name());
+}
+
 int64_t num_moe_slots(const ModelConfig& c) {
     int64_t slots = c.num_moe_layers();
     for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) slots += c.mtp_layer_is_moe(d);
@@ -115,44 +157,70 @@ int64_t num_moe_slots(const ModelConfig& c) {
 }
 
 // The final norm, output head and cross-entropy; shared by the main model and the MTP depths.
+// Nr: this rank's token rows, N/tp (sequence parallelism, block.h).
 struct HeadScratch {
-    float* normed = nullptr;    // (N, D)
-    float* rstd = nullptr;      // (N)
-    float* logits = nullptr;    // (N, V); their gradient after a backward
+    float* normed = nullptr;    // (Nr, D)
+    float* rstd = nullptr;      // (Nr)
+    float* logits = nullptr;    // (N, V/tp) this rank's vocabulary part; their gradient after
+                                // a backward
     float* lse = nullptr;       // (N)
     float* losses = nullptr;    // (N)
-    float* d_normed = nullptr;  // (N, D)
+    float* d_normed = nullptr;  // (Nr, D)
+    // tp > 1 only: the gathered normed rows, the head's partial input gradient over all N rows,
+    // the final norm gain's partial gradient.
+    float* normed_full = nullptr;    // (N, D)
+    float* d_normed_full = nullptr;  // (N, D)
+    float* d_norm_weight = nullptr;  // (D)
+    VocabParallelScratch vocab;
 };
 
-void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, int64_t n) {
-    b(s.normed, "head.normed", {n, c.hidden_size});
-    b(s.rstd, "head.rstd", {n});
-    b(s.logits, "head.logits", {n, c.vocab_size});
+void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, int tp_size,
+                       int64_t n) {
+    const int64_t D = c.hidden_size, rows = n / tp_size;
+    b(s.normed, "head.normed", {rows, D});
+    b(s.rstd, "head.rstd", {rows});
+    b(s.logits, "head.logits", {n, c.vocab_size / tp_size});
     b(s.lse, "head.lse", {n});
     b(s.losses, "head.losses", {n});
-    b(s.d_normed, "head.d_normed", {n, c.hidden_size});
+    b(s.d_normed, "head.d_normed", {rows, D});
+    if (tp_size > 1) {
+        b(s.normed_full, "head.normed_full", {n, D});
+        b(s.d_normed_full, "head.d_normed_full", {n, D});
+        b(s.d_norm_weight, "head.d_norm_weight", {D});
+    }
+    bind_vocab_parallel_scratch(b, s.vocab, "head.vocab.", tp_size, n);
 }
 
-// Cross-entropy of head(rmsnorm(hidden)) against targets. When d_hidden is not null, also the
+// Cross-entropy of head(rmsnorm(hidden)) against targets (N). When d_hidden is not null, also the
 // backward of loss_grad * (loss sum / denominator), denominator <= 0 meaning this call's valid
-// count (its mean): d_hidden (N, D) written; the norm's and head's gradients accumulate.
+// count (its mean): d_hidden written; the norm's and head's gradients accumulate. hidden and
+// d_hidden are this rank's (Nr, D) rows; with tensor parallelism the normed rows are all-gathered
+// for the head, and the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h).
 cpu::CrossEntropyResult head_loss(float* d_hidden, const float* hidden, const int32_t* targets,
                                   const float* norm_w, float* norm_g, const float* head_w,
                                   float* head_g, const HeadScratch& s, const ModelConfig& c,
-                                  int64_t n, float loss_grad, int64_t denominator) {
-    const int64_t D = c.hidden_size, V = c.vocab_size;
-    cpu::rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, n, D,
+                                  const parallel::TensorParallel& tp, int64_t n, float loss_grad,
+                                  int64_t denominator) {
+    const int64_t D = c.hidden_size, V = c.vocab_size, Vp = V / tp.size();
+    const int64_t rows = tp.local_rows(n);
+    cpu::rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, rows, D,
                          static_cast<float>(c.rms_norm_eps));
-    cpu::linear_forward(s.logits, s.normed, head_w, n, D, V);
-    const cpu::CrossEntropyResult ce =
-        cpu::cross_entropy_forward(s.losses, s.lse, s.logits, targets, n, V, kIgnoreIndex);
+    const float* normed = tp.gather_rows(s.normed_full, s.normed, rows * D);
+    cpu::linear_forward(s.logits, normed, head_w, n, D, Vp);
+    const cpu::CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
+        s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
     if (d_hidden == nullptr) return ce;
 
     const int64_t count = denominator > 0 ? denominator : ce.num_valid;
     const float per_token = count > 0 ? loss_grad / static_cast<float>(count) : 0.0f;
-    cpu::cross_entropy_backward(s.logits, s.logits, s.lse, targets, n, V, kIgnoreIndex, per_token);
-    cpu::linear_backward(s.d_normed, head_g, s.logits, s.normed, head_w, n, D, V);
-    cpu::rmsnorm_backward(d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd, n, D);
+    vocab_parallel_cross_entropy_backward(s.logits, s.logits, s.lse, targets, n, V, kIgnoreIndex,
+                                          per_token, tp);
+    // The head is column-parallel over the vocabulary: its input gradient is partial over TP.
+    float* d_normed = tp.enabled() ? s.d_normed_full : s.d_normed;
+    cpu::linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
+    tp.reduce_scatter_rows(s.d_normed, d_normed, rows * D);
+    sequence_parallel_rmsnorm_backward(d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd,
+                                       s.d_norm_weight, rows, D, tp);
     return ce;
 }
 
@@ -180,7 +248,7 @@ void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
 }  // namespace
 
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config) {
-    return sharded_param_specs(config, {});
+    return sharded_param_specs(config, {}, {});
 }
 
 LossDenominators& LossDenominators::operator+=(const LossDenominators& other) {
@@ -240,6 +308,7 @@ struct Model::Impl {
     ModelRuntime runtime;
     LossWeights loss_weights;
     ModelParallel parallel;
+    parallel::TensorParallel tp;  // declared before table: the specs read it
     ExpertShard shard;
     ParamTable table;
     Arena params, grads, acts;
@@ -276,8 +345,9 @@ struct Model::Impl {
           runtime(r),
           loss_weights(lw),
           parallel(par),
+          tp(par.tp),
           shard(expert_shard_of(c, par)),
-          table(sharded_param_specs(c, shard)),
+          table(sharded_param_specs(c, shard, tp)),
           w(sharded_tree(c, shard)),
           g(sharded_tree(c, shard)) {
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
@@ -286,6 +356,8 @@ struct Model::Impl {
         grads = Arena(param_plan, host_memory());
         ParamBinder bind_w(table, static_cast<float*>(params.base()));
         ParamBinder bind_g(table, static_cast<float*>(grads.base()));
+        bind_w.set_tensor_parallel(tp.rank(), tp.size());
+        bind_g.set_tensor_parallel(tp.rank(), tp.size());
         bind_model_params(bind_w, w, c);
         bind_model_params(bind_g, g, c);
 
@@ -370,6 +442,7 @@ struct Model::Impl {
     void bind_activations(BufferBinder b) {
         const ModelConfig& c = config;
         const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
+        const int64_t rows = n / tp.size();  // the stream's token rows on this rank
         const int64_t expert_rows = dispatcher ? dispatcher->capacity_rows() : 0;
         float* cos = nullptr;
         float* sin = nullptr;
@@ -377,23 +450,25 @@ struct Model::Impl {
         b(sin, "rope.sin", {S, c.qk_rope_head_dim / 2});
         residual.resize(static_cast<size_t>(c.num_hidden_layers + 1));
         for (int64_t l = 0; l <= c.num_hidden_layers; ++l)
-            b(residual[l], "residual." + std::to_string(l), {n, D});
+            b(residual[l], "residual." + std::to_string(l), {rows, D});
         layers.resize(static_cast<size_t>(c.num_hidden_layers));
         for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
             layers[l].moe.expert_rows = expert_rows;
-            bind_block_activations(b, layers[l], main_layer_prefix(l), c, c.is_moe_layer(l), B, S);
+            bind_block_activations(b, layers[l], main_layer_prefix(l), c, c.is_moe_layer(l),
+                                   tp.size(), B, S);
         }
         mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
         for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
             mtp[d].block.moe.expert_rows = expert_rows;
-            bind_mtp_activations(b, mtp[d], mtp_prefix(d), c, d, B, S);
+            bind_mtp_activations(b, mtp[d], mtp_prefix(d), c, d, tp.size(), B, S);
         }
         block_scratch.moe.expert_rows = expert_rows;
-        bind_block_scratch(b, block_scratch, "scratch.block.", c, n);
-        if (c.num_nextn_predict_layers > 0) bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, n);
-        bind_head_scratch(b, head, c, n);
-        b(d_stream, "d_stream", {n, D});
-        b(d_h_prev, "d_h_prev", {n, D});
+        bind_block_scratch(b, block_scratch, "scratch.block.", c, tp.size(), n);
+        if (c.num_nextn_predict_layers > 0)
+            bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, tp.size(), n);
+        bind_head_scratch(b, head, c, tp.size(), n);
+        b(d_stream, "d_stream", {rows, D});
+        b(d_h_prev, "d_h_prev", {rows, D});
     }
 
     // balance_scale turns the balance loss's mean over this micro-batch's sequences into its share
@@ -470,11 +545,12 @@ struct Model::Impl {
         MicroBatchLosses losses;
 
         // Forward: embedding and main blocks.
-        cpu::embedding_forward(residual[0], tokens, w.embed, n, c.vocab_size, D);
+        vocab_parallel_embedding_forward(residual[0], tokens, w.embed, block_scratch.full, n,
+                                         c.vocab_size, D, tp);
         for (int64_t l = 0; l < L; ++l) {
             losses.balance_loss +=
                 block_forward(residual[l + 1], layers[l], residual[l], w.layers[l], block_scratch,
-                              rope, c, moe(main_slot[l], backward), batch, seq_len);
+                              rope, c, tp, moe(main_slot[l], backward), batch, seq_len);
         }
 
         // MTP depths, each with its loss (and that loss's head backward) right away.
@@ -483,13 +559,13 @@ struct Model::Impl {
             num_mtp > 0 ? grad_scale * loss_weights.mtp_lambda / static_cast<float>(num_mtp) : 0;
         for (int64_t d = 0; d < num_mtp; ++d) {
             const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-            losses.balance_loss +=
-                mtp_forward(mtp[d], h_prev, tokens, targets, w.embed, w.mtp[d], mtp_scratch,
-                            block_scratch, rope, c, moe(mtp_slot[d], backward), d, batch, seq_len);
+            losses.balance_loss += mtp_forward(mtp[d], h_prev, tokens, targets, w.embed, w.mtp[d],
+                                               mtp_scratch, block_scratch, rope, c, tp,
+                                               moe(mtp_slot[d], backward), d, batch, seq_len);
             const int64_t mtp_den = den == nullptr ? 0 : den->mtp_tokens[d];
             const cpu::CrossEntropyResult ce =
                 head_loss(run_mtp_backward ? mtp[d].d_out : nullptr, mtp[d].out, mtp[d].targets,
-                          w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head, head, c, n,
+                          w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head, head, c, tp, n,
                           mtp_loss_grad, mtp_den);
             losses.mtp_loss += mean_loss(ce, mtp_den);
         }
@@ -499,7 +575,7 @@ struct Model::Impl {
         const int64_t lm_den = den == nullptr ? 0 : den->lm_tokens;
         const cpu::CrossEntropyResult main_ce =
             head_loss(backward ? d_stream : nullptr, residual[L], targets, w.final_norm,
-                      g.final_norm, w.head, g.head, head, c, n, grad_scale, lm_den);
+                      g.final_norm, w.head, g.head, head, c, tp, n, grad_scale, lm_den);
         losses.lm_loss = mean_loss(main_ce, lm_den);
         losses.num_tokens = main_ce.num_valid;
         if (!backward) return losses;
@@ -511,17 +587,19 @@ struct Model::Impl {
             if (run_mtp_backward) {
                 const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
                 mtp_backward(d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d], mtp_scratch,
-                             block_scratch, rope, c, moe(mtp_slot[d], false), batch, seq_len);
-                cpu::add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev, n * D);
+                             block_scratch, rope, c, tp, moe(mtp_slot[d], false), batch, seq_len);
+                cpu::add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
+                                 tp.local_rows(n) * D);
             }
             notify_grads_ready(mtp_range[d]);
         }
         for (int64_t l = L - 1; l >= 0; --l) {
             block_backward(d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
-                           block_scratch, rope, c, moe(main_slot[l], false), batch, seq_len);
+                           block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
             notify_grads_ready(layer_range[l]);
         }
-        cpu::embedding_backward(g.embed, d_stream, tokens, n, c.vocab_size, D);
+        vocab_parallel_embedding_backward(g.embed, d_stream, tokens, block_scratch.full, n,
+                                          c.vocab_size, D, tp);
         notify_grads_ready(embed_range);
         return losses;
     }
@@ -564,6 +642,8 @@ struct Model::Impl {
 Model::Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights,
              const ModelParallel& parallel) {
     check_model_config(config, runtime);
+    check_tensor_parallel(config, runtime, parallel,
+                          parallel.tp != nullptr ? parallel.tp->size() : 1);
     impl_ = std::make_unique<Impl>(config, runtime, weights, parallel);
 }
 
@@ -676,10 +756,13 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
     for (const ParamEntry& e : impl_->table.entries()) {
         // Routed experts are replicated over the expert-data-parallel group (the whole
         // data-parallel group when ep = 1); everything else over the data-parallel group.
-        const auto group = is_routed_expert_param(e.name)
-                               ? parallel::ReplicaGroup::expert_data_parallel
-                               : parallel::ReplicaGroup::data_parallel;
-        spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay});
+        const bool expert = is_routed_expert_param(e.name);
+        const auto group = expert ? parallel::ReplicaGroup::expert_data_parallel
+                                  : parallel::ReplicaGroup::data_parallel;
+        // A parameter the TP ranks replicate (not split) has the same copy on each of them; the
+        // routed experts' EDP group already counts every rank.
+        const int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
+        spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay, copies});
     }
     return spans;
 }

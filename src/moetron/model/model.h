@@ -67,6 +67,14 @@ struct ModelParallel {
     int64_t domain_size = 0;
     parallel::Communicator* ep_rail = nullptr;
     parallel::Communicator* ep_domain = nullptr;
+    // Tensor parallelism (Megatron style) over this group: its ranks hold the same tokens and
+    // split the attention heads, the dense MLP and the shared experts (attention_mla.h, mlp.h,
+    // moe.h) and the vocabulary of the embedding, output head and cross-entropy
+    // (vocab_parallel.h); the residual stream and the norms are sequence-parallel (each rank
+    // holds N/tp token rows, block.h), so B*S must split over the group. Each sends its 1/tp share
+    // of the tokens to the routed experts, so `load` must then count every rank (the world). Null
+    // or one rank: none.
+    parallel::Communicator* tp = nullptr;
 };
 
 inline constexpr int64_t kMaxMtpDepths = 8;
@@ -135,6 +143,8 @@ class Model {
     MicroBatchLosses forward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                              int64_t seq_len);
     // The main head's logits after forward(); after forward_backward() the buffer holds gradients.
+    // With tensor parallelism, this rank's vocabulary part: (B*S, V/tp), columns from
+    // rank * V/tp.
     const float* logits() const;
     // grads() = 0: the trainer calls it once per optimizer step, before the first micro-batch.
     void zero_grads();
@@ -163,7 +173,8 @@ class Model {
     int64_t num_params() const;
     const std::vector<ParamEntry>& param_entries() const;
     // The flat buffer as gradient synchronization sees it: one span per entry, with its replica
-    // group (the routed experts: the expert-data-parallel group; the rest: data-parallel).
+    // group (the routed experts: the expert-data-parallel group; the rest: data-parallel) and,
+    // for a parameter replicated over the TP group, its tp identical copies outside that group.
     std::vector<parallel::ParamSpan> param_spans() const;
     // Which routed experts this rank holds.
     ExpertShard expert_shard() const;

@@ -12,6 +12,18 @@
 //   f_i = E / (K T) sum_t 1[i in topk(t)],  s'_{i,t} = s_{i,t} / sum_j s_{j,t},
 //   P_i = (1/T) sum_t s'_{i,t},  L = alpha sum_i f_i P_i,
 // averaged over the micro-batch's sequences. Its gradient reaches s through P only (f counts).
+//
+// Tensor parallelism: the TP ranks hold the same N tokens. Routed experts keep expert-TP = 1 and
+// are parallel-folded over EP x EDP, which count every rank of the world as a different token
+// source, so each TP rank sends only its 1/tp share of the tokens (rows [r*N/tp, (r+1)*N/tp)) to
+// the experts and counts only their loads. The router itself scores all N tokens on every TP rank
+// (a small GEMM): the gate's gradient is then the same on every TP rank (summed over DP only, like
+// any replicated parameter) and the balance loss needs no communication. The shared experts are
+// column/row-parallel (mlp.h). The output is a partial sum over TP, which the caller reduces
+// (block.h): per token row, the shared experts' partial outputs plus the routed output on the
+// rank that owns the row (the other ranks add 0). The input gradient likewise: the shared
+// experts' partial one plus, on the owning rank only, the routed and router parts. The backward
+// all-gathers the routing weights' gradient for the router.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +33,7 @@
 
 #include "moetron/model/mlp.h"
 #include "moetron/model/params.h"
+#include "moetron/parallel/tensor_parallel.h"
 
 namespace moetron::parallel {
 class ExpertDispatcher;
@@ -38,8 +51,8 @@ struct ExpertShard {
 };
 
 // Letters: E experts, El local experts (E without expert parallelism), K experts per token,
-// F = moe_intermediate_size, Fs = n_shared_experts * F, R rows on the expert side (N*K without
-// expert parallelism).
+// F = moe_intermediate_size, Fs = n_shared_experts * F (this rank's Fs / tp under tensor
+// parallelism), R rows on the expert side (N*K without expert parallelism).
 struct MoeParams {
     ExpertShard experts;               // set before binding (bind_moe_params reads it)
     float* gate = nullptr;             // (E, D) router weight (HF mlp.gate.weight)
@@ -74,33 +87,40 @@ struct MoeActivations {
 
 // Temporaries shared by every MoE layer (they run one at a time).
 struct MoeScratch {
-    int64_t expert_rows = 0;            // set before binding: R as in MoeActivations
-    float* logits = nullptr;            // (N, E) router logits; their gradient in backward
-    float* d_topk_weights = nullptr;    // (N, K)
-    float* d_scores = nullptr;          // (N, E) the balance loss's gradient on s
-    float* d_expert_out = nullptr;      // (R, D); later the gradient of the expert inputs
-    float* d_expert_hidden = nullptr;   // (R, F)
-    float* d_expert_gate_up = nullptr;  // (R, 2F)
+    int64_t expert_rows = 0;              // set before binding: R as in MoeActivations
+    float* logits = nullptr;              // (N, E) router logits; their gradient in backward
+    float* d_topk_weights = nullptr;      // (N, K)
+    float* d_scores = nullptr;            // (N, E) the balance loss's gradient on s
+    float* d_expert_out = nullptr;        // (R, D); later the gradient of the expert inputs
+    float* d_expert_hidden = nullptr;     // (R, F)
+    float* d_expert_gate_up = nullptr;    // (R, 2F)
+    float* d_topk_weights_own = nullptr;  // (N/tp, K) the rank's share, before the all-gather;
+                                          // bound only when tp > 1
 };
 
 void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix, const ModelConfig& c);
 void bind_moe_activations(BufferBinder& b, MoeActivations& a, const std::string& prefix,
-                          const ModelConfig& c, int64_t batch, int64_t seq_len);
+                          const ModelConfig& c, int tp_size, int64_t batch, int64_t seq_len);
 void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
-                      const ModelConfig& c, int64_t num_tokens);
+                      const ModelConfig& c, int tp_size, int64_t num_tokens);
+// Fs / tp: the shared experts' intermediate size on one TP rank.
+int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 
-// out (N, D) written. When load_counts (E) is not null, the tokens routed to each expert are
+// out (N, D) written: this rank's partial sum over TP (the whole output with tp = 1). When
+// load_counts (E) is not null, the tokens routed to each expert are
 // added to it. With expert parallelism every rank of the EP group must call it (it exchanges the
-// token copies), and likewise moe_backward. Returns alpha * (the balance loss averaged over the B
-// sequences); 0 when alpha = 0.
+// token copies), and likewise moe_backward; with tensor parallelism, every rank of the TP group
+// too. Returns alpha * (the balance loss averaged over the B sequences); 0 when alpha = 0.
 double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
                    const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
-                   float balance_alpha, int64_t batch, int64_t seq_len);
-// dinp (N, D) written; grads accumulate. balance_grad = d(total loss)/d(balance loss) times
-// alpha (alpha * grad_scale); 0 skips the balance term.
+                   const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,
+                   int64_t seq_len);
+// dinp (N, D) written (partial over TP, as out); grads accumulate. balance_grad = d(total
+// loss)/d(balance loss) times alpha (alpha * grad_scale); 0 skips the balance term.
 void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const float* inp,
                   const MoeActivations& saved, const MoeParams& w, const MoeScratch& scratch,
-                  const MlpScratch& shared_scratch, const ModelConfig& c, float balance_grad,
-                  int64_t batch, int64_t seq_len);
+                  const MlpScratch& shared_scratch, const ModelConfig& c,
+                  const parallel::TensorParallel& tp, float balance_grad, int64_t batch,
+                  int64_t seq_len);
 
 }  // namespace moetron

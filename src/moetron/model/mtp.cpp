@@ -1,10 +1,12 @@
 #include "moetron/model/mtp.h"
 
+#include <algorithm>
 #include <cstring>
 
-#include "moetron/kernels/cpu/embedding.h"
+#include "moetron/kernels/cpu/elementwise.h"
 #include "moetron/kernels/cpu/matmul.h"
 #include "moetron/kernels/cpu/rmsnorm.h"
+#include "moetron/model/vocab_parallel.h"
 
 namespace moetron {
 
@@ -44,34 +46,38 @@ void bind_mtp_params(ParamBinder& b, MtpParams& p, const std::string& prefix, co
 }
 
 void bind_mtp_activations(BufferBinder& b, MtpActivations& a, const std::string& prefix,
-                          const ModelConfig& c, int64_t depth, int64_t batch, int64_t seq_len) {
-    const int64_t n = batch * seq_len, D = c.hidden_size;
+                          const ModelConfig& c, int64_t depth, int tp_size, int64_t batch,
+                          int64_t seq_len) {
+    const int64_t n = batch * seq_len, rows = n / tp_size, D = c.hidden_size;
     b(a.input_tokens, prefix + "input_tokens", {n});
     b(a.targets, prefix + "targets", {n});
-    b(a.emb, prefix + "emb", {n, D});
-    b(a.emb_rstd, prefix + "emb_rstd", {n});
-    b(a.hidden_rstd, prefix + "hidden_rstd", {n});
-    b(a.concat, prefix + "concat", {n, 2 * D});
-    b(a.block_in, prefix + "block_in", {n, D});
-    bind_block_activations(b, a.block, prefix, c, c.mtp_layer_is_moe(depth), batch, seq_len);
-    b(a.out, prefix + "out", {n, D});
-    b(a.d_out, prefix + "d_out", {n, D});
+    b(a.emb, prefix + "emb", {rows, D});
+    b(a.emb_rstd, prefix + "emb_rstd", {rows});
+    b(a.hidden_rstd, prefix + "hidden_rstd", {rows});
+    b(a.concat, prefix + "concat", {rows, 2 * D});
+    b(a.block_in, prefix + "block_in", {rows, D});
+    bind_block_activations(b, a.block, prefix, c, c.mtp_layer_is_moe(depth), tp_size, batch,
+                           seq_len);
+    b(a.out, prefix + "out", {rows, D});
+    b(a.d_out, prefix + "d_out", {rows, D});
 }
 
 void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
-                      const ModelConfig& c, int64_t num_tokens) {
-    const int64_t D = c.hidden_size;
-    b(s.normed, prefix + "normed", {num_tokens, D});
-    b(s.d_concat, prefix + "d_concat", {num_tokens, 2 * D});
-    b(s.d_emb, prefix + "d_emb", {num_tokens, D});
+                      const ModelConfig& c, int tp_size, int64_t num_tokens) {
+    const int64_t D = c.hidden_size, rows = num_tokens / tp_size;
+    b(s.normed, prefix + "normed", {rows, D});
+    b(s.d_concat, prefix + "d_concat", {rows, 2 * D});
+    b(s.d_emb, prefix + "d_emb", {rows, D});
+    if (tp_size > 1) b(s.d_eh_proj, prefix + "d_eh_proj", {D, 2 * D});
 }
 
 double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32_t* tokens,
                    const int32_t* targets, const float* embedding, const MtpParams& w,
                    const MtpScratch& scratch, const BlockScratch& block_scratch,
-                   const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
-                   int64_t depth, int64_t batch, int64_t seq_len) {
+                   const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                   const BlockMoeOptions& moe, int64_t depth, int64_t batch, int64_t seq_len) {
     const int64_t n = batch * seq_len, D = c.hidden_size, shift = depth + 1;
+    const int64_t rows = tp.local_rows(n);
     const float eps = static_cast<float>(c.rms_norm_eps);
 
     for (int64_t b = 0; b < batch; ++b) {
@@ -83,38 +89,47 @@ double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32
         }
     }
 
-    cpu::embedding_forward(saved.emb, saved.input_tokens, embedding, n, c.vocab_size, D);
-    cpu::rmsnorm_forward(scratch.normed, saved.emb_rstd, saved.emb, w.emb_norm, n, D, eps);
-    copy_into_half(saved.concat, scratch.normed, n, D, 0);
-    cpu::rmsnorm_forward(scratch.normed, saved.hidden_rstd, h_prev, w.hidden_norm, n, D, eps);
-    copy_into_half(saved.concat, scratch.normed, n, D, 1);
-    cpu::linear_forward(saved.block_in, saved.concat, w.eh_proj, n, 2 * D, D);
+    vocab_parallel_embedding_forward(saved.emb, saved.input_tokens, embedding, block_scratch.full,
+                                     n, c.vocab_size, D, tp);
+    cpu::rmsnorm_forward(scratch.normed, saved.emb_rstd, saved.emb, w.emb_norm, rows, D, eps);
+    copy_into_half(saved.concat, scratch.normed, rows, D, 0);
+    cpu::rmsnorm_forward(scratch.normed, saved.hidden_rstd, h_prev, w.hidden_norm, rows, D, eps);
+    copy_into_half(saved.concat, scratch.normed, rows, D, 1);
+    cpu::linear_forward(saved.block_in, saved.concat, w.eh_proj, rows, 2 * D, D);
 
     return block_forward(saved.out, saved.block, saved.block_in, w.block, block_scratch, rope, c,
-                         moe, batch, seq_len);
+                         tp, moe, batch, seq_len);
 }
 
 void mtp_backward(float* d_h_prev, const MtpParams& grads, float* embedding_grad,
                   const float* h_prev, const MtpActivations& saved, const MtpParams& w,
                   const MtpScratch& scratch, const BlockScratch& block_scratch,
-                  const RopeTables& rope, const ModelConfig& c, const BlockMoeOptions& moe,
-                  int64_t batch, int64_t seq_len) {
-    const int64_t n = batch * seq_len, D = c.hidden_size;
+                  const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                  const BlockMoeOptions& moe, int64_t batch, int64_t seq_len) {
+    const int64_t n = batch * seq_len, D = c.hidden_size, rows = tp.local_rows(n);
 
     float* dx = saved.d_out;
     block_backward(dx, grads.block, saved.block_in, saved.block, w.block, block_scratch, rope, c,
-                   moe, batch, seq_len);
-    cpu::linear_backward(scratch.d_concat, grads.eh_proj, dx, saved.concat, w.eh_proj, n, 2 * D, D);
+                   tp, moe, batch, seq_len);
+    // eh_proj is replicated but sees only this rank's rows under TP: its gradient is partial.
+    float* d_eh_proj = tp.enabled() ? scratch.d_eh_proj : grads.eh_proj;
+    if (tp.enabled()) std::fill(d_eh_proj, d_eh_proj + 2 * D * D, 0.0f);
+    cpu::linear_backward(scratch.d_concat, d_eh_proj, dx, saved.concat, w.eh_proj, rows, 2 * D, D);
+    if (tp.enabled()) {
+        tp.sum_partial_param_grads(d_eh_proj, 2 * D * D);
+        cpu::add_inplace(grads.eh_proj, d_eh_proj, 2 * D * D);
+    }
 
     float* d_half = scratch.normed;
-    copy_from_half(d_half, scratch.d_concat, n, D, 0);
-    cpu::rmsnorm_backward(scratch.d_emb, grads.emb_norm, d_half, saved.emb, w.emb_norm,
-                          saved.emb_rstd, n, D);
-    cpu::embedding_backward(embedding_grad, scratch.d_emb, saved.input_tokens, n, c.vocab_size, D);
+    copy_from_half(d_half, scratch.d_concat, rows, D, 0);
+    sequence_parallel_rmsnorm_backward(scratch.d_emb, grads.emb_norm, d_half, saved.emb, w.emb_norm,
+                                       saved.emb_rstd, block_scratch.d_norm_weight, rows, D, tp);
+    vocab_parallel_embedding_backward(embedding_grad, scratch.d_emb, saved.input_tokens,
+                                      block_scratch.full, n, c.vocab_size, D, tp);
 
-    copy_from_half(d_half, scratch.d_concat, n, D, 1);
-    cpu::rmsnorm_backward(d_h_prev, grads.hidden_norm, d_half, h_prev, w.hidden_norm,
-                          saved.hidden_rstd, n, D);
+    copy_from_half(d_half, scratch.d_concat, rows, D, 1);
+    sequence_parallel_rmsnorm_backward(d_h_prev, grads.hidden_norm, d_half, h_prev, w.hidden_norm,
+                                       saved.hidden_rstd, block_scratch.d_norm_weight, rows, D, tp);
 }
 
 }  // namespace moetron

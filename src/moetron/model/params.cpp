@@ -20,7 +20,8 @@ ParamTable::ParamTable(std::vector<TensorSpec> specs) : specs_(std::move(specs))
     for (const TensorSpec& s : specs_) {
         MT_CHECK(!index_.contains(s.name), "[model] parameter '{}' listed twice", s.name);
         index_.emplace(s.name, entries_.size());
-        entries_.push_back({s.name, s.shape, total_numel_, s.numel(), s.weight_decay, s.trainable});
+        entries_.push_back(
+            {s.name, s.shape, total_numel_, s.numel(), s.weight_decay, s.trainable, s.tp});
         total_numel_ += s.numel();
     }
 }
@@ -46,6 +47,14 @@ void ParamTable::initialize(float* params, uint64_t seed) const {
             continue;
         }
         const ParamRng rng(seed, spec.name);
+        if (spec.tp.sharded()) {
+            // Each run of the shard draws the numbers of its global indices.
+            spec.tp.for_each_run(n, [&](int64_t local, int64_t global, int64_t count) {
+                rng.fill_normal(data + local, static_cast<uint64_t>(count), spec.init_stddev,
+                                static_cast<uint64_t>(global));
+            });
+            continue;
+        }
         const int64_t num_chunks = (n + kInitChunk - 1) / kInitChunk;
 #pragma omp parallel for schedule(dynamic, 1)
         for (int64_t c = 0; c < num_chunks; ++c) {
@@ -79,6 +88,44 @@ void ParamBinder::norm(float*& ptr, std::string name, int64_t dim) {
 
 void ParamBinder::correction_bias(float*& ptr, std::string name, int64_t dim) {
     visit(ptr, {std::move(name), Shape{dim}, ParamInit::zeros, 0.0f, false, false});
+}
+
+void ParamBinder::set_tensor_parallel(int rank, int size) {
+    MT_CHECK(size >= 1 && rank >= 0 && rank < size, "[model] tensor-parallel rank {} of {}", rank,
+             size);
+    tp_rank_ = rank;
+    tp_size_ = size;
+}
+
+TensorSpec ParamBinder::split_weight(std::string name, Shape global_shape,
+                                     TensorParallelShard::Split split, int64_t blocks) const {
+    MT_CHECK(global_shape.ndim == 2, "[model] '{}' is split over TP, so it must be a matrix", name);
+    TensorSpec spec{std::move(name), global_shape, ParamInit::normal, init_stddev_, true, true, {}};
+    if (tp_size_ == 1) return spec;
+    const int64_t rows = global_shape[0], cols = global_shape[1];
+    if (split == TensorParallelShard::Split::rows) {
+        MT_CHECK(rows % (blocks * tp_size_) == 0,
+                 "[model] the {} output features of '{}' ({} block(s)) do not split over tp {}",
+                 rows, spec.name, blocks, tp_size_);
+        spec.shape = Shape{rows / tp_size_, cols};
+    } else {
+        MT_CHECK(cols % tp_size_ == 0,
+                 "[model] the {} input features of '{}' do not split over tp {}", cols, spec.name,
+                 tp_size_);
+        spec.shape = Shape{rows, cols / tp_size_};
+    }
+    spec.tp = {split, blocks, tp_rank_, tp_size_, global_shape};
+    return spec;
+}
+
+void ParamBinder::column_parallel_weight(float*& ptr, std::string name, Shape global_shape,
+                                         int64_t blocks) {
+    visit(ptr,
+          split_weight(std::move(name), global_shape, TensorParallelShard::Split::rows, blocks));
+}
+
+void ParamBinder::row_parallel_weight(float*& ptr, std::string name, Shape global_shape) {
+    visit(ptr, split_weight(std::move(name), global_shape, TensorParallelShard::Split::cols, 1));
 }
 
 void ParamBinder::visit(float*& ptr, TensorSpec spec) {

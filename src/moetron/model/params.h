@@ -27,6 +27,27 @@ enum class ParamInit : uint8_t {
     zeros,   // the router correction bias
 };
 
+// How a tensor is split over the tensor-parallel group (Megatron-LM's parallel linear layers). The
+// global tensor is (rows, cols) in the HF (out_features, in_features) layout:
+//   rows: column-parallel (output features split); the rows hold `blocks` equal blocks (the fused
+//         [gate; up] holds 2), each split evenly, so rank r keeps rows [r*b, (r+1)*b) of every
+//         block
+//   cols: row-parallel (input features split); rank r keeps columns [r*c, (r+1)*c) of every row
+struct TensorParallelShard {
+    enum class Split : uint8_t { replicated, rows, cols };
+    Split split = Split::replicated;
+    int64_t blocks = 1;  // rows only
+    int rank = 0;
+    int size = 1;
+    Shape global_shape;  // empty when replicated
+
+    bool sharded() const { return split != Split::replicated; }
+    // Calls fn(local_offset, global_offset, count) for each contiguous run of the local shard
+    // (local_numel floats) inside the global tensor: one run when replicated.
+    template <class Fn>
+    void for_each_run(int64_t local_numel, Fn&& fn) const;
+};
+
 struct TensorSpec {
     std::string name;  // moetron name, e.g. "layers.3.attn.q_b_proj"
     Shape shape;       // projections in the Hugging Face layout (out_features, in_features)
@@ -34,6 +55,7 @@ struct TensorSpec {
     float init_stddev = 0.0f;  // for ParamInit::normal
     bool weight_decay = true;  // false for norms and biases
     bool trainable = true;     // false for the router correction bias (updated by load, not grad)
+    TensorParallelShard tp{};  // shape is the local shard's when tp.sharded()
     int64_t numel() const { return shape.numel(); }
 };
 
@@ -44,6 +66,7 @@ struct ParamEntry {
     int64_t numel = 0;
     bool weight_decay = true;  // false for norms and biases
     bool trainable = true;     // false for the router correction bias (updated by load, not grad)
+    TensorParallelShard tp{};  // how this rank's tensor sits in the global one
 };
 
 // The packed layout: entries back to back in spec order, no padding, so the flat buffer holds
@@ -85,18 +108,49 @@ class ParamBinder {
     // Binding: sets each pointer to base + the tensor's offset in table (base: params or grads).
     ParamBinder(const ParamTable& table, float* base);
 
+    // This rank's place in the tensor-parallel group; the split tensors below take their shard
+    // from it (default: one rank, the whole tensor).
+    void set_tensor_parallel(int rank, int size);
+
     void weight(float*& ptr, std::string name, Shape shape);           // normal init, decayed
     void norm(float*& ptr, std::string name, int64_t dim);             // ones, not decayed
     void correction_bias(float*& ptr, std::string name, int64_t dim);  // zeros, not trained
+    // A (rows, cols) weight split over the TP group by rows (column-parallel; `blocks` equal row
+    // blocks each split, see TensorParallelShard) or by columns (row-parallel).
+    void column_parallel_weight(float*& ptr, std::string name, Shape global_shape,
+                                int64_t blocks = 1);
+    void row_parallel_weight(float*& ptr, std::string name, Shape global_shape);
 
   private:
     void visit(float*& ptr, TensorSpec spec);
+    TensorSpec split_weight(std::string name, Shape global_shape, TensorParallelShard::Split split,
+                            int64_t blocks) const;
 
     std::vector<TensorSpec>* specs_ = nullptr;
     float init_stddev_ = 0.0f;
     const ParamTable* table_ = nullptr;
     float* base_ = nullptr;
+    int tp_rank_ = 0;
+    int tp_size_ = 1;
 };
+
+template <class Fn>
+void TensorParallelShard::for_each_run(int64_t local_numel, Fn&& fn) const {
+    if (split == Split::replicated) {
+        fn(int64_t{0}, int64_t{0}, local_numel);
+        return;
+    }
+    const int64_t rows = global_shape[0], cols = global_shape[1];
+    if (split == Split::rows) {
+        const int64_t block_rows = rows / blocks, local_rows = block_rows / size;
+        for (int64_t b = 0; b < blocks; ++b)
+            fn(b * local_rows * cols, (b * block_rows + rank * local_rows) * cols,
+               local_rows * cols);
+        return;
+    }
+    const int64_t local_cols = cols / size;
+    for (int64_t r = 0; r < rows; ++r) fn(r * local_cols, r * cols + rank * local_cols, local_cols);
+}
 
 // Plans activation buffers into an ArenaPlan, or binds pointers to them in the Arena made from it.
 class BufferBinder {

@@ -71,6 +71,7 @@ GradBuckets::GradBuckets(std::span<const ParamSpan> spans, int64_t num_params,
         }
         size_t j = i + 1;
         while (j < sorted.size() && sorted[j].trainable && sorted[j].group == sorted[i].group &&
+               sorted[j].copies_outside_group == sorted[i].copies_outside_group &&
                sorted[j - 1].offset + sorted[j - 1].numel == sorted[j].offset)
             ++j;
         const std::span<const ParamSpan> run(sorted.data() + i, j - i);
@@ -91,6 +92,7 @@ GradBuckets::GradBuckets(std::span<const ParamSpan> spans, int64_t num_params,
             b.group = group;
             b.sharded = sharded;
             b.group_size = group_size;
+            b.copies_outside_group = sorted[i].copies_outside_group;
             if (sharded) {
                 b.shard_numel = (b.numel + group_size - 1) / group_size;
                 b.shard_offset = shard_buffer_numel_;

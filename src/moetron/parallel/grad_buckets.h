@@ -9,7 +9,8 @@
 //    shared experts, embedding, head, norms: replicated on every rank of the DP group) or
 //    expert-data-parallel (routed experts: replicated on the ranks that hold the same experts).
 //  - Buckets are contiguous runs of the flat buffer, at most bucket_numel floats each (a run is
-//    cut where the group or trainability changes, and every bucket_numel floats).
+//    cut where the group, trainability or copies_outside_group changes, and every bucket_numel
+//    floats).
 //  - Sharded buckets (ZeRO-1, data-parallel group only) are reduce-scattered: bucket of n floats
 //    over g ranks, shard size s = ceil(n / g); rank r owns floats [r*s, min((r+1)*s, n)) of the
 //    bucket. Cuts inside a run fall on multiples of g so that only a run's last bucket can need
@@ -37,6 +38,9 @@ struct ParamSpan {
     ReplicaGroup group = ReplicaGroup::data_parallel;
     bool trainable = true;
     bool weight_decay = true;
+    // Ranks outside the group that hold the same copy (a parameter replicated over the TP group:
+    // tp). Summing over the group is unchanged; the global gradient norm counts the copy once.
+    int copies_outside_group = 1;
 };
 
 struct BucketOptions {
@@ -59,6 +63,7 @@ struct GradBucket {
     ReplicaGroup group = ReplicaGroup::data_parallel;
     bool sharded = false;              // reduce-scattered (and its parameters all-gathered)
     int group_size = 1;                // ranks of the group it is summed over
+    int copies_outside_group = 1;      // as ParamSpan's, the same for every span of the bucket
     int64_t shard_numel = 0;           // s (sharded only): ceil(numel / group_size)
     int64_t shard_offset = 0;          // where this bucket's shard sits in the rank's shard buffer
     std::vector<DecayRun> decay_runs;  // covering [0, numel) of the bucket

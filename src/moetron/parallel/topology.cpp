@@ -78,9 +78,24 @@ Topology make_topology(const Layout& layout, int world_size, int domain_size) {
 }
 
 void validate_topology_for_model(const Topology& t, const ModelConfig& model) {
+    // Tensor parallelism splits the heads, the vocabulary, the dense MLP's and the shared
+    // experts' intermediate features (model.h's ModelParallel::tp); routed experts keep
+    // expert-TP = 1.
     MT_CHECK(model.num_attention_heads % t.tp == 0,
              "[layout] tp {} does not divide the {} attention heads of model '{}'", t.tp,
              model.num_attention_heads, model.name);
+    MT_CHECK(model.vocab_size % t.tp == 0,
+             "[layout] tp {} does not divide vocab_size {} (vocabulary-parallel embedding and "
+             "head) of model '{}'",
+             t.tp, model.vocab_size, model.name);
+    MT_CHECK(model.intermediate_size % t.tp == 0,
+             "[layout] tp {} does not divide intermediate_size {} (the dense MLP) of model '{}'",
+             t.tp, model.intermediate_size, model.name);
+    const int64_t shared_ffn = model.n_shared_experts * model.moe_intermediate_size;
+    MT_CHECK(model.n_routed_experts == 0 || shared_ffn % t.tp == 0,
+             "[layout] tp {} does not divide the shared experts' intermediate size "
+             "(n_shared_experts {} x moe_intermediate_size {} = {}) of model '{}'",
+             t.tp, model.n_shared_experts, model.moe_intermediate_size, shared_ffn, model.name);
     if (t.ep > 1) {
         MT_CHECK(model.n_routed_experts > 0,
                  "[layout] ep {} needs routed experts, but model '{}' has none", t.ep, model.name);

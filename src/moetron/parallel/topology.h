@@ -45,7 +45,8 @@ struct Topology {
 // TP or EP group that would straddle two domains.
 Topology make_topology(const Layout& layout, int world_size, int domain_size = 0);
 
-// Checks the layout against the model: tp divides the attention heads, ep the routed experts.
+// Checks the layout against the model: tp divides the attention heads, the vocabulary and the
+// dense MLP's and shared experts' intermediate sizes, ep the routed experts.
 void validate_topology_for_model(const Topology& topology, const ModelConfig& model);
 
 enum class GroupKind { tp, cp, dp, pp, ep, edp, rail, ep_domain, ep_rail };

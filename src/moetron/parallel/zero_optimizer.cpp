@@ -13,9 +13,9 @@ DistributedAdamW::DistributedAdamW(GradSync& sync, Communicator& world,
     : sync_(sync), world_(world), config_(config) {
     const Communicator& dp = sync.group(ReplicaGroup::data_parallel);
     const Communicator& edp = sync.group(ReplicaGroup::expert_data_parallel);
-    MT_CHECK(dp.size() == world.size(),
-             "[optimizer] the data-parallel group '{}' has {} ranks but the world '{}' has {}: "
-             "the distributed optimizer needs tp = 1",
+    MT_CHECK(world.size() % dp.size() == 0,
+             "[optimizer] the data-parallel group '{}' ({} ranks) does not divide the world '{}' "
+             "({} ranks)",
              dp.name(), dp.size(), world.name(), world.size());
     MT_CHECK(world.size() % edp.size() == 0,
              "[optimizer] the expert-data-parallel group '{}' ({} ranks) does not divide the world "
@@ -86,12 +86,14 @@ double DistributedAdamW::clip_gradients(float* grads) {
     for (size_t b = 0; b < buckets.size(); ++b) {
         const GradBucket& bucket = buckets[b];
         const BucketState& s = states_[b];
+        // Ranks outside the group with the same copy (TP replicas) each add their share too.
+        const auto copies = static_cast<double>(bucket.copies_outside_group);
         if (bucket.sharded) {
-            local += cpu::sum_squares(shard_grads + s.state_offset, s.owned_numel);
+            local += cpu::sum_squares(shard_grads + s.state_offset, s.owned_numel) / copies;
         } else {
             // Every rank of the bucket's group holds the same summed copy.
             local += cpu::sum_squares(grads + bucket.offset, bucket.numel) /
-                     static_cast<double>(bucket.group_size);
+                     (static_cast<double>(bucket.group_size) * copies);
         }
     }
     world_.all_reduce_sum(&local, 1, DType::f64);

@@ -10,7 +10,8 @@
 //
 // Gradient clipping uses the norm of the whole (global) gradient: each rank adds the squares of
 // what it alone holds (its shard; or, for a replicated bucket, its copy divided by the number of
-// replicas) and one all-reduce over the world sums them, counting every element once.
+// replicas; both divided again by the TP copies of a TP-replicated parameter) and one all-reduce
+// over the world sums them, counting every element once.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +32,8 @@ struct DistributedAdamWConfig {
 
 class DistributedAdamW {
   public:
-    // sync and world must outlive the optimizer. world is every rank of the job; the data-parallel
-    // group must span it (tensor parallelism is not supported here yet).
+    // sync and world must outlive the optimizer. world is every rank of the job (data-parallel x
+    // tensor-parallel ranks).
     DistributedAdamW(GradSync& sync, Communicator& world, const DistributedAdamWConfig& config);
 
     // Global L2 norm of the synchronized gradient (before clipping), after finish(); scales what

@@ -23,7 +23,8 @@ ModelParallel model_parallel(parallel::ParallelGroups& groups, const TrainParall
     ModelParallel mp;
     if (p.world == nullptr) return mp;
     mp.ep = groups.ep.get();
-    mp.load = p.world;  // every rank routes tokens of its own (tp = 1)
+    mp.tp = groups.tp.get();
+    mp.load = p.world;  // every rank routes tokens of its own (TP ranks: their share of them)
     mp.dispatch = p.dispatch;
     mp.domain_size = p.domain_size;
     mp.ep_rail = groups.ep_rail.get();
@@ -75,9 +76,6 @@ parallel::Topology make_train_topology(const ModelConfig& model, const TrainConf
     const parallel::Topology t =
         parallel::make_topology(parallel::parse_layout(p.layout), p.world->size(), p.domain_size);
     parallel::validate_topology_for_model(t, model);
-    MT_CHECK(t.tp == 1,
-             "[train] layout '{}': tensor parallelism (tp {}) is not supported by the trainer yet",
-             p.layout, t.tp);
     MT_CHECK(config.batch_size % t.dp == 0,
              "[train] batch_size {} sequences do not split over the {} data-parallel ranks of "
              "layout '{}'; use a multiple of {}",

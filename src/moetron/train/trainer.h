@@ -10,12 +10,14 @@
 // step to save and to stop on SIGTERM/SIGINT.
 // Distributed (TrainParallel::world set): batch_size and grad_accum keep their meaning for the
 // whole job, so N ranks train the same model as one process. Every rank draws the same global
-// micro-batch and runs its slice of batch_size / dp sequences; the routed experts are split over
-// the EP group; gradients are summed over the data-parallel groups in buckets posted during the
-// last micro-batch's backward (parallel/grad_sync.h) and the optimizer is ZeRO-1 by default
-// (parallel/zero_optimizer.h). Losses, validation and expert loads are summed over the ranks.
-// Everything a step touches (model arenas, optimizer moments, token buffers) is allocated in the
-// constructor; only the expert-load statistics for the log allocate, outside the step's timing.
+// micro-batch and runs its slice of batch_size / dp sequences (the TP ranks of a data-parallel
+// replica run the same slice, each with its share of the heads and MLP features, model.h's
+// ModelParallel::tp); the routed experts are split over the EP group; gradients are summed over the
+// data-parallel groups in buckets posted during the last micro-batch's backward
+// (parallel/grad_sync.h) and the optimizer is ZeRO-1 by default (parallel/zero_optimizer.h).
+// Losses, validation and expert loads are summed over the ranks. Everything a step touches (model
+// arenas, optimizer moments, token buffers) is allocated in the constructor; only the expert-load
+// statistics for the log allocate, outside the step's timing.
 #pragma once
 
 #include <cstdint>

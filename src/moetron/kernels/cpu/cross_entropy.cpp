@@ -58,13 +58,49 @@ CrossEntropyResult cross_entropy_forward(float* losses, float* lse, const float*
     return result;
 }
 
-// Elementwise in v, so dlogits may alias logits (each element is read before it is written).
 void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                             const int32_t* targets, int64_t num_tokens, int64_t vocab_size,
                             int32_t ignore_index, float dloss_per_token) {
     check_targets(targets, num_tokens, vocab_size, ignore_index);
-    const int64_t V = vocab_size;
+    cross_entropy_part_backward(dlogits, logits, lse, targets, num_tokens, vocab_size, 0,
+                                ignore_index, dloss_per_token);
+}
 
+void cross_entropy_part_max(float* row_max, const float* logits, int64_t num_tokens,
+                            int64_t part_vocab) {
+    const int64_t V = part_vocab;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const float* row = logits + t * V;
+        float m = row[0];
+        for (int64_t v = 1; v < V; ++v) m = row[v] > m ? row[v] : m;
+        row_max[t] = m;
+    }
+}
+
+void cross_entropy_part_sums(double* sum_exp, double* target_logit, const float* logits,
+                             const float* row_max, const int32_t* targets, int64_t num_tokens,
+                             int64_t part_vocab, int64_t vocab_first, int32_t ignore_index) {
+    const int64_t V = part_vocab;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const float* row = logits + t * V;
+        const float m = row_max[t];
+        double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(row[v] - m);
+        sum_exp[t] = sum;
+        const int64_t local = static_cast<int64_t>(targets[t]) - vocab_first;
+        const bool here = targets[t] != ignore_index && local >= 0 && local < V;
+        target_logit[t] = here ? row[local] : 0.0;
+    }
+}
+
+// Elementwise in v, so dlogits may alias logits (each element is read before it is written).
+void cross_entropy_part_backward(float* dlogits, const float* logits, const float* lse,
+                                 const int32_t* targets, int64_t num_tokens, int64_t part_vocab,
+                                 int64_t vocab_first, int32_t ignore_index, float dloss_per_token) {
+    const int64_t V = part_vocab;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < num_tokens; ++t) {
         float* drow = dlogits + t * V;
@@ -75,7 +111,8 @@ void cross_entropy_backward(float* dlogits, const float* logits, const float* ls
         const float* row = logits + t * V;
         const float row_lse = lse[t];
         for (int64_t v = 0; v < V; ++v) drow[v] = std::exp(row[v] - row_lse) * dloss_per_token;
-        drow[targets[t]] -= dloss_per_token;
+        const int64_t local = static_cast<int64_t>(targets[t]) - vocab_first;
+        if (local >= 0 && local < V) drow[local] -= dloss_per_token;
     }
 }
 

@@ -51,4 +51,40 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
     }
 }
 
+void embedding_part_forward(float* out, const int32_t* tokens, const float* table_part,
+                            int64_t num_tokens, int64_t vocab_first, int64_t part_vocab,
+                            int64_t dim) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const int64_t row = static_cast<int64_t>(tokens[t]) - vocab_first;
+        float* out_row = out + t * dim;
+        if (row >= 0 && row < part_vocab) {
+            std::memcpy(out_row, table_part + row * dim, static_cast<size_t>(dim) * sizeof(float));
+        } else {
+            std::fill(out_row, out_row + dim, 0.0f);
+        }
+    }
+}
+
+// Columns per thread, tokens in position order, as embedding_backward.
+void embedding_part_backward(float* dtable_part, const float* dout, const int32_t* tokens,
+                             int64_t num_tokens, int64_t vocab_first, int64_t part_vocab,
+                             int64_t dim) {
+    constexpr int64_t kColumnsPerBlock = 64;
+    const int64_t num_blocks = (dim + kColumnsPerBlock - 1) / kColumnsPerBlock;
+#pragma omp parallel for schedule(static)
+    for (int64_t block = 0; block < num_blocks; ++block) {
+        const int64_t begin = block * kColumnsPerBlock;
+        const int64_t end = std::min(dim, begin + kColumnsPerBlock);
+        for (int64_t t = 0; t < num_tokens; ++t) {
+            const int64_t row = static_cast<int64_t>(tokens[t]) - vocab_first;
+            if (row < 0 || row >= part_vocab) continue;
+            float* dtable_row = dtable_part + row * dim;
+            const float* dout_row = dout + t * dim;
+#pragma omp simd
+            for (int64_t d = begin; d < end; ++d) dtable_row[d] += dout_row[d];
+        }
+    }
+}
+
 }  // namespace moetron::cpu
