@@ -7,7 +7,8 @@
 //    odls_base_sigkill_timeout seconds, and kills them that long after) and then exits 1
 //    whatever the ranks returned, so only the checkpoint is checked there: saved at the step the
 //    run stopped after, loadable.
-// Skipped when mpirun is not on the PATH.
+// And a tensor-parallel job's checkpoint (4 ranks tp2.ep2) resumed by one process ends at the
+// same loss as the job. Skipped when mpirun is not on the PATH.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -206,6 +207,35 @@ TEST(CheckpointMpiCli, SigtermToMpirunSavesTheStepTheRunStoppedAfter) {
     EXPECT_EQ(loaded_step(root), step);
     std::printf("mpirun exit status %d (Open MPI exits 1 after forwarding SIGTERM)\n",
                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+// The loss printed for step `step` ("step 8/8 | loss 5.0082 | ..."); -1 when absent.
+double printed_loss(const std::string& log, int step) {
+    std::smatch m;
+    const std::regex line("step " + std::to_string(step) + "/[0-9]+ \\| loss ([0-9.]+)");
+    return std::regex_search(log, m, line) ? std::stod(m[1].str()) : -1.0;
+}
+
+TEST(CheckpointMpiCli, TensorParallelCheckpointResumesOnOneProcess) {
+    if (!mpirun_available()) GTEST_SKIP() << "mpirun is not on the PATH";
+    TempDir dir;
+    const fs::path root = dir.path() / "ckpt";
+    const std::string common = " --steps 8 --batch-size 4 --seq-len 16 --eval-every 0 --threads 1";
+    const std::string job =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
+        "--oversubscribe -np 4 -x OMP_NUM_THREADS=1 " +
+        std::string(MOETRON_BINARY) + " train --layout tp2.ep2" + common +
+        " --save-every 4 --save " + root.string() + " > " + (dir.path() / "job.txt").string() +
+        " 2>&1";
+    ASSERT_EQ(std::system(job.c_str()), 0) << read_file(dir.path() / "job.txt");
+    const std::string resume = std::string(MOETRON_BINARY) + " train" + common + " --resume " +
+                               (root / checkpoint_dir_name(4)).string() + " > " +
+                               (dir.path() / "resume.txt").string() + " 2>&1";
+    ASSERT_EQ(std::system(resume.c_str()), 0) << read_file(dir.path() / "resume.txt");
+    const double want = printed_loss(read_file(dir.path() / "job.txt"), 8);
+    const double got = printed_loss(read_file(dir.path() / "resume.txt"), 8);
+    ASSERT_GT(want, 0) << read_file(dir.path() / "job.txt");
+    EXPECT_NEAR(got, want, 1e-4) << read_file(dir.path() / "resume.txt");
 }
 
 }  // namespace

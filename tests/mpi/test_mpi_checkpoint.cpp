@@ -1,11 +1,14 @@
 // Checkpoints of distributed runs (train/checkpoint_sharded.h), under mpirun -np 1, 2 and 4:
 //  - resume in the same layout is bit-exact: 10 steps straight == 5 steps, save, a fresh trainer
-//    loads, 5 steps (losses compared with ==, parameters and moments with memcmp);
+//    loads, 5 steps (losses compared with ==, parameters and moments with memcmp), also with
+//    tensor parallelism (tp2, tp2.ep2);
 //  - resharding: a checkpoint saved under one layout resumes under another (4 ranks ep2 ->
-//    2 ranks ep2, 1 rank distributed, 1 process, 4 ranks dp4; 1 process -> 4 ranks ep2), the
-//    resumed losses within 1e-5 relative of the uninterrupted run's and the final parameters
-//    within 1e-4 relative (per tensor L2, as test_mpi_training.cpp), since the reduction order
-//    changes with the layout;
+//    2 ranks ep2, 1 rank distributed, 1 process, 4 ranks dp4; 1 process -> 4 ranks ep2;
+//    4 ranks tp2.ep2 -> 1 process, 2 ranks ep2, 2 ranks tp2, 4 ranks dp4, 4 ranks tp4;
+//    1 process -> 2 ranks tp2), the resumed losses within 1e-5 relative of the uninterrupted
+//    run's and the final parameters within 1e-4 relative (per tensor L2, as
+//    test_mpi_training.cpp), since the reduction order changes with the layout;
+//  - a tp2.ep2 checkpoint exports to Hugging Face with every tensor whole and exact;
 //  - a stop signal on one rank stops every rank after the same step, and that step is saved;
 //  - a failure on one rank aborts the save on every rank and leaves the previous checkpoint;
 //  - a missing shard, a shard of another checkpoint and a checkpoint of another model are errors
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/model/hf_names.h"
 #include "moetron/model/moe.h"
 #include "moetron/parallel/topology.h"
 #include "moetron/parallel/zero_optimizer.h"
@@ -41,8 +45,10 @@
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/data_source.h"
+#include "moetron/train/hf_export.h"
 #include "moetron/train/metrics.h"
 #include "moetron/train/preset_path.h"
+#include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 #include "mpi/mpi_test_main.h"
 
@@ -149,8 +155,9 @@ std::string error_of(const std::function<void()>& f) {
 
 // The whole model as one process holds it, on every rank of the trainer's world: each element
 // is contributed by exactly one rank (rank 0 for replicated tensors, the first expert-data-
-// parallel replica for experts) and summed with zeros, so the gather is exact. Independent of
-// the checkpoint code.
+// parallel replica for experts, the first data-parallel replica of each TP shard, placed by
+// model/params.h's TensorParallelShard::for_each_run) and summed with zeros, so the gather is
+// exact. Independent of the checkpoint code.
 struct GlobalParams {
     std::vector<ParamEntry> entries;
     std::vector<float> values;
@@ -165,11 +172,14 @@ GlobalParams global_params(Trainer& t) {
     const parallel::RankCoordinates c = parallel::coordinates_of(t.topology(), t.rank());
     for (const ParamEntry& e : t.model().param_entries()) {
         const bool expert = shard.count > 0 && is_routed_expert_param(e.name);
-        const bool contributes = expert ? c.edp == 0 : t.rank() == 0;
+        const bool contributes = expert ? c.edp == 0 : e.tp.sharded() ? c.dp == 0 : t.rank() == 0;
         if (!contributes) continue;
         const int64_t first = expert ? shard.first * (e.numel / shard.count) : 0;
-        std::copy(t.model().params() + e.offset, t.model().params() + e.offset + e.numel,
-                  g.values.begin() + table.entry(e.name).offset + first);
+        float* global = g.values.data() + table.entry(e.name).offset + first;
+        const float* local = t.model().params() + e.offset;
+        e.tp.for_each_run(e.numel, [&](int64_t local_offset, int64_t global_offset, int64_t n) {
+            std::copy(local + local_offset, local + local_offset + n, global + global_offset);
+        });
     }
     if (t.world() != nullptr) t.world()->all_reduce_sum(std::span<float>(g.values));
     return g;
@@ -215,7 +225,10 @@ void expect_close_run(const std::vector<Losses>& got, const std::vector<Losses>&
 std::vector<Layout> layouts_for(int world_size) {
     std::vector<Layout> out = {{"", true}, {"", false}};
     if (world_size % 2 == 0) out.push_back({"ep2", true});
+    if (world_size % 2 == 0) out.push_back({"tp2", true});  // on 4 ranks ZeRO-1 cuts TP shards
     if (world_size == 4) out.push_back({"ep2", false});
+    if (world_size == 4) out.push_back({"tp2", false});
+    if (world_size == 4) out.push_back({"tp2.ep2", true});
     return out;
 }
 
@@ -279,18 +292,21 @@ SubWorld first_ranks(int ranks) {
     return s;
 }
 
-class Resharding : public ::testing::Test {
+// The uninterrupted run of saved_layout on 4 ranks with ZeRO-1, and its step-5 checkpoint.
+class ReshardingFrom : public ::testing::Test {
   protected:
+    explicit ReshardingFrom(Layout saved_layout) : saved_layout_(std::move(saved_layout)) {}
     void SetUp() override {
-        if (mpi_world().size() != 4) GTEST_SKIP() << "saves with 4 ranks (dp2.ep2 = ep2 on 4)";
+        if (mpi_world().size() != 4)
+            GTEST_SKIP() << "saves with 4 ranks (" << saved_layout_.str() << " on 4)";
         dir_ = std::make_unique<SharedTempDir>(mpi_world());
-        // The uninterrupted run and its step-5 checkpoint, 4 ranks ep2 with ZeRO-1.
         auto straight = make_trainer(&mpi_world(), saved_layout_);
         want_ = run_steps(*straight, kSteps);
         want_params_ = global_params(*straight);
         auto first = make_trainer(&mpi_world(), saved_layout_);
         run_steps(*first, kSaveAt);
-        checkpoint_ = save_checkpoint(*first, dir_->path() / "ep2", 0);
+        saved_params_ = global_params(*first);
+        checkpoint_ = save_checkpoint(*first, dir_->path() / saved_layout_.str(), 0);
     }
     void TearDown() override { dir_.reset(); }
 
@@ -302,11 +318,34 @@ class Resharding : public ::testing::Test {
         expect_close_run(got, want, global_params(t), want_params_, what);
     }
 
-    const Layout saved_layout_{"ep2", true};
+    // One process saves its step 5 (the single-process format) into checkpoint_.
+    void save_one_process_checkpoint() {
+        std::string error;
+        fs::path saved = dir_->path() / "single";
+        if (mpi_world().rank() == 0) {
+            try {
+                auto single = make_trainer(nullptr, {});
+                run_steps(*single, kSaveAt);
+                save_checkpoint(*single, saved, 0);
+            } catch (const std::exception& e) {
+                error = e.what();
+            }
+        }
+        throw_if_any_rank_failed(mpi_world(), error, "the one-process run");
+        checkpoint_ = saved;
+    }
+
+    const Layout saved_layout_;
     std::unique_ptr<SharedTempDir> dir_;
     std::vector<Losses> want_;
     GlobalParams want_params_;
+    GlobalParams saved_params_;  // at the checkpoint
     fs::path checkpoint_;
+};
+
+class Resharding : public ReshardingFrom {
+  protected:
+    Resharding() : ReshardingFrom({"ep2", true}) {}
 };
 
 TEST_F(Resharding, FourRanksEp2ToTwoRanksEp2) {
@@ -338,21 +377,83 @@ TEST_F(Resharding, FourRanksEp2ToFourRanksDp4) {
 
 TEST_F(Resharding, OneProcessToFourRanksEp2) {
     // One process saves its step 5 (the single-process format); the 4 ranks resume it.
+    save_one_process_checkpoint();
+    auto t = make_trainer(&mpi_world(), saved_layout_);
+    resume_and_compare(*t, "1 process -> 4 ranks ep2");
+}
+
+// Tensor parallelism: the checkpoint holds blocks of the global tensors (column-parallel row
+// blocks, row-parallel column blocks, cut by ZeRO-1), read back under another TP split.
+class ReshardingFromTp : public ReshardingFrom {
+  protected:
+    ReshardingFromTp() : ReshardingFrom({"tp2.ep2", true}) {}
+};
+
+TEST_F(ReshardingFromTp, FourRanksTp2Ep2ToOneProcess) {
+    SubWorld sub = first_ranks(1);
+    if (sub.member) {
+        auto single = make_trainer(nullptr, {});
+        resume_and_compare(*single, "4 ranks tp2.ep2 -> 1 process");
+    }
+    mpi_world().barrier();
+}
+
+TEST_F(ReshardingFromTp, FourRanksTp2Ep2ToTwoRanks) {
+    SubWorld sub = first_ranks(2);
+    if (sub.member) {
+        auto ep = make_trainer(sub.comm.get(), {"ep2", true});
+        resume_and_compare(*ep, "4 ranks tp2.ep2 -> 2 ranks ep2");
+        auto tp = make_trainer(sub.comm.get(), {"tp2", true});
+        resume_and_compare(*tp, "4 ranks tp2.ep2 -> 2 ranks tp2");
+    }
+    mpi_world().barrier();
+}
+
+TEST_F(ReshardingFromTp, FourRanksTp2Ep2ToFourRanks) {
+    auto dp = make_trainer(&mpi_world(), {"", true});
+    resume_and_compare(*dp, "4 ranks tp2.ep2 -> 4 ranks dp4 ZeRO-1");
+    auto tp = make_trainer(&mpi_world(), {"tp4", true});
+    resume_and_compare(*tp, "4 ranks tp2.ep2 -> 4 ranks tp4");
+}
+
+TEST_F(ReshardingFromTp, OneProcessToTwoRanksTp2) {
+    save_one_process_checkpoint();
+    SubWorld sub = first_ranks(2);
+    if (sub.member) {
+        auto t = make_trainer(sub.comm.get(), {"tp2", true});
+        resume_and_compare(*t, "1 process -> 2 ranks tp2");
+    }
+    mpi_world().barrier();
+}
+
+// moetron export of the tp2.ep2 checkpoint: every HF tensor whole, equal to the trainer's
+// parameters at the save (gathered independently of the checkpoint code).
+TEST_F(ReshardingFromTp, ExportsWholeTensorsToHuggingFace) {
     std::string error;
-    fs::path saved = dir_->path() / "single";
     if (mpi_world().rank() == 0) {
         try {
-            auto single = make_trainer(nullptr, {});
-            run_steps(*single, kSaveAt);
-            save_checkpoint(*single, saved, 0);
+            const fs::path hf = dir_->path() / "hf";
+            export_hf(checkpoint_, hf, DType::f32);
+            const SafetensorsFile file = SafetensorsFile::open((hf / kHfWeightsFile).string());
+            const ParamTable table(model_param_specs(tiny_config()));
+            int64_t compared = 0;
+            const HfNameMap names(tiny_config());
+            for (const HfTensor& t : names.tensors()) {
+                std::vector<float> got(static_cast<size_t>(t.numel()));
+                std::vector<float> want(got.size());
+                file.read(t.hf_name, TensorView(got.data(), t.hf_shape, DType::f32));
+                copy_param_to_hf(want.data(), t,
+                                 saved_params_.values.data() + table.entry(t.param_name).offset);
+                EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                    << t.hf_name;
+                ++compared;
+            }
+            EXPECT_EQ(compared, static_cast<int64_t>(file.tensors().size()));
         } catch (const std::exception& e) {
             error = e.what();
         }
     }
-    throw_if_any_rank_failed(mpi_world(), error, "the one-process run");
-    checkpoint_ = saved;
-    auto t = make_trainer(&mpi_world(), saved_layout_);
-    resume_and_compare(*t, "1 process -> 4 ranks ep2");
+    throw_if_any_rank_failed(mpi_world(), error, "exporting the tp2.ep2 checkpoint");
 }
 
 // ---- signals ----

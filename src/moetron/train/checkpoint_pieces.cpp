@@ -55,20 +55,36 @@ std::string piece_key(CheckpointPart part, std::string_view tensor) {
     return key;
 }
 
-// The shape a piece is stored with: the tensor's trailing dimensions when it covers whole rows
-// (a slice of experts reads as (count, ...)), else flat.
+bool covers_whole_tensor(const TensorBlock& block, const std::vector<int64_t>& global_dims) {
+    if (block.whole()) return true;
+    for (size_t d = 0; d < global_dims.size() && d < block.begin.size(); ++d)
+        if (block.begin[d] != 0 || block.end[d] != global_dims[d]) return false;
+    return block.begin.size() == global_dims.size();
+}
+
+// The shape a piece is stored with: the block's dimensions with fewer rows when it covers whole
+// rows of the block (a slice of experts reads as (count, ...)), else flat.
 std::vector<int64_t> stored_dims(const CheckpointPiece& p) {
+    const std::vector<int64_t> block_dims = p.block.dims(p.global_dims);
     const int64_t n = p.end - p.begin;
-    if (p.begin == 0 && n == numel_of(p.global_dims)) return p.global_dims;
-    if (p.global_dims.size() >= 2) {
-        const int64_t row = numel_of(p.global_dims) / p.global_dims[0];
+    if (p.begin == 0 && n == numel_of(block_dims)) return block_dims;
+    if (block_dims.size() >= 2) {
+        const int64_t row = numel_of(block_dims) / block_dims[0];
         if (row > 0 && p.begin % row == 0 && n % row == 0) {
-            std::vector<int64_t> dims = p.global_dims;
+            std::vector<int64_t> dims = block_dims;
             dims[0] = n / row;
             return dims;
         }
     }
     return {n};
+}
+
+// "[0:64,32:64]"
+std::string block_suffix(const TensorBlock& block) {
+    std::string out = "[";
+    for (size_t d = 0; d < block.begin.size(); ++d)
+        out += fmt::format("{}{}:{}", d == 0 ? "" : ",", block.begin[d], block.end[d]);
+    return out + "]";
 }
 
 std::optional<CheckpointPart> part_from_name(std::string_view name) {
@@ -79,23 +95,80 @@ std::optional<CheckpointPart> part_from_name(std::string_view name) {
 
 }  // namespace
 
+std::vector<int64_t> TensorBlock::dims(const std::vector<int64_t>& global_dims) const {
+    if (whole()) return global_dims;
+    std::vector<int64_t> out(begin.size());
+    for (size_t d = 0; d < begin.size(); ++d) out[d] = end[d] - begin[d];
+    return out;
+}
+
+std::vector<BlockRun> block_runs(const std::vector<int64_t>& global_dims, const TensorBlock& block,
+                                 int64_t flat_begin, int64_t flat_end) {
+    const size_t n = global_dims.size();
+    MT_CHECK(block.whole() || (block.begin.size() == n && block.end.size() == n),
+             "[checkpoint] a block of {} dimensions in a tensor of {}", block.begin.size(),
+             dims_string(global_dims));
+    for (size_t d = 0; d < block.begin.size(); ++d)
+        MT_CHECK(
+            0 <= block.begin[d] && block.begin[d] < block.end[d] && block.end[d] <= global_dims[d],
+            "[checkpoint] block {} lies outside a tensor of {}", block_suffix(block),
+            dims_string(global_dims));
+    const std::vector<int64_t> extent = block.dims(global_dims);
+    MT_CHECK(0 <= flat_begin && flat_begin <= flat_end && flat_end <= numel_of(extent),
+             "[checkpoint] elements [{}, {}) of a block of {} elements", flat_begin, flat_end,
+             numel_of(extent));
+    std::vector<BlockRun> runs;
+    if (flat_begin == flat_end) return runs;
+    if (n == 0) return {{flat_begin, flat_begin, flat_end - flat_begin}};
+    std::vector<int64_t> stride(n, 1);
+    for (size_t d = n - 1; d-- > 0;) stride[d] = stride[d + 1] * global_dims[d + 1];
+    const auto first = [&](size_t d) { return block.whole() ? 0 : block.begin[d]; };
+    // A run spans dimensions [k, n): those after k are whole in the block, so contiguous.
+    size_t k = n - 1;
+    while (k > 0 && extent[k] == global_dims[k]) --k;
+    const int64_t run = extent[k] * stride[k];
+    for (int64_t j = flat_begin / run; j * run < flat_end; ++j) {
+        int64_t outer = j, global = first(k) * stride[k];
+        for (size_t d = k; d-- > 0;) {
+            global += (first(d) + outer % extent[d]) * stride[d];
+            outer /= extent[d];
+        }
+        const int64_t lo = std::max(flat_begin, j * run), hi = std::min(flat_end, (j + 1) * run);
+        runs.push_back({global + (lo - j * run), lo, hi - lo});
+    }
+    return runs;
+}
+
 FileDigest write_checkpoint_shard(const std::string& path,
                                   const std::vector<CheckpointPiece>& pieces,
                                   const std::map<std::string, std::string>& metadata) {
     SafetensorsWriter writer;
     json slices = json::object();
-    for (const CheckpointPiece& p : pieces) {
-        const int64_t numel = numel_of(p.global_dims);
-        MT_CHECK(0 <= p.begin && p.begin <= p.end && p.end <= numel,
-                 "[checkpoint] piece [{}, {}) of {} of '{}' lies outside its {} elements", p.begin,
-                 p.end, checkpoint_part_name(p.part), p.tensor, numel);
+    for (CheckpointPiece p : pieces) {
+        if (covers_whole_tensor(p.block, p.global_dims)) p.block = {};
+        try {
+            block_runs(p.global_dims, p.block, p.begin, p.end);  // checks that it fits
+        } catch (const Error& e) {
+            MT_THROW("[checkpoint] piece [{}, {}) of block {} of the {} of '{}' does not fit: {}",
+                     p.begin, p.end, block_suffix(p.block), checkpoint_part_name(p.part), p.tensor,
+                     e.what());
+        }
         if (p.begin == p.end) continue;
         std::string name = std::string(checkpoint_part_prefix(p.part)) + p.tensor;
-        if (p.end - p.begin != numel) name += fmt::format("[{}:{}]", p.begin, p.end);
-        slices[name] = json{{"tensor", p.tensor},
-                            {"part", checkpoint_part_name(p.part)},
-                            {"shape", p.global_dims},
-                            {"flat", {p.begin, p.end}}};
+        json slice = json{{"tensor", p.tensor},
+                          {"part", checkpoint_part_name(p.part)},
+                          {"shape", p.global_dims},
+                          {"flat", {p.begin, p.end}}};
+        if (!p.block.whole()) {
+            name += block_suffix(p.block);
+            json block = json::array();
+            for (size_t d = 0; d < p.block.begin.size(); ++d)
+                block.push_back({p.block.begin[d], p.block.end[d]});
+            slice["block"] = block;
+        }
+        if (p.end - p.begin != numel_of(p.block.dims(p.global_dims)))
+            name += fmt::format("[{}:{}]", p.begin, p.end);
+        slices[name] = slice;
         writer.add(name, DType::f32, stored_dims(p), p.data);
     }
     for (const auto& [key, value] : metadata) writer.set_metadata(key, value);
@@ -143,6 +216,7 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
             CheckpointPart part = CheckpointPart::param;
             std::string tensor;
             std::vector<int64_t> global_dims;
+            TensorBlock block;
             int64_t begin = 0, end = 0;
             if (slices.is_object()) {
                 MT_CHECK(slices.contains(t.name),
@@ -164,6 +238,17 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
                              path, t.name);
                     begin = flat[0];
                     end = flat[1];
+                    if (s.contains("block")) {
+                        for (const json& range : s.at("block")) {
+                            const auto r = range.get<std::vector<int64_t>>();
+                            MT_CHECK(r.size() == 2,
+                                     "[checkpoint] '{}': array '{}': \"block\" is not a list of "
+                                     "[begin, end]",
+                                     path, t.name);
+                            block.begin.push_back(r[0]);
+                            block.end.push_back(r[1]);
+                        }
+                    }
                 } catch (const json::exception& e) {
                     MT_THROW("[checkpoint] '{}': the slice of array '{}' is malformed: {}", path,
                              t.name, e.what());
@@ -194,17 +279,32 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
                      "{}",
                      path, t.name, dtype_name(t.dtype), dims_string(global_dims),
                      dims_string(want));
-            MT_CHECK(0 <= begin && begin < end && end <= e.numel &&
-                         static_cast<uint64_t>(end - begin) * sizeof(float) == t.num_bytes(),
-                     "[checkpoint] '{}': array '{}' of {} bytes does not hold elements [{}, {}) of "
-                     "the {} of '{}'",
-                     path, t.name, t.num_bytes(), begin, end, e.numel, tensor);
-            const std::string key = piece_key(part, tensor);
-            out.pieces_[key].push_back({f, file.data_offset() + t.begin, begin, end});
+            std::vector<BlockRun> runs;
+            try {
+                runs = block_runs(global_dims, block, begin, end);
+            } catch (const Error& e) {
+                MT_THROW("[checkpoint] '{}': array '{}' does not describe a part of '{}': {}", path,
+                         t.name, tensor, e.what());
+            }
+            MT_CHECK(
+                begin < end && static_cast<uint64_t>(end - begin) * sizeof(float) == t.num_bytes(),
+                "[checkpoint] '{}': array '{}' of {} bytes does not hold elements [{}, {}) of "
+                "block {} of '{}'",
+                path, t.name, t.num_bytes(), begin, end,
+                block.whole() ? std::string("(whole)") : block_suffix(block), tensor);
+            std::vector<Piece>& pieces = out.pieces_[piece_key(part, tensor)];
+            const uint64_t first_byte = file.data_offset() + t.begin;
+            for (const BlockRun& r : runs)
+                pieces.push_back(
+                    {f, first_byte + static_cast<uint64_t>(r.block_offset - begin) * sizeof(float),
+                     r.global_offset, r.global_offset + r.count});
         }
         out.files_.push_back(std::make_unique<OpenFile>(OpenFile{path, open_for_reading(path)}));
     }
 
+    for (const ParamEntry& e : entries)
+        out.global_dims_.emplace(e.name, std::vector<int64_t>(e.shape.dims.begin(),
+                                                              e.shape.dims.begin() + e.shape.ndim));
     // No overlaps; full coverage of every parameter and of the moments of trainable tensors.
     for (auto& [key, pieces] : out.pieces_)
         std::sort(pieces.begin(), pieces.end(),
@@ -272,6 +372,16 @@ void CheckpointTensors::read(CheckpointPart part, const std::string& tensor, int
              "[checkpoint] the checkpoint holds only {} of elements [{}, {}) of the {} of tensor "
              "'{}'",
              copied, begin, end, checkpoint_part_name(part), tensor);
+}
+
+void CheckpointTensors::read(CheckpointPart part, const std::string& tensor,
+                             const TensorBlock& block, int64_t begin, int64_t count,
+                             float* out) const {
+    const auto dims = global_dims_.find(tensor);
+    MT_CHECK(dims != global_dims_.end(), "[checkpoint] tensor '{}' is not a parameter of the model",
+             tensor);
+    for (const BlockRun& r : block_runs(dims->second, block, begin, begin + count))
+        read(part, tensor, r.global_offset, r.count, out + (r.block_offset - begin));
 }
 
 }  // namespace moetron

@@ -3,18 +3,27 @@
 //
 // Every stored array is a piece of one part (the fp32 parameters, AdamW's first or second moment)
 // of one model tensor, named and shaped as in the unsharded model (the global name and shape).
-// A piece holds the contiguous range [begin, end) of that tensor's row-major elements: a ZeRO-1
-// shard cuts tensors anywhere, and a rank's routed experts [first, first + count) of a tensor of
-// shape (E, ...) are the range [first * per_expert, (first + count) * per_expert).
+// A piece holds a block of the global tensor (per dimension a range [begin, end), as PyTorch
+// DCP's offsets and lengths or safetensors slicing's t[b0:e0, b1:e1]; the whole tensor when
+// absent) and, of that block's row-major elements, the contiguous range [begin, end):
+//   - a rank's routed experts [first, first + count) of a tensor (E, ...) are the block
+//     [first, first + count) x everything;
+//   - a tensor-parallel shard (model/params.h's TensorParallelShard) is one block per run of
+//     rows: a column-parallel shard holds rows [r*b, (r+1)*b) of each of its row blocks, a
+//     row-parallel shard columns [r*c, (r+1)*c) of every row;
+//   - a ZeRO-1 shard cuts the rank's local tensor anywhere: the flat range within each block.
 //
 // A shard file (one per rank) is a safetensors file whose "__metadata__" holds, under "slices",
 // a JSON object describing each of its arrays:
-//   {"<array name>": {"tensor": "layers.1.mlp.experts.gate_up", "part": "optimizer.m",
-//                     "shape": [8, 64, 32], "flat": [4096, 8192]}, ...}
+//   {"<array name>": {"tensor": "layers.1.attn.o_proj", "part": "optimizer.m",
+//                     "shape": [64, 128], "block": [[0, 64], [64, 128]], "flat": [0, 2048]}, ...}
+// ("block" absent: the whole tensor, the form of checkpoints written before tensor parallelism.)
 // Array names are the part's prefix ("", "optimizer.m.", "optimizer.v.") and the tensor's name,
-// with "[begin:end]" appended when the piece is not the whole tensor; an array is stored with the
-// tensor's trailing dimensions when the range covers whole rows, else flat. The single-process
-// format (one model.safetensors, every tensor whole, no "slices") reads as pieces too.
+// with "[b0:e0,b1:e1]" appended when the block is not the whole tensor and "[begin:end]" when the
+// flat range is not the whole block; an array is stored with the block's dimensions when the
+// range covers whole rows of the block (a slice of experts reads as (count, ...)), else flat. The
+// single-process format (one model.safetensors, every tensor whole, no "slices") reads as pieces
+// too.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +51,32 @@ std::string_view checkpoint_part_prefix(CheckpointPart part);
 // The metadata key of a shard file that describes its pieces.
 inline constexpr const char* kShardSlicesKey = "slices";
 
-// One piece to write: data holds end - begin floats (it must stay valid until the file is
-// written).
+// A block of a global tensor: per dimension d the range [begin[d], end[d]). Empty: the whole
+// tensor.
+struct TensorBlock {
+    std::vector<int64_t> begin;
+    std::vector<int64_t> end;
+
+    bool whole() const { return begin.empty(); }
+    // The block's dimensions (end - begin), or global_dims when whole.
+    std::vector<int64_t> dims(const std::vector<int64_t>& global_dims) const;
+    bool operator==(const TensorBlock&) const = default;
+};
+
+// A contiguous run of a block's elements in the global tensor.
+struct BlockRun {
+    int64_t global_offset = 0;  // row-major element index in the global tensor
+    int64_t block_offset = 0;   // row-major element index in the block
+    int64_t count = 0;
+};
+// The runs of elements [flat_begin, flat_end) of block (row-major in the block) inside a tensor of
+// global_dims, in increasing order of both offsets. Throws when the block or the range does not
+// fit the tensor.
+std::vector<BlockRun> block_runs(const std::vector<int64_t>& global_dims, const TensorBlock& block,
+                                 int64_t flat_begin, int64_t flat_end);
+
+// One piece to write: elements [begin, end) of block of the part of tensor; data holds end - begin
+// floats (it must stay valid until the file is written).
 struct CheckpointPiece {
     CheckpointPart part = CheckpointPart::param;
     std::string tensor;
@@ -51,6 +84,7 @@ struct CheckpointPiece {
     int64_t begin = 0;
     int64_t end = 0;
     const float* data = nullptr;
+    TensorBlock block{};  // whole tensor when empty
 };
 
 // Writes pieces (empty ones skipped) as one shard file at path, with their "slices" and the given
@@ -77,12 +111,21 @@ class CheckpointTensors {
     CheckpointTensors& operator=(CheckpointTensors&&) noexcept;
     ~CheckpointTensors();
 
-    // Elements [begin, begin + count) of part of tensor into out. Zeros for a moment that is not
-    // stored (non-trainable tensors); any other gap is an error naming the tensor and the range.
+    // Elements [begin, begin + count) of part of tensor (row-major, global) into out. Zeros for
+    // a moment that is not stored (non-trainable tensors); any other gap is an error naming the
+    // tensor and the range.
     void read(CheckpointPart part, const std::string& tensor, int64_t begin, int64_t count,
               float* out) const;
+    // Elements [begin, begin + count) of block (row-major in the block) of part of tensor into
+    // out, assembled from whichever pieces hold them (a shard of another tensor-parallel split).
+    void read(CheckpointPart part, const std::string& tensor, const TensorBlock& block,
+              int64_t begin, int64_t count, float* out) const;
 
   private:
+    // A contiguous run of global elements [begin, end) stored contiguously in a file: a piece of
+    // a column block (a row-parallel shard) splits into one run per row. Simple and exact; a
+    // large model's row-parallel tensors would make millions of runs, fine for the tiny and
+    // small models whose whole checkpoint every rank verifies (as it reads every checksum).
     struct Piece {
         size_t file = 0;
         uint64_t file_offset = 0;  // of the piece's first byte
@@ -96,6 +139,7 @@ class CheckpointTensors {
     std::vector<std::unique_ptr<OpenFile>> files_;
     // Per part and tensor, sorted by begin.
     std::unordered_map<std::string, std::vector<Piece>> pieces_;
+    std::unordered_map<std::string, std::vector<int64_t>> global_dims_;  // by tensor name
 };
 
 }  // namespace moetron

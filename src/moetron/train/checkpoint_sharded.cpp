@@ -20,6 +20,7 @@
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_pieces.h"
+#include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron {
@@ -41,6 +42,13 @@ std::string what_failed(const std::exception& e) {
     return what.empty() ? std::string("an unknown error") : what;
 }
 
+// A contiguous part of a rank's local tensor that is one block of the global tensor.
+struct LocalBlock {
+    TensorBlock block;
+    int64_t local_offset = 0;  // of the block's first element, in the local tensor
+    int64_t numel = 0;
+};
+
 // The unsharded model's tensors (global names and shapes), and where a rank's local tensors sit
 // in them.
 class GlobalTensors {
@@ -60,11 +68,44 @@ class GlobalTensors {
         const Shape& s = global(local).shape;
         return {s.dims.begin(), s.dims.begin() + s.ndim};
     }
-    // The global element index of the local tensor's first element: a rank's routed experts are
-    // experts [first, first + count) of the global tensor.
-    int64_t first_element(const ParamEntry& local) const {
-        if (shard_.count == 0 || !is_routed_expert_param(local.name)) return 0;
-        return shard_.first * (local.numel / shard_.count);
+    // The local tensor as blocks of the global one, back to back: a rank's routed experts
+    // [first, first + count) of (E, ...); a tensor-parallel shard's row blocks (column-parallel:
+    // rows [r*b, (r+1)*b) of each of its `blocks` row blocks) or its column block (row-parallel:
+    // columns [r*c, (r+1)*c) of every row), as model/params.h's TensorParallelShard; else the
+    // whole tensor.
+    std::vector<LocalBlock> blocks(const ParamEntry& local) const {
+        const std::vector<int64_t> g = dims(local);
+        if (shard_.count > 0 && is_routed_expert_param(local.name)) {
+            TensorBlock b{std::vector<int64_t>(g.size(), 0), g};
+            b.begin[0] = shard_.first;
+            b.end[0] = shard_.first + shard_.count;
+            return {{b, 0, local.numel}};
+        }
+        const TensorParallelShard& tp = local.tp;
+        if (!tp.sharded()) return {{TensorBlock{}, 0, local.numel}};
+        MT_CHECK(g.size() == 2, "[checkpoint] tensor-parallel tensor '{}' is {}, not a matrix",
+                 local.name, dims_string(g));
+        const int64_t rows = g[0], cols = g[1];
+        std::vector<LocalBlock> out;
+        if (tp.split == TensorParallelShard::Split::rows) {
+            const int64_t block_rows = rows / tp.blocks, local_rows = block_rows / tp.size;
+            for (int64_t b = 0; b < tp.blocks; ++b) {
+                const int64_t first_row = b * block_rows + tp.rank * local_rows;
+                out.push_back({TensorBlock{{first_row, 0}, {first_row + local_rows, cols}},
+                               b * local_rows * cols, local_rows * cols});
+            }
+        } else {
+            const int64_t local_cols = cols / tp.size;
+            out.push_back(
+                {TensorBlock{{0, tp.rank * local_cols}, {rows, (tp.rank + 1) * local_cols}}, 0,
+                 rows * local_cols});
+        }
+        int64_t total = 0;
+        for (const LocalBlock& b : out) total += b.numel;
+        MT_CHECK(total == local.numel,
+                 "[checkpoint] the tensor-parallel blocks of '{}' hold {} elements, the rank {}",
+                 local.name, total, local.numel);
+        return out;
     }
 
   private:
@@ -85,44 +126,72 @@ void for_each_overlap(const std::vector<ParamEntry>& entries, int64_t offset, in
         f(*it, std::max(offset, it->offset), std::min(end, it->offset + it->numel));
 }
 
+// Calls f(block, begin, end, at) for each global block that the part [lo, hi) of local tensor e
+// (flat offsets into the parameter buffer) overlaps: elements [begin, end) of the block, which
+// start at flat offset `at`. A ZeRO-1 range can span several row blocks of a column-parallel
+// tensor, and cut a block anywhere.
+template <class F>
+void for_each_block_part(const GlobalTensors& global, const ParamEntry& e, int64_t lo, int64_t hi,
+                         F f) {
+    for (const LocalBlock& b : global.blocks(e)) {
+        const int64_t first = e.offset + b.local_offset;
+        const int64_t from = std::max(lo, first), to = std::min(hi, first + b.numel);
+        if (from < to) f(b.block, from - first, to - first, from);
+    }
+}
+
+// A tensor that every rank of the TP group holds whole and alike (norms, the MLA down
+// projections, the router; not the routed experts, which are outside TP): its first TP rank
+// writes it.
+bool tp_replica_writes(const ParamEntry& e, const parallel::RankCoordinates& c) {
+    return e.tp.sharded() || is_routed_expert_param(e.name) || c.tp == 0;
+}
+
 // What this rank writes (see the top of checkpoint_sharded.h). The pieces point into the
 // model's parameters and the optimizer's moments.
 std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalTensors& global) {
     Model& model = trainer.model();
     const std::vector<ParamEntry>& entries = model.param_entries();
     const float* params = model.params();
+    const parallel::RankCoordinates c =
+        parallel::coordinates_of(trainer.topology(), trainer.rank());
     std::vector<CheckpointPiece> pieces;
     for (const parallel::DistributedAdamW::MomentRange& r :
          trainer.distributed_optimizer()->moment_ranges()) {
         if (r.replicated && r.group_rank != 0) continue;  // another replica writes it
         for_each_overlap(
             entries, r.offset, r.numel, [&](const ParamEntry& e, int64_t lo, int64_t hi) {
-                const int64_t begin = global.first_element(e) + (lo - e.offset);
-                const int64_t end = begin + (hi - lo);
+                if (!tp_replica_writes(e, c)) return;
                 const std::vector<int64_t> dims = global.dims(e);
-                pieces.push_back({CheckpointPart::param, e.name, dims, begin, end, params + lo});
-                pieces.push_back(
-                    {CheckpointPart::m, e.name, dims, begin, end, r.m + (lo - r.offset)});
-                pieces.push_back(
-                    {CheckpointPart::v, e.name, dims, begin, end, r.v + (lo - r.offset)});
+                for_each_block_part(
+                    global, e, lo, hi,
+                    [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
+                        const int64_t moment = at - r.offset;
+                        pieces.push_back(
+                            {CheckpointPart::param, e.name, dims, begin, end, params + at, block});
+                        pieces.push_back(
+                            {CheckpointPart::m, e.name, dims, begin, end, r.m + moment, block});
+                        pieces.push_back(
+                            {CheckpointPart::v, e.name, dims, begin, end, r.v + moment, block});
+                    });
             });
     }
     // Tensors without moments: by the first rank of their replica group.
-    const parallel::RankCoordinates c =
-        parallel::coordinates_of(trainer.topology(), trainer.rank());
     for (const ParamEntry& e : entries) {
         if (e.trainable || e.numel == 0) continue;
         const int replica = is_routed_expert_param(e.name) ? c.edp : c.dp;
-        if (replica != 0) continue;
-        const int64_t begin = global.first_element(e);
-        pieces.push_back({CheckpointPart::param, e.name, global.dims(e), begin, begin + e.numel,
-                          params + e.offset});
+        if (replica != 0 || !tp_replica_writes(e, c)) continue;
+        for_each_block_part(global, e, e.offset, e.offset + e.numel,
+                            [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
+                                pieces.push_back({CheckpointPart::param, e.name, global.dims(e),
+                                                  begin, end, params + at, block});
+                            });
     }
     return pieces;
 }
 
 std::string layout_name(const parallel::Topology& t) {
-    return fmt::format("dp{}.ep{}", t.dp, t.ep);
+    return fmt::format("dp{}.tp{}.ep{}", t.dp, t.tp, t.ep);
 }
 
 }  // namespace
@@ -293,16 +362,26 @@ fs::path load_sharded_checkpoint(Trainer& trainer, const fs::path& dir_or_root) 
     // The ranges this rank holds under its layout.
     try {
         for (const ParamEntry& e : model.param_entries())
-            tensors->read(CheckpointPart::param, e.name, global.first_element(e), e.numel,
-                          model.params() + e.offset);
+            for_each_block_part(
+                global, e, e.offset, e.offset + e.numel,
+                [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
+                    tensors->read(CheckpointPart::param, e.name, block, begin, end - begin,
+                                  model.params() + at);
+                });
         parallel::DistributedAdamW& optimizer = *trainer.distributed_optimizer();
         for (const parallel::DistributedAdamW::MomentRange& r : optimizer.moment_ranges()) {
             for_each_overlap(
                 model.param_entries(), r.offset, r.numel,
                 [&](const ParamEntry& e, int64_t lo, int64_t hi) {
-                    const int64_t begin = global.first_element(e) + (lo - e.offset);
-                    tensors->read(CheckpointPart::m, e.name, begin, hi - lo, r.m + (lo - r.offset));
-                    tensors->read(CheckpointPart::v, e.name, begin, hi - lo, r.v + (lo - r.offset));
+                    for_each_block_part(
+                        global, e, lo, hi,
+                        [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
+                            const int64_t moment = at - r.offset;
+                            tensors->read(CheckpointPart::m, e.name, block, begin, end - begin,
+                                          r.m + moment);
+                            tensors->read(CheckpointPart::v, e.name, block, begin, end - begin,
+                                          r.v + moment);
+                        });
                 });
         }
         optimizer.restore_step_count(counters.optimizer_step);

@@ -7,8 +7,10 @@
 // ZeRO-1 shards; of a replicated bucket (--no-zero1, and the routed experts, replicated over the
 // expert-data-parallel group) the first rank of the bucket's group writes the whole bucket; a
 // tensor without moments (the router correction bias) is written by the first rank of its
-// replica group. Together the files hold every element of every part once, under its global name
-// and position, whatever the layout.
+// replica group. Under tensor parallelism each TP rank writes its shard of a split tensor (as
+// blocks of the global tensor, checkpoint_pieces.h), and a tensor every TP rank holds whole is
+// written by TP rank 0 alone. Together the files hold every element of every part once, under
+// its global name and position, whatever the layout.
 //
 // The checkpoint root must be a directory every rank of the job sees (one machine, or a shared
 // file system across nodes).
@@ -22,9 +24,10 @@
 //
 // Loading: every rank verifies the whole checkpoint (index checksums, model config, that the
 // pieces cover every tensor) and then reads the ranges it holds under its own layout: its
-// experts' slice, its ZeRO-1 shards of the moments. Each rank reads every file's checksum, which
-// is fine for the tiny and small models; a large model would verify once per node. Errors are
-// exchanged before anything is written into the trainer, and again after reading.
+// experts' slice, its TP blocks, its ZeRO-1 shards of the moments (whatever tp wrote them). Each
+// rank reads every file's checksum, which is fine for the tiny and small models; a large model
+// would verify once per node. Errors are exchanged before anything is written into the trainer, and
+// again after reading.
 #pragma once
 
 #include <cstddef>
