@@ -21,23 +21,18 @@
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checksum.h"
 #include "moetron/train/safetensors.h"
+#include "temp_dir.h"
 
 namespace moetron {
 namespace {
+
+using moetron::testing::error_of;
+using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
 
 #define EXPECT_CONTAINS(haystack, needle) \
     EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
-
-std::string error_of(const auto& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
 
 void write_text(const fs::path& path, std::string_view text) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);

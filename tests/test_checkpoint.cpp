@@ -22,9 +22,13 @@
 #include "moetron/train/checksum.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/trainer.h"
+#include "temp_dir.h"
 
 namespace moetron {
 namespace {
+
+using moetron::testing::error_of;
+using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
 
@@ -51,31 +55,6 @@ std::unique_ptr<Trainer> make_trainer(const ModelConfig& model, const TrainConfi
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
     return std::make_unique<Trainer>(model, c, std::move(loader));
-}
-
-class TempDir {
-  public:
-    TempDir() {
-        path_ = fs::temp_directory_path() /
-                ("moetron_ckpt_" + std::to_string(::getpid()) + "_" +
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    const fs::path& path() const { return path_; }
-
-  private:
-    fs::path path_;
-};
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 bool same_bits(const float* a, const float* b, int64_t n) {

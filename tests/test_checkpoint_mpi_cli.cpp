@@ -33,27 +33,15 @@
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/trainer.h"
+#include "temp_dir.h"
 
 namespace moetron {
 namespace {
 
+using moetron::testing::error_of;
+using moetron::testing::TempDir;
+
 namespace fs = std::filesystem;
-
-class TempDir {
-  public:
-    TempDir() {
-        path_ = fs::temp_directory_path() /
-                ("moetron_ckmpi_" + std::to_string(::getpid()) + "_" +
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    const fs::path& path() const { return path_; }
-
-  private:
-    fs::path path_;
-};
 
 std::string read_file(const fs::path& p) {
     std::ifstream f(p);

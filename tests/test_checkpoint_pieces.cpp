@@ -17,36 +17,15 @@
 #include "moetron/core/error.h"
 #include "moetron/train/checkpoint_pieces.h"
 #include "moetron/train/safetensors.h"
+#include "temp_dir.h"
 
 namespace moetron {
 namespace {
 
+using moetron::testing::error_of;
+using moetron::testing::TempDir;
+
 namespace fs = std::filesystem;
-
-class TempDir {
-  public:
-    TempDir() {
-        path_ = fs::temp_directory_path() /
-                ("moetron_pieces_" + std::to_string(::getpid()) + "_" +
-                 ::testing::UnitTest::GetInstance()->current_test_info()->name());
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    const fs::path& path() const { return path_; }
-
-  private:
-    fs::path path_;
-};
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
 
 // A model of two tensors: "w" (4, 3) trained, "bias" (4) not (no moments).
 std::vector<ParamEntry> model_entries() {

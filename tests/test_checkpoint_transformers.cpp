@@ -19,9 +19,13 @@
 #include "moetron/train/data_source.h"
 #include "moetron/train/hf_export.h"
 #include "moetron/train/trainer.h"
+#include "temp_dir.h"
 
 namespace moetron {
 namespace {
+
+using moetron::testing::error_of;
+using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
 
@@ -43,20 +47,6 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
                       c.val_fraction, c.seed);
     return std::make_unique<Trainer>(model, c, std::move(loader));
 }
-
-class TempDir {
-  public:
-    TempDir() {
-        path_ = fs::temp_directory_path() / ("moetron_cktf_" + std::to_string(::getpid()));
-        fs::remove_all(path_);
-        fs::create_directories(path_);
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    const fs::path& path() const { return path_; }
-
-  private:
-    fs::path path_;
-};
 
 std::string read_file(const fs::path& p) {
     std::ifstream f(p);

@@ -17,27 +17,15 @@
 #include "moetron/train/synthetic_data.h"
 #include "moetron/train/token_shard.h"
 #include "moetron/train/tokenizer.h"
+#include "temp_dir.h"
 
 namespace moetron {
 namespace {
 
+using moetron::testing::error_of;
+using moetron::testing::TempDir;
+
 namespace fs = std::filesystem;
-
-// A scratch directory per test, removed afterwards.
-class TempDir {
-  public:
-    TempDir() {
-        const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-        path_ = fs::temp_directory_path() / (std::string("moetron_") + info->test_suite_name() +
-                                             "_" + info->name() + "_" + std::to_string(::getpid()));
-        fs::create_directories(path_);
-    }
-    ~TempDir() { fs::remove_all(path_); }
-    std::string file(const std::string& name) const { return (path_ / name).string(); }
-
-  private:
-    fs::path path_;
-};
 
 void write_bytes(const std::string& path, const void* data, size_t bytes) {
     std::ofstream out(path, std::ios::binary);
@@ -57,15 +45,6 @@ void write_llmc(const std::string& path, int32_t magic, int32_t version,
     std::memcpy(bytes.data(), header.data(), header.size() * 4);
     std::memcpy(bytes.data() + header.size() * 4, tokens.data(), tokens.size() * sizeof(T));
     write_bytes(path, bytes.data(), bytes.size());
-}
-
-std::string error_of(const auto& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 #define EXPECT_CONTAINS(haystack, needle) \
