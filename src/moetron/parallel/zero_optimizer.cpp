@@ -1,7 +1,9 @@
 #include "moetron/parallel/zero_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "moetron/core/error.h"
 #include "moetron/kernels/cpu/adamw.h"
@@ -174,6 +176,13 @@ void DistributedAdamW::post_step(float* params, const float* grads, double lr) {
                               shard_v_.data() + s.state_offset + r.offset,
                               shard_grads + s.state_offset + r.offset, r.numel, hp);
         }
+#ifndef NDEBUG
+        // Debug builds: the bucket's parameters read as NaN until its gather lands, so that a read
+        // breaking the invariant (zero_optimizer.h) shows up as a non-finite loss, never as a
+        // silently stale value. The gather overwrites all of it (finish_param_gathers for padded
+        // buckets).
+        std::fill_n(params + bucket.offset, bucket.numel, std::numeric_limits<float>::quiet_NaN());
+#endif
         float* out = s.staging_offset >= 0 ? gather_staging_.data() + s.staging_offset
                                            : params + bucket.offset;
         gathers_[b] =
