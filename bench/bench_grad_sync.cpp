@@ -10,6 +10,10 @@
 // and comm_s: the same sync with no backward around it (every bucket ready at once, then
 // finish()): what it costs when nothing hides it. exposed fraction = exposed_s / comm_s; the
 // step-time view of the same: (step_s - step_s with no sync) / comm_s.
+// Also the optimizer state per rank by replica group (ZeRO-1 shards DP state over DP and the
+// routed experts' over EDP) against the replicated baseline, and gather_wait_s: with ZeRO-1, how
+// long the step still waited for the parameter all-gathers after the router bias update that
+// they overlap (slowest rank, median).
 //
 //   bench_grad_sync [--config PATH] [--layout L] [--batch B] [--seq S] [--steps N]
 //                   [--bucket-mb MB] [--zero1]
@@ -103,7 +107,7 @@ double median(std::vector<double> v) {
 }
 
 struct StepTimes {
-    double step_s = 0, exposed_s = 0, posted_early = 0;
+    double step_s = 0, exposed_s = 0, posted_early = 0, gather_wait_s = 0;
 };
 
 int run(const Options& o, Communicator& world) {
@@ -121,7 +125,7 @@ int run(const Options& o, Communicator& world) {
     const std::vector<parallel::ParamSpan> spans = model.param_spans();
     parallel::GradSyncOptions so;
     so.bucket_bytes = static_cast<int64_t>(o.bucket_mb * (1 << 20));
-    so.shard_data_parallel = o.zero1;
+    so.zero1 = o.zero1;
     // Two syncs over the same buffer and groups: overlapped and not.
     parallel::GradSync overlapped(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp,
                                   so);
@@ -155,9 +159,13 @@ int run(const Options& o, Communicator& world) {
         const double reached_finish_s = t.elapsed_s();
         if (sync != nullptr) sync->finish();
         opt.clip_gradients(model.grads());
-        opt.step(model.params(), model.grads(), 1e-4);
-        model.update_router_bias(1e-3f);
+        opt.post_step(model.params(), model.grads(), 1e-4);
+        model.update_router_bias(1e-3f);  // overlaps the parameter all-gathers (ZeRO-1)
+        const Timer gather;
+        opt.finish_param_gathers();
+        const double gather_wait_s = gather.elapsed_s();
         StepTimes s;
+        s.gather_wait_s = slowest(world, gather_wait_s);
         s.step_s = slowest(world, t.elapsed_s());
         if (sync != nullptr) {
             const parallel::GradSyncStats& st = sync->last_stats();
@@ -169,7 +177,7 @@ int run(const Options& o, Communicator& world) {
 
     step(&overlapped, opt_overlapped);  // warm-up: first touch, MPI connections
     step(&after, opt_after);
-    std::vector<double> step_on, step_off, step_none, exposed_on, exposed_off;
+    std::vector<double> step_on, step_off, step_none, exposed_on, exposed_off, gather_wait;
     double posted_early = 0;
     for (int i = 0; i < o.steps; ++i) {
         // Interleaved, so that drift in the machine's load hits every mode alike.
@@ -181,6 +189,7 @@ int run(const Options& o, Communicator& world) {
         step_off.push_back(off.step_s);
         exposed_off.push_back(off.exposed_s);
         step_none.push_back(none.step_s);
+        gather_wait.push_back(on.gather_wait_s);
         posted_early = on.posted_early;
     }
     // The sync alone: every bucket ready at once, nothing to hide behind.
@@ -221,6 +230,23 @@ int run(const Options& o, Communicator& world) {
             (median(step_on) - none_s) / comm_s, posted_early,
             static_cast<long long>(st.num_buckets));
         std::printf("  step time on / off: %.3f\n", median(step_on) / median(step_off));
+        // Optimizer state per rank (this rank's; ranks differ only by padding), and what the
+        // replicated baseline keeps: 2 moments per float of every bucket.
+        std::array<double, 2> replicated_mb{};
+        for (const parallel::GradBucket& b : overlapped.buckets().buckets())
+            replicated_mb[b.group == parallel::ReplicaGroup::data_parallel ? 0 : 1] +=
+                2.0 * static_cast<double>(b.numel) * sizeof(float) / (1 << 20);
+        auto state_mb = [&](parallel::ReplicaGroup g) {
+            return static_cast<double>(opt_overlapped.state_numel(g)) * sizeof(float) / (1 << 20);
+        };
+        std::printf(
+            "  optimizer state per rank: dp %.2f MB, edp %.2f MB (replicated: dp %.2f MB, edp "
+            "%.2f MB; dp %d, edp %d)\n",
+            state_mb(parallel::ReplicaGroup::data_parallel),
+            state_mb(parallel::ReplicaGroup::expert_data_parallel), replicated_mb[0],
+            replicated_mb[1], groups.dp->size(), groups.edp->size());
+        std::printf("  parameter all-gather wait after the bias update: %.4f s\n",
+                    median(gather_wait));
     }
     return 0;
 }

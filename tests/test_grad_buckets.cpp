@@ -89,34 +89,33 @@ TEST(GradBuckets, RunsSplitAtGroupAndFrozenBoundariesAndAtTheCap) {
     EXPECT_EQ(layout.first_bucket_ending_after(100), layout.buckets().size());
 }
 
+// ZeRO-1 shards both groups: the data-parallel buckets over dp, the expert buckets over edp.
 TEST(GradBuckets, ShardedBucketsCutOnMultiplesOfTheGroupAndOwnDisjointParts) {
     const auto spans = toy_spans();
     BucketOptions o;
-    o.bucket_numel = 10;  // rounded down to 9 for dp 3
-    o.shard_data_parallel = true;
+    o.bucket_numel = 10;  // rounded down to 9 for dp 3, kept at 10 for edp 2
+    o.zero1 = true;
     o.dp_size = 3;
     o.edp_size = 2;
     const GradBuckets layout(spans, 100, o);
     expect_tiles_trainable_floats(layout, spans, 10);
-    int64_t shard_offset = 0;
+    int64_t shard_offset = 0, edp_shard_numel = 0;
     for (const GradBucket& b : layout.buckets()) {
-        if (b.group == kEdp) {
-            EXPECT_FALSE(b.sharded);
-            EXPECT_EQ(b.group_size, 2);
-            continue;
-        }
+        const int g = b.group == kDp ? 3 : 2;
         ASSERT_TRUE(b.sharded);
-        EXPECT_EQ(b.group_size, 3);
+        EXPECT_EQ(b.group_size, g);
         EXPECT_EQ(b.shard_offset, shard_offset);
         shard_offset += b.shard_numel;
-        EXPECT_EQ(b.shard_numel, (b.numel + 2) / 3);
-        const bool last_of_run = b.offset + b.numel == 14 || b.offset + b.numel == 100;
+        if (b.group == kEdp) edp_shard_numel += b.shard_numel;
+        EXPECT_EQ(b.shard_numel, (b.numel + g - 1) / g);
+        const int64_t end = b.offset + b.numel;
+        const bool last_of_run = end == 14 || end == 56 || end == 100;
         if (!last_of_run) {
-            EXPECT_EQ(b.numel % 3, 0) << "bucket at " << b.offset;
+            EXPECT_EQ(b.numel % g, 0) << "bucket at " << b.offset;
         }
         // The owned parts tile the bucket, in rank order; their decay runs tile the owned part.
         int64_t next = 0;
-        for (int r = 0; r < 3; ++r) {
+        for (int r = 0; r < g; ++r) {
             EXPECT_EQ(b.owned_begin(r), std::min(next, b.numel));
             next = b.owned_end(r);
             int64_t owned = 0;
@@ -129,6 +128,8 @@ TEST(GradBuckets, ShardedBucketsCutOnMultiplesOfTheGroupAndOwnDisjointParts) {
         EXPECT_EQ(next, b.numel);
     }
     EXPECT_EQ(layout.shard_buffer_numel(), shard_offset);
+    // The 40 expert floats: 20 per edp rank, half of the replicated 40.
+    EXPECT_EQ(edp_shard_numel, 20);
     // dp run [0,14): buckets of 9 and 5 (5 pads to 6); dp run [56,100): 9*4 + 8 (pads to 9).
     const GradBucket& tail = layout.buckets()[1];
     EXPECT_EQ(tail.numel, 5);
@@ -149,7 +150,7 @@ TEST(GradBuckets, CutWhereTheCopiesOutsideTheGroupChange) {
         {0, 10, kDp, true, true, 2}, {10, 6, kDp, true, true, 1}, {16, 4, kDp, true, false, 1}};
     BucketOptions o;
     o.dp_size = 2;
-    o.shard_data_parallel = true;
+    o.zero1 = true;
     const GradBuckets layout(spans, 20, o);
     ASSERT_EQ(layout.buckets().size(), 2u);
     EXPECT_EQ(layout.buckets()[0].numel, 10);
@@ -177,7 +178,7 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
     parallel::LocalCommunicator dp("dp"), edp("edp");
     parallel::GradSyncOptions o;
     o.bucket_bytes = 16 * sizeof(float);
-    o.shard_data_parallel = true;
+    o.zero1 = true;
     parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
 
     sync.grads_ready(0, 100);  // not armed: ignored
@@ -243,7 +244,7 @@ TEST(DistributedAdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
         std::vector<float> grads(100);
         parallel::GradSyncOptions o;
         o.bucket_bytes = 12 * sizeof(float);
-        o.shard_data_parallel = sharded;
+        o.zero1 = sharded;
         parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
         parallel::DistributedAdamW opt(sync, world, config);
         for (int64_t step = 1; step <= 3; ++step) {
@@ -266,6 +267,35 @@ TEST(DistributedAdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
         EXPECT_EQ(params[14], ref_params[14]);                    // the frozen bias is untouched
         EXPECT_NE(params[0], testing::random_floats(100, 2)[0]);  // and the rest moved
     }
+}
+
+// post_step() leaves the parameter all-gathers in flight: until finish_param_gathers(), whatever
+// would read the parameters (the optimizer's own calls) refuses; afterwards the result is step()'s.
+TEST(DistributedAdamW, NothingReadsTheParametersWhileTheirGathersAreInFlight) {
+    const auto spans = toy_spans();
+    parallel::LocalCommunicator world("world"), dp("dp"), edp("edp");
+    std::vector<float> grads = testing::random_floats(100, 3);
+    const std::vector<float> start = testing::random_floats(100, 4);
+    parallel::GradSyncOptions o;
+    o.bucket_bytes = 12 * sizeof(float);
+    o.zero1 = true;
+    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
+    parallel::DistributedAdamW posted(sync, world, {}), whole(sync, world, {});
+    std::vector<float> a = start, b = start;
+    sync.arm();
+    sync.finish();
+    whole.step(b.data(), grads.data(), 1e-2);
+    EXPECT_FALSE(whole.params_in_flight());
+    posted.post_step(a.data(), grads.data(), 1e-2);
+    EXPECT_TRUE(posted.params_in_flight());
+    EXPECT_THROW(posted.clip_gradients(grads.data()), Error);
+    EXPECT_THROW(posted.post_step(a.data(), grads.data(), 1e-2), Error);
+    EXPECT_THROW(posted.moment_ranges(), Error);
+    posted.finish_param_gathers();
+    EXPECT_FALSE(posted.params_in_flight());
+    posted.finish_param_gathers();  // nothing in flight: a no-op
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(posted.step_count(), 1);
 }
 
 // ---- the model's side: readiness notifications and loss denominators ----

@@ -78,7 +78,7 @@ GradBuckets::GradBuckets(std::span<const ParamSpan> spans, int64_t num_params,
         const ReplicaGroup group = sorted[i].group;
         const int64_t run_begin = sorted[i].offset;
         const int64_t run_end = sorted[j - 1].offset + sorted[j - 1].numel;
-        const bool sharded = options.shard_data_parallel && group == ReplicaGroup::data_parallel;
+        const bool sharded = options.zero1;
         const int group_size =
             group == ReplicaGroup::data_parallel ? options.dp_size : options.edp_size;
         // Cuts inside a sharded run on multiples of the group size: only the last bucket pads.

@@ -11,11 +11,13 @@
 //  - Buckets are contiguous runs of the flat buffer, at most bucket_numel floats each (a run is
 //    cut where the group, trainability or copies_outside_group changes, and every bucket_numel
 //    floats).
-//  - Sharded buckets (ZeRO-1, data-parallel group only) are reduce-scattered: bucket of n floats
-//    over g ranks, shard size s = ceil(n / g); rank r owns floats [r*s, min((r+1)*s, n)) of the
-//    bucket. Cuts inside a run fall on multiples of g so that only a run's last bucket can need
-//    padding (n not a multiple of g); such a bucket goes through a staging copy of g*s floats.
-//  - Unsharded buckets are all-reduced in place.
+//  - With ZeRO-1 every bucket is sharded over its own group (data-parallel buckets over DP,
+//    expert buckets over EDP, as Megatron-Core's distributed optimizer shards expert state over
+//    the expert-data-parallel group) and reduce-scattered: bucket of n floats over g ranks, shard
+//    size s = ceil(n / g); rank r owns floats [r*s, min((r+1)*s, n)) of the bucket. Cuts inside a
+//    run fall on multiples of g so that only a run's last bucket can need padding (n not a multiple
+//    of g); such a bucket goes through a staging copy of g*s floats.
+//  - Without ZeRO-1 (the replicated baseline) every bucket is all-reduced in place.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +47,7 @@ struct ParamSpan {
 
 struct BucketOptions {
     int64_t bucket_numel = int64_t{1} << 20;  // floats per bucket at most (4 MiB)
-    bool shard_data_parallel = false;         // ZeRO-1: reduce-scatter the DP buckets
+    bool zero1 = false;  // ZeRO-1: shard every bucket over its group (DP buckets, EDP buckets)
     int dp_size = 1;
     int edp_size = 1;
 };

@@ -15,7 +15,7 @@ BucketOptions bucket_options(const GradSyncOptions& options, const Communicator&
              options.bucket_bytes);
     BucketOptions b;
     b.bucket_numel = options.bucket_bytes / static_cast<int64_t>(sizeof(float));
-    b.shard_data_parallel = options.shard_data_parallel;
+    b.zero1 = options.zero1;
     b.dp_size = dp.size();
     b.edp_size = edp.size();
     return b;

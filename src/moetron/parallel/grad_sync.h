@@ -3,9 +3,10 @@
 // bucket's collective is posted, asynchronously, as soon as its last float is final; finish()
 // posts whatever is left and waits for everything before the optimizer.
 //
-//   data-parallel buckets:        all-reduce (sum) in place over the DP group, or, sharded
-//                                 (ZeRO-1), reduce-scatter into this rank's shard buffer
-//   expert-data-parallel buckets: all-reduce (sum) in place over the EDP group
+//   data-parallel buckets:        over the DP group
+//   expert-data-parallel buckets: over the EDP group (routed experts)
+// each all-reduced (sum) in place, or, with ZeRO-1, reduce-scattered into this rank's shard
+// buffer (zero_optimizer.h updates the shard and all-gathers the parameters back).
 // A group of one rank moves nothing (a sharded bucket is then a copy into the shard buffer).
 //
 // The sum is the whole batch's gradient when each rank's micro-batches were normalized by the
@@ -27,7 +28,7 @@ namespace moetron::parallel {
 
 struct GradSyncOptions {
     int64_t bucket_bytes = int64_t{4} << 20;
-    bool shard_data_parallel = false;  // ZeRO-1: reduce-scatter the data-parallel gradients
+    bool zero1 = false;   // ZeRO-1: reduce-scatter the gradients of both groups (DP and EDP)
     bool overlap = true;  // false: post every bucket in finish(), after the backward (baseline)
 };
 

@@ -1,7 +1,9 @@
 #include "moetron/parallel/zero_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "moetron/core/error.h"
 #include "moetron/kernels/cpu/adamw.h"
@@ -61,7 +63,19 @@ int64_t DistributedAdamW::state_numel() const {
                                 replica_m_.size() + replica_v_.size());
 }
 
+int64_t DistributedAdamW::state_numel(ReplicaGroup group) const {
+    int64_t numel = 0;
+    for (const GradBucket& bucket : sync_.buckets().buckets()) {
+        if (bucket.group != group) continue;
+        numel += bucket.sharded ? 3 * bucket.shard_numel : 2 * bucket.numel;
+    }
+    return numel;
+}
+
 std::vector<DistributedAdamW::MomentRange> DistributedAdamW::moment_ranges() {
+    MT_CHECK(!params_in_flight(),
+             "[optimizer] moment_ranges() while the parameter all-gathers are in flight: call "
+             "finish_param_gathers() first (a checkpoint reads the parameters with the moments)");
     const std::vector<GradBucket>& buckets = sync_.buckets().buckets();
     std::vector<MomentRange> ranges;
     for (size_t b = 0; b < buckets.size(); ++b) {
@@ -78,6 +92,10 @@ std::vector<DistributedAdamW::MomentRange> DistributedAdamW::moment_ranges() {
 }
 
 double DistributedAdamW::clip_gradients(float* grads) {
+    MT_CHECK(!params_in_flight(),
+             "[optimizer] clip_gradients() while the last step's parameter all-gathers are in "
+             "flight: the forward read parameters still being gathered (call "
+             "finish_param_gathers() before the next forward)");
     const std::vector<GradBucket>& buckets = sync_.buckets().buckets();
     float* shard_grads = sync_.shard_grads();
     // This rank's part of the global sum of squares: each element of the global gradient counted
@@ -113,6 +131,15 @@ double DistributedAdamW::clip_gradients(float* grads) {
 }
 
 void DistributedAdamW::step(float* params, const float* grads, double lr) {
+    post_step(params, grads, lr);
+    finish_param_gathers();
+}
+
+void DistributedAdamW::post_step(float* params, const float* grads, double lr) {
+    MT_CHECK(!params_in_flight(),
+             "[optimizer] step {} posted while the parameter all-gathers of step {} are still in "
+             "flight (call finish_param_gathers() first)",
+             step_count_ + 1, step_count_);
     ++step_count_;
     cpu::AdamWParams hp{};
     hp.lr = static_cast<float>(lr);
@@ -149,20 +176,35 @@ void DistributedAdamW::step(float* params, const float* grads, double lr) {
                               shard_v_.data() + s.state_offset + r.offset,
                               shard_grads + s.state_offset + r.offset, r.numel, hp);
         }
+#ifndef NDEBUG
+        // Debug builds: the bucket's parameters read as NaN until its gather lands, so that a read
+        // breaking the invariant (zero_optimizer.h) shows up as a non-finite loss, never as a
+        // silently stale value. The gather overwrites all of it (finish_param_gathers for padded
+        // buckets).
+        std::fill_n(params + bucket.offset, bucket.numel, std::numeric_limits<float>::quiet_NaN());
+#endif
         float* out = s.staging_offset >= 0 ? gather_staging_.data() + s.staging_offset
                                            : params + bucket.offset;
         gathers_[b] =
             sync_.group(bucket.group)
                 .all_gather_async(out, p, static_cast<size_t>(bucket.shard_numel), DType::f32);
     }
+    gather_params_ = params;
+}
+
+void DistributedAdamW::finish_param_gathers() {
+    if (gather_params_ == nullptr) return;
+    const std::vector<GradBucket>& buckets = sync_.buckets().buckets();
     for (size_t b = 0; b < buckets.size(); ++b) {
         gathers_[b].wait();
         const BucketState& s = states_[b];
         if (s.staging_offset >= 0) {
-            std::memcpy(params + buckets[b].offset, gather_staging_.data() + s.staging_offset,
+            std::memcpy(gather_params_ + buckets[b].offset,
+                        gather_staging_.data() + s.staging_offset,
                         static_cast<size_t>(buckets[b].numel) * sizeof(float));
         }
     }
+    gather_params_ = nullptr;
 }
 
 }  // namespace moetron::parallel

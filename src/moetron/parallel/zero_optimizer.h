@@ -1,12 +1,19 @@
 // AdamW over gradients synchronized by a GradSync, with ZeRO-1 when the sync shards:
-//   sharded data-parallel buckets: this rank updates only the part it owns (its shard of the
-//     reduced gradient, fp32 copy of the parameters, first and second moments: 1/dp of each),
-//     then all-gathers the updated parameters back into every rank's full parameter buffer;
-//   unsharded buckets (plain data parallelism, and the routed experts, replicated over the EDP
-//     group): every replica applies the same update to its full copy.
+//   sharded buckets (ZeRO-1: data-parallel buckets over the DP group, routed-expert buckets over
+//     the EDP group): this rank updates only the part it owns (its shard of the reduced gradient,
+//     fp32 copy of the parameters, first and second moments: 1/group of each), then all-gathers
+//     the updated parameters back into every rank's full parameter buffer over that group;
+//   unsharded buckets (--no-zero1, the replicated baseline): every replica applies the same
+//     update to its full copy.
 // The math is kernels/cpu/adamw.h's, with train/optimizer.h's conventions (decoupled weight decay
 // where the parameter asks for it, non-trainable parameters untouched, bias correction from a
 // 1-based step count), so one rank and N ranks update alike.
+//
+// The parameter all-gathers are posted per bucket, all of them before any is waited for, so they
+// overlap each other and whatever the caller does next (post_step(), then finish_param_gathers()).
+// Invariant: while gathers are in flight (params_in_flight()), no float of a sharded bucket's
+// parameters may be read or written: not by the forward, an evaluation, a checkpoint, nor this
+// optimizer (clip_gradients, post_step and moment_ranges check it and throw).
 //
 // Gradient clipping uses the norm of the whole (global) gradient: each rank adds the squares of
 // what it alone holds (its shard; or, for a replicated bucket, its copy divided by the number of
@@ -41,12 +48,23 @@ class DistributedAdamW {
     // sync reduced in place (its sharded buckets' results are in sync.shard_grads()).
     double clip_gradients(float* grads);
     // One AdamW step at learning rate lr: updates what this rank owns, then all-gathers the
-    // sharded buckets into params (a collective over the DP group).
+    // sharded buckets into params (collectives over the DP and EDP groups) and waits for them:
+    // post_step() then finish_param_gathers().
     void step(float* params, const float* grads, double lr);
+    // The same step, returning with the sharded buckets' all-gathers in flight (posted in bucket
+    // order, every one before any wait). params must stay untouched until finish_param_gathers().
+    void post_step(float* params, const float* grads, double lr);
+    // Waits for the gathers post_step() posted and copies the padded buckets out of their
+    // staging; params is then whole again. Does nothing when none is in flight.
+    void finish_param_gathers();
+    bool params_in_flight() const { return gather_params_ != nullptr; }
 
     int64_t step_count() const { return step_count_; }
     // Floats of optimizer state this rank keeps (moments, and the fp32 shard of parameters).
     int64_t state_numel() const;
+    // The part of it that serves the buckets of one group (ZeRO-1: 3 floats per owned float of a
+    // shard, padding included; replicated: the 2 moments per float of the bucket).
+    int64_t state_numel(ReplicaGroup group) const;
 
     // The moments this rank keeps, by range of the flat parameter buffer: one range per bucket
     // (a ZeRO-1 shard: the owned part only; ranks that own nothing of a padded bucket get none).
@@ -81,6 +99,7 @@ class DistributedAdamW {
     std::vector<float> replica_m_, replica_v_;             // unsharded buckets, back to back
     std::vector<float> gather_staging_;
     std::vector<CollectiveHandle> gathers_;
+    float* gather_params_ = nullptr;  // the buffer the gathers in flight write; null when none
     int64_t step_count_ = 0;
 };
 

@@ -4,8 +4,8 @@
 //
 // Who writes what: a rank writes the pieces it alone is responsible for, by the optimizer's
 // buckets (parallel/zero_optimizer.h's moment ranges): the parameters and both moments of its
-// ZeRO-1 shards; of a replicated bucket (--no-zero1, and the routed experts, replicated over the
-// expert-data-parallel group) the first rank of the bucket's group writes the whole bucket; a
+// ZeRO-1 shards (the routed experts' sharded over the expert-data-parallel group); of a replicated
+// bucket (--no-zero1) the first rank of the bucket's group writes the whole bucket; a
 // tensor without moments (the router correction bias) is written by the first rank of its
 // replica group. Under tensor parallelism each TP rank writes its shard of a split tensor (as
 // blocks of the global tensor, checkpoint_pieces.h), and a tensor every TP rank holds whole is

@@ -136,7 +136,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
         first_rank_row_ = groups_.dp->rank() * rank_rows_;
         parallel::GradSyncOptions so;
         so.bucket_bytes = static_cast<int64_t>(parallel.bucket_mb * 1024.0 * 1024.0);
-        so.shard_data_parallel = parallel.zero1;
+        so.zero1 = parallel.zero1;
         so.overlap = parallel.overlap;
         const std::vector<parallel::ParamSpan> spans = model_->param_spans();
         sync_ = std::make_unique<parallel::GradSync>(spans, model_->num_params(), model_->grads(),
@@ -243,8 +243,10 @@ StepRecord Trainer::step() {
     consecutive_skipped_ = 0;
     {
         const TraceScope scope(&trace_, "optimizer");
+        // Returns with the parameter all-gathers in flight; they are waited for at the end of
+        // the step (below), so no parameter is read before they land.
         if (dist_optimizer_ != nullptr)
-            dist_optimizer_->step(model_->params(), model_->grads(), r.lr);
+            dist_optimizer_->post_step(model_->params(), model_->grads(), r.lr);
         else
             optimizer_->step(model_->params(), model_->grads(), r.lr);
     }
@@ -260,6 +262,12 @@ StepRecord Trainer::step() {
     r.expert_load_min_over_mean = load.min_over_mean;
     timer.reset();
     model_->update_router_bias(static_cast<float>(config_.bias_update_speed));
+    if (dist_optimizer_ != nullptr) {
+        // The router bias is not trainable, so no gather writes it; the parameters are whole
+        // again before step() returns (the next forward, an evaluation or a checkpoint).
+        const TraceScope scope(&trace_, "parameter all-gather wait");
+        dist_optimizer_->finish_param_gathers();
+    }
     compute_s += timer.elapsed_s();
 
     // Where the step's time went on this rank (blocked time from the traced groups).

@@ -62,7 +62,7 @@ struct TrainParallel {
     std::string layout;                       // as parse_layout: "dp4", "ep2", "dp4.ep2", ...
     int domain_size = 0;                      // ranks per scale-up domain (0: one domain)
     double bucket_mb = 4.0;                   // gradient-sync bucket size in MiB
-    bool zero1 = true;    // shard the optimizer state over the data-parallel group
+    bool zero1 = true;    // shard the optimizer state (DP over DP, routed experts over EDP)
     bool overlap = true;  // post gradient buckets during the backward
     // How the MoE all-to-all crosses domains (--dispatch; parallel/expert_dispatcher.h).
     parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
