@@ -343,8 +343,9 @@ void register_train(CLI::App& app) {
                     "final during the backward)")
         ->check(CLI::PositiveNumber);
     cmd->add_flag("--no-zero1", o->no_zero1,
-                  "replicate the optimizer state on every data-parallel rank (all-reduce) "
-                  "instead of sharding it (ZeRO-1: reduce-scatter and all-gather)");
+                  "replicate the optimizer state on every data-parallel rank, and the experts' on "
+                  "every expert-data-parallel rank (all-reduce), instead of sharding it over those "
+                  "groups (ZeRO-1: reduce-scatter and all-gather)");
     cmd->add_flag("--no-overlap", o->no_overlap,
                   "post the gradient sync after the backward instead of during it");
     cmd->add_option("--trace", o->trace_path,
