@@ -252,6 +252,7 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
     begin_combine(halves[0]);
     if (num_halves == 2) {
         dispatch.finish(halves[1].slot);
+        dispatch.post_next_hop(halves[0].slot);  // two_tier: A's combine crosses the rail now
         experts_forward(saved, w, halves[1], El, D, F);
         begin_combine(halves[1]);
     }
@@ -325,6 +326,7 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     begin_dispatch_backward(halves[0]);
     if (num_halves == 2) {
         dispatch.finish(halves[1].slot);
+        dispatch.post_next_hop(halves[0].slot);  // two_tier: A's gradients cross the rail now
         experts_backward(grads, saved, w, scratch, halves[1], El, D, F);
         begin_dispatch_backward(halves[1]);
     }

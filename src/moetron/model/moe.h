@@ -63,8 +63,10 @@ struct ExpertShard {
 //                       combine A | experts B; combine B
 //             backward: combine' A | shared experts'; combine' B | experts' A;
 //                       dispatch' A | experts' B; dispatch' B
-//           (x | y: x's all-to-all in flight while y computes). The expert weight gradients sum
-//           over A's rows, then B's: equal to off within float rounding, not bit for bit.
+//           (x | y: x's all-to-all in flight while y computes; with two_tier, A's combine and
+//           dispatch' post their second hop, the rail, before B's experts, so it flies too). The
+//           expert weight gradients sum over A's rows, then B's: equal to off within float
+//           rounding, not bit for bit.
 enum class MoeOverlap { off, shared, dual };
 MoeOverlap parse_moe_overlap(std::string_view name);  // "off" | "shared" | "dual"; throws otherwise
 std::string_view moe_overlap_name(MoeOverlap overlap);

@@ -632,6 +632,10 @@ void Route::finish(RouteTransfer& t) const {
     while (t.in_flight()) advance(t);
 }
 
+void Route::post_next(RouteTransfer& t) const {
+    if (t.in_flight() && t.step_ + 1 < t.num_steps(hops_.size())) advance(t);
+}
+
 void Route::to_experts(float* expert_rows, const float* token_rows, bool weighted,
                        RouteBuffer& buffer, std::span<Communicator* const> groups) const {
     RouteTransfer t;

@@ -239,6 +239,9 @@ class RouteTransfer {
     RouteTransfer& operator=(const RouteTransfer&) = delete;
     ~RouteTransfer();
     bool in_flight() const { return movement_ != Movement::none; }
+    int num_steps(size_t num_hops) const {  // collectives of the movement in flight
+        return static_cast<int>(movement_ == Movement::combine_grads ? 2 * num_hops : num_hops);
+    }
 
   private:
     friend class Route;
@@ -302,6 +305,10 @@ class Route {
     void advance(RouteTransfer& t) const;
     // Advances until the movement is complete (nothing when none is in flight).
     void finish(RouteTransfer& t) const;
+    // Advances when the collective in flight is not the movement's last (two_tier's first hop of
+    // a combine: its second, the slow rail, then flies while the caller computes); else nothing,
+    // so that a one-hop movement keeps flying.
+    void post_next(RouteTransfer& t) const;
 
     // Throws when the buffer or the groups do not fit this route.
     void check(const RouteBuffer& buffer, std::span<Communicator* const> groups,

@@ -113,6 +113,7 @@ class LocalDispatcher final : public ExpertDispatcher {
         add_token_sums(dinp, dexpert_inp, nullptr, s);
     }
     void finish(int64_t slot) override { at(slot); }
+    void post_next_hop(int64_t slot) override { at(slot); }
 
   private:
     struct Slot {
@@ -232,6 +233,7 @@ class RoutedDispatcher final : public ExpertDispatcher {
                                  buffer_of(slot), groups_);
     }
     void finish(int64_t slot) override { at(slot).finish(transfer(slot)); }
+    void post_next_hop(int64_t slot) override { at(slot).post_next(transfer(slot)); }
 
     DispatchStats stats() const override {
         DispatchStats s = stats_;

@@ -140,6 +140,9 @@ class ExpertDispatcher {
                                          bool accumulate) = 0;
     // Completes slot's movement in flight (nothing when none is).
     virtual void finish(int64_t slot) = 0;
+    // When slot's movement has a collective after the one in flight (two_tier's second hop),
+    // waits for this one and posts the next, which then flies until finish; else nothing.
+    virtual void post_next_hop(int64_t slot) = 0;
 
     virtual DispatchStats stats() const { return {}; }
     virtual void reset_stats() {}
