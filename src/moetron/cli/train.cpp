@@ -57,6 +57,7 @@ struct TrainOptions {
     std::string layout;
     int domain_size = 0;
     std::string dispatch = "flat";
+    std::string moe_overlap = "off";
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -148,6 +149,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.layout = o.layout;
     parallel.domain_size = o.domain_size;
     parallel.dispatch = parallel::parse_dispatch_kind(o.dispatch);
+    parallel.moe_overlap = parse_moe_overlap(o.moe_overlap);
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap;
@@ -193,7 +195,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                      static_cast<long long>(config.batch_size / trainer.topology().dp),
                      static_cast<long long>(config.batch_size));
         if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
-            std::fprintf(out, "        experts: %s\n", d->description().c_str());
+            std::fprintf(out, "        experts: %s; MoE overlap %s\n", d->description().c_str(),
+                         std::string(moe_overlap_name(parallel.moe_overlap)).c_str());
     }
     std::fprintf(
         out,
@@ -335,6 +338,11 @@ void register_train(CLI::App& app) {
                     "rank) or two_tier (once per destination domain over the rail, then inside "
                     "the domain; needs ep a multiple of --domain-size)")
         ->check(CLI::IsMember({"flat", "two_tier"}));
+    cmd->add_option("--moe-overlap", o->moe_overlap,
+                    "how each MoE layer hides its all-to-all: off, shared (the shared experts "
+                    "compute while the dispatch flies) or dual (also two half micro-batches, one "
+                    "half's all-to-all in flight while the other's experts compute)")
+        ->check(CLI::IsMember({"off", "shared", "dual"}));
     cmd->add_option("--comm-timeout-s", o->comm_timeout_s,
                     "a collective waiting longer than this ends the job with an error naming it")
         ->check(CLI::PositiveNumber);

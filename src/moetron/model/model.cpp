@@ -367,7 +367,9 @@ struct Model::Impl {
             dc.top_k = c.num_experts_per_tok;
             dc.hidden = c.hidden_size;
             dc.max_tokens = r.batch_size * r.seq_len;
-            dc.num_slots = num_moe_slots(c);
+            const bool dual = par.moe_overlap == MoeOverlap::dual;
+            dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
+            dc.num_buffers = dual ? 2 : 1;
             dc.recv_capacity_rows = par.dispatch_capacity_rows;
             dc.kind = par.dispatch;
             dc.domain_size = par.domain_size;
@@ -400,7 +402,10 @@ struct Model::Impl {
         if (!bp.is_moe) return -1;
         const auto slot = static_cast<int64_t>(slot_bias.size());
         ba.moe.dispatcher = dispatcher.get();
-        ba.moe.dispatch_slot = slot;
+        ba.moe.overlap = parallel.moe_overlap;
+        const bool dual = parallel.moe_overlap == MoeOverlap::dual;
+        ba.moe.dispatch_slot = dual ? 2 * slot : slot;  // dual: slots 2l and 2l+1, buffers 0 and 1
+        ba.moe.dispatch_slot_b = dual ? 2 * slot + 1 : -1;
         slot_bias.push_back(bp.moe.correction_bias);
         slot_topk_ids.push_back(ba.moe.topk_ids);
         load_counts.emplace_back(static_cast<size_t>(config.n_routed_experts), 0);

@@ -64,6 +64,9 @@ struct ModelParallel {
     // ep_domain). two_tier needs n_group to be a multiple of the EP domains (domain-limited
     // routing: each router group's experts in one domain).
     parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
+    // How each MoE layer hides its all-to-all (moe.h); dual gives every layer two dispatcher
+    // slots and the dispatcher two exchange buffers.
+    MoeOverlap moe_overlap = MoeOverlap::off;
     int64_t domain_size = 0;
     parallel::Communicator* ep_rail = nullptr;
     parallel::Communicator* ep_domain = nullptr;

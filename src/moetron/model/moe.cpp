@@ -48,6 +48,73 @@ parallel::ExpertDispatcher& dispatcher_of(const MoeActivations& saved, int64_t e
     return d;
 }
 
+// The token rows [first, first + count) that one routing (dispatcher slot) sends to the experts,
+// and where its rows start on the expert side: the whole share of the rank, or one half of it.
+struct TokenHalf {
+    int64_t first = 0, count = 0;
+    int64_t slot = 0;
+    int64_t expert_row = 0;  // first expert-side row of this half (after the previous half's)
+    int64_t num_rows = 0;    // R of this half
+    const int64_t* offsets = nullptr;
+};
+
+// The halves of `own`: one, or two with the dual overlap (A gets the odd token).
+int split_halves(TokenHalf* halves, const MoeActivations& saved, parallel::RowRange own) {
+    if (saved.overlap != MoeOverlap::dual) {
+        halves[0] = {own.first, own.count, saved.dispatch_slot};
+        return 1;
+    }
+    MT_CHECK(saved.dispatch_slot_b >= 0, "[moe] the dual overlap needs a second dispatch slot");
+    const int64_t a = (own.count + 1) / 2;
+    halves[0] = {own.first, a, saved.dispatch_slot};
+    halves[1] = {own.first + a, own.count - a, saved.dispatch_slot_b};
+    return 2;
+}
+
+// After routing: each half's expert-side rows, packed one after the other.
+void place_halves(TokenHalf* halves, int num_halves, const parallel::ExpertDispatcher& dispatch,
+                  int64_t expert_rows) {
+    int64_t row = 0;
+    for (int i = 0; i < num_halves; ++i) {
+        halves[i].expert_row = row;
+        halves[i].num_rows = dispatch.num_expert_rows(halves[i].slot);
+        halves[i].offsets = dispatch.expert_offsets(halves[i].slot).data();
+        row += halves[i].num_rows;
+    }
+    MT_CHECK(row <= expert_rows,
+             "[moe] the two halves' routings bring {} expert rows, but the layer holds {}; raise "
+             "the dispatch capacity or use --moe-overlap shared",
+             row, expert_rows);
+}
+
+// The routed experts of one half: one grouped SwiGLU over its rows.
+void experts_forward(const MoeActivations& saved, const MoeParams& w, const TokenHalf& h,
+                     int64_t El, int64_t D, int64_t F) {
+    const int64_t r = h.expert_row;
+    cpu::grouped_linear_forward(saved.expert_gate_up + r * 2 * F, saved.permuted + r * D,
+                                w.experts_gate_up, h.offsets, El, D, 2 * F);
+    cpu::swiglu_forward(saved.expert_hidden + r * F, saved.expert_gate_up + r * 2 * F, h.num_rows,
+                        F);
+    cpu::grouped_linear_forward(saved.expert_out + r * D, saved.expert_hidden + r * F,
+                                w.experts_down, h.offsets, El, F, D);
+}
+
+// Its backward: scratch.d_expert_out (the half's rows) in, the inputs' gradient written over it
+// (d_expert_out is free again once d_expert_hidden exists).
+void experts_backward(const MoeParams& grads, const MoeActivations& saved, const MoeParams& w,
+                      const MoeScratch& scratch, const TokenHalf& h, int64_t El, int64_t D,
+                      int64_t F) {
+    const int64_t r = h.expert_row;
+    float* d_out = scratch.d_expert_out + r * D;
+    float* d_hidden = scratch.d_expert_hidden + r * F;
+    float* d_gate_up = scratch.d_expert_gate_up + r * 2 * F;
+    cpu::grouped_linear_backward(d_hidden, grads.experts_down, d_out, saved.expert_hidden + r * F,
+                                 w.experts_down, h.offsets, El, F, D);
+    cpu::swiglu_backward(d_gate_up, d_hidden, saved.expert_gate_up + r * 2 * F, h.num_rows, F);
+    cpu::grouped_linear_backward(d_out, grads.experts_gate_up, d_gate_up, saved.permuted + r * D,
+                                 w.experts_gate_up, h.offsets, El, D, 2 * F);
+}
+
 // Zeroes the rows of x (N, D) outside `own`: other TP ranks fill them, and the caller sums over TP.
 void zero_other_rows(float* x, parallel::RowRange own, int64_t num_rows, int64_t dim) {
     std::fill(x, x + own.first * dim, 0.0f);
@@ -55,6 +122,25 @@ void zero_other_rows(float* x, parallel::RowRange own, int64_t num_rows, int64_t
 }
 
 }  // namespace
+
+MoeOverlap parse_moe_overlap(std::string_view name) {
+    if (name == "off") return MoeOverlap::off;
+    if (name == "shared") return MoeOverlap::shared;
+    if (name == "dual") return MoeOverlap::dual;
+    MT_THROW("[moe] unknown MoE overlap '{}'; use off, shared or dual", name);
+}
+
+std::string_view moe_overlap_name(MoeOverlap overlap) {
+    switch (overlap) {
+        case MoeOverlap::shared:
+            return "shared";
+        case MoeOverlap::dual:
+            return "dual";
+        case MoeOverlap::off:
+            break;
+    }
+    return "off";
+}
 
 int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size) {
     return c.n_shared_experts * c.moe_intermediate_size / tp_size;
@@ -129,29 +215,49 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
     }
 
     // Routed experts: the copies go to their experts' ranks sorted by local expert, one grouped
-    // SwiGLU there, and come back summed with their weights.
+    // SwiGLU there, and come back summed with their weights. With overlap, each all-to-all is
+    // begun, computation that does not need it runs, then it is finished (MoeOverlap).
     const int64_t El = w.experts.local_experts(E);
-    parallel::ExpertDispatcher& dispatch =
-        dispatcher_of(saved, expert_side_rows(saved.expert_rows, n, K), El);
-    const int64_t slot = saved.dispatch_slot;
-    dispatch.route(slot, saved.topk_ids + own.first * K, saved.topk_weights + own.first * K,
-                   own.count);
-    const int64_t R = dispatch.num_expert_rows(slot);
-    const int64_t* offsets = dispatch.expert_offsets(slot).data();
-    dispatch.dispatch_forward(slot, saved.permuted, inp + own.first * D);
-    cpu::grouped_linear_forward(saved.expert_gate_up, saved.permuted, w.experts_gate_up, offsets,
-                                El, D, 2 * F);
-    cpu::swiglu_forward(saved.expert_hidden, saved.expert_gate_up, R, F);
-    cpu::grouped_linear_forward(saved.expert_out, saved.expert_hidden, w.experts_down, offsets, El,
-                                F, D);
-    if (tp.enabled()) zero_other_rows(out, own, n, D);
-    dispatch.combine_forward(slot, out + own.first * D, saved.expert_out,
-                             saved.topk_weights + own.first * K);
-
-    // Shared experts see every token (eq. 12).
-    if (c.n_shared_experts > 0)
+    const int64_t expert_rows = expert_side_rows(saved.expert_rows, n, K);
+    parallel::ExpertDispatcher& dispatch = dispatcher_of(saved, expert_rows, El);
+    TokenHalf halves[2];
+    const int num_halves = split_halves(halves, saved, own);
+    for (int i = 0; i < num_halves; ++i)
+        dispatch.route(halves[i].slot, saved.topk_ids + halves[i].first * K,
+                       saved.topk_weights + halves[i].first * K, halves[i].count);
+    place_halves(halves, num_halves, dispatch, expert_rows);
+    // Shared experts see every token (eq. 12); computed first they write out, else they add.
+    const bool has_shared = c.n_shared_experts > 0;
+    const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
+    auto shared_experts = [&](bool accumulate) {
         mlp_forward(out, saved.shared, inp, w.shared, n, D, shared_expert_ffn_dim(c, tp.size()),
-                    true);
+                    accumulate);
+    };
+    auto begin_dispatch = [&](const TokenHalf& h) {
+        dispatch.dispatch_forward_begin(h.slot, saved.permuted + h.expert_row * D,
+                                        inp + h.first * D);
+    };
+    auto begin_combine = [&](const TokenHalf& h) {
+        dispatch.combine_forward_begin(h.slot, out + h.first * D,
+                                       saved.expert_out + h.expert_row * D,
+                                       saved.topk_weights + h.first * K, shared_first);
+    };
+    if (tp.enabled() && !shared_first) zero_other_rows(out, own, n, D);
+
+    begin_dispatch(halves[0]);
+    if (shared_first) shared_experts(/*accumulate=*/false);
+    dispatch.finish(halves[0].slot);
+    if (num_halves == 2) begin_dispatch(halves[1]);
+    experts_forward(saved, w, halves[0], El, D, F);
+    begin_combine(halves[0]);
+    if (num_halves == 2) {
+        dispatch.finish(halves[1].slot);
+        dispatch.post_next_hop(halves[0].slot);  // two_tier: A's combine crosses the rail now
+        experts_forward(saved, w, halves[1], El, D, F);
+        begin_combine(halves[1]);
+    }
+    for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
+    if (has_shared && !shared_first) shared_experts(/*accumulate=*/true);
 
     if (balance_alpha == 0.0f) return 0.0;
     // Sequence-wise balance loss (eq. 17-20).
@@ -187,30 +293,48 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     const parallel::RowRange own = tp.row_share(n, "tokens of the MoE layer's micro-batch");
 
     // Routed experts, in reverse: combine's backward sends the output gradients to the experts'
-    // ranks, dispatch's brings the input gradients back. d_expert_out is free again once
-    // d_expert_hidden exists, so it takes the gradient of the permuted inputs.
+    // ranks, dispatch's brings the input gradients back; overlapped as in the forward.
     const int64_t El = w.experts.local_experts(E);
-    parallel::ExpertDispatcher& dispatch =
-        dispatcher_of(saved, expert_side_rows(saved.expert_rows, n, K), El);
-    const int64_t slot = saved.dispatch_slot;
-    const int64_t R = dispatch.num_expert_rows(slot);
-    const int64_t* offsets = dispatch.expert_offsets(slot).data();
+    const int64_t expert_rows = expert_side_rows(saved.expert_rows, n, K);
+    parallel::ExpertDispatcher& dispatch = dispatcher_of(saved, expert_rows, El);
+    TokenHalf halves[2];
+    const int num_halves = split_halves(halves, saved, own);
+    place_halves(halves, num_halves, dispatch, expert_rows);
     float* d_topk_own = tp.enabled() ? scratch.d_topk_weights_own : scratch.d_topk_weights;
-    dispatch.combine_backward(slot, scratch.d_expert_out, d_topk_own, dout + own.first * D,
-                              saved.topk_weights + own.first * K, saved.expert_out);
-    cpu::grouped_linear_backward(scratch.d_expert_hidden, grads.experts_down, scratch.d_expert_out,
-                                 saved.expert_hidden, w.experts_down, offsets, El, F, D);
-    cpu::swiglu_backward(scratch.d_expert_gate_up, scratch.d_expert_hidden, saved.expert_gate_up, R,
-                         F);
-    float* d_permuted = scratch.d_expert_out;
-    cpu::grouped_linear_backward(d_permuted, grads.experts_gate_up, scratch.d_expert_gate_up,
-                                 saved.permuted, w.experts_gate_up, offsets, El, D, 2 * F);
-    dispatch.dispatch_backward(slot, dinp + own.first * D, d_permuted);
-    if (tp.enabled()) zero_other_rows(dinp, own, n, D);
-
-    if (c.n_shared_experts > 0)
+    const bool has_shared = c.n_shared_experts > 0;
+    const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
+    auto shared_experts = [&](bool accumulate) {
         mlp_backward(dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch, n, D,
-                     shared_expert_ffn_dim(c, tp.size()), true);
+                     shared_expert_ffn_dim(c, tp.size()), accumulate);
+    };
+    auto begin_combine_backward = [&](const TokenHalf& h) {
+        const int64_t t = h.first - own.first;  // the half's first row in the rank's share
+        dispatch.combine_backward_begin(
+            h.slot, scratch.d_expert_out + h.expert_row * D, d_topk_own + t * K, dout + h.first * D,
+            saved.topk_weights + h.first * K, saved.expert_out + h.expert_row * D);
+    };
+    auto begin_dispatch_backward = [&](const TokenHalf& h) {
+        dispatch.dispatch_backward_begin(h.slot, dinp + h.first * D,
+                                         scratch.d_expert_out + h.expert_row * D, shared_first);
+    };
+
+    begin_combine_backward(halves[0]);
+    if (shared_first) shared_experts(/*accumulate=*/false);
+    dispatch.finish(halves[0].slot);
+    if (num_halves == 2) begin_combine_backward(halves[1]);
+    experts_backward(grads, saved, w, scratch, halves[0], El, D, F);
+    begin_dispatch_backward(halves[0]);
+    if (num_halves == 2) {
+        dispatch.finish(halves[1].slot);
+        dispatch.post_next_hop(halves[0].slot);  // two_tier: A's gradients cross the rail now
+        experts_backward(grads, saved, w, scratch, halves[1], El, D, F);
+        begin_dispatch_backward(halves[1]);
+    }
+    for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
+    if (!shared_first) {
+        if (tp.enabled()) zero_other_rows(dinp, own, n, D);
+        if (has_shared) shared_experts(/*accumulate=*/true);
+    }
     // Every rank runs the router's backward on all N tokens, so it needs every rank's share.
     tp.all_gather(scratch.d_topk_weights, d_topk_own, own.count * K);
 

@@ -50,6 +50,27 @@ struct ExpertShard {
     int64_t local_experts(int64_t num_experts) const { return count > 0 ? count : num_experts; }
 };
 
+// How a MoE layer hides its all-to-all behind computation (--moe-overlap; the results are the
+// same rows exchanged and the same sums taken, only in another order):
+//   off:    each data movement blocks; the shared experts run after the combine.
+//   shared: the shared experts compute while the dispatch flies (forward), and their backward while
+//           combine's backward flies; they write the output first and the combine adds to it.
+//   dual:   as shared, and the layer's tokens split in two halves A and B, each with its own
+//           routing (dispatcher slot and exchange buffer), so that one half's all-to-all flies
+//           while the other half's experts compute (DeepSeek-V3 sec. 3.2.2's dual micro-batch
+//           overlap, inside one layer):
+//             forward:  route A, B; dispatch A | shared experts; dispatch B | experts A;
+//                       combine A | experts B; combine B
+//             backward: combine' A | shared experts'; combine' B | experts' A;
+//                       dispatch' A | experts' B; dispatch' B
+//           (x | y: x's all-to-all in flight while y computes; with two_tier, A's combine and
+//           dispatch' post their second hop, the rail, before B's experts, so it flies too). The
+//           expert weight gradients sum over A's rows, then B's: equal to off within float
+//           rounding, not bit for bit.
+enum class MoeOverlap { off, shared, dual };
+MoeOverlap parse_moe_overlap(std::string_view name);  // "off" | "shared" | "dual"; throws otherwise
+std::string_view moe_overlap_name(MoeOverlap overlap);
+
 // Letters: E experts, El local experts (E without expert parallelism), K experts per token,
 // F = moe_intermediate_size, Fs = n_shared_experts * F (this rank's Fs / tp under tensor
 // parallelism), R rows on the expert side (N*K without expert parallelism).
@@ -73,6 +94,8 @@ struct MoeActivations {
     // keeps the layer's routing from the forward to the backward.
     parallel::ExpertDispatcher* dispatcher = nullptr;
     int64_t dispatch_slot = 0;
+    MoeOverlap overlap = MoeOverlap::off;
+    int64_t dispatch_slot_b = -1;  // dual: the second half's slot (its own exchange buffer)
 
     float* scores = nullptr;          // (N, E) sigmoid scores s
     int32_t* topk_ids = nullptr;      // (N, K) chosen experts (global ids)

@@ -216,8 +216,8 @@ float* Hop::slot_row(int32_t slot, float* send, float* recv, int64_t w) const {
         slot_row(slot, static_cast<const float*>(send), static_cast<const float*>(recv), w));
 }
 
-void Hop::fan_out(float* recv, float* send, const float* input, Payload payload,
-                  Communicator& group, DispatchBytes& bytes) const {
+CollectiveHandle Hop::fan_out(float* recv, float* send, const float* input, Payload payload,
+                              Communicator& group, DispatchBytes& bytes) const {
     check_group(group, "dispatch");
     const int64_t w = width(payload);
     const size_t row_bytes = static_cast<size_t>(w) * sizeof(float);
@@ -226,24 +226,37 @@ void Hop::fan_out(float* recv, float* send, const float* input, Payload payload,
         for (int32_t s = input_slot_begin_[i]; s < input_slot_begin_[i + 1]; ++s)
             std::memcpy(slot_row(input_slots_[s], send, recv, w), input + i * w, row_bytes);
     const PeerCounts& c = counts_[static_cast<int>(payload)];
-    group.all_to_all_v(recv, c.recv_counts, c.recv_displs, send, c.send_counts, c.send_displs);
     count_sent(c.send_counts, bytes);
+    return group.all_to_all_v_async(recv, c.recv_counts, c.recv_displs, send, c.send_counts,
+                                    c.send_displs, DType::f32);
 }
 
-void Hop::fan_in(float* input, float* send, const float* recv, Payload payload, Communicator& group,
-                 DispatchBytes& bytes) const {
+CollectiveHandle Hop::fan_in_post(float* send, const float* recv, Payload payload,
+                                  Communicator& group, DispatchBytes& bytes) const {
     check_group(group, "combine");
-    const int64_t w = width(payload);
     const PeerCounts& c = counts_[static_cast<int>(payload)];
-    group.all_to_all_v(send, c.send_counts, c.send_displs, recv, c.recv_counts, c.recv_displs);
     count_sent(c.recv_counts, bytes);
+    return group.all_to_all_v_async(send, c.send_counts, c.send_displs, recv, c.recv_counts,
+                                    c.recv_displs, DType::f32);
+}
+
+void Hop::fan_in_sum(float* input, const float* send, const float* recv, Payload payload,
+                     bool accumulate) const {
+    const int64_t w = width(payload);
+    constexpr int64_t kBlock = 64;  // floats summed at once: the sum stays in registers
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < num_inputs_; ++i) {
         float* dst = input + i * w;
-        std::fill(dst, dst + w, 0.0f);
-        for (int32_t s = input_slot_begin_[i]; s < input_slot_begin_[i + 1]; ++s) {
-            const float* src = slot_row(input_slots_[s], send, recv, w);
-            for (int64_t k = 0; k < w; ++k) dst[k] += src[k];
+        const int32_t first = input_slot_begin_[i], last = input_slot_begin_[i + 1];
+        for (int64_t k0 = 0; k0 < w; k0 += kBlock) {
+            const int64_t n = std::min(kBlock, w - k0);
+            float sum[kBlock] = {};
+            for (int32_t s = first; s < last; ++s) {
+                const float* src = slot_row(input_slots_[s], send, recv, w) + k0;
+                for (int64_t k = 0; k < n; ++k) sum[k] += src[k];
+            }
+            for (int64_t k = 0; k < n; ++k)
+                dst[k0 + k] = accumulate ? dst[k0 + k] + sum[k] : sum[k];
         }
     }
 }
@@ -485,43 +498,164 @@ void Route::plan(const int32_t* topk_ids, const float* topk_weights, int64_t num
     experts_.build(inputs, num_inputs, groups.back()->name());
 }
 
-void Route::to_experts(float* expert_rows, const float* token_rows, bool weighted,
-                       RouteBuffer& buffer, std::span<Communicator* const> groups) const {
-    const float* inputs = token_rows;
-    for (size_t h = 0; h < hops_.size(); ++h) {
-        const HopBuffers& b = buffer.hop(h);
-        hops_[h].fan_out(b.recv, b.send, inputs, Payload::rows, *groups[h], buffer.bytes_sent());
-        inputs = b.recv;
-    }
-    experts_.expand(expert_rows, inputs, weighted);
+// ---- RouteTransfer: one movement in flight ----
+
+RouteTransfer::~RouteTransfer() {
+    if (buffer_ != nullptr && buffer_->in_flight == this) buffer_->in_flight = nullptr;
 }
 
-void Route::return_to_tokens(float* token_rows, const float* last_recv, Payload payload,
-                             RouteBuffer& buffer, std::span<Communicator* const> groups) const {
-    const float* recv = last_recv;
-    for (size_t h = hops_.size(); h-- > 0;) {
-        float* out = h == 0 ? token_rows : buffer.hop(h - 1).recv;
-        hops_[h].fan_in(out, buffer.hop(h).send, recv, payload, *groups[h], buffer.bytes_sent());
-        recv = out;
+void Route::start(RouteTransfer& t, RouteTransfer::Movement movement, RouteBuffer& buffer,
+                  std::span<Communicator* const> groups, const char* op) const {
+    MT_CHECK(!t.in_flight(), "[{}] the routing has a movement in flight; finish it first", op);
+    MT_CHECK(buffer.in_flight == nullptr,
+             "[{}] the dispatch buffer carries another routing's movement; routings in flight at "
+             "once need a buffer each",
+             op);
+    MT_CHECK(groups.size() == hops_.size(), "[{}] {} groups given for a route of {} hops", op,
+             groups.size(), hops_.size());
+    t.movement_ = movement;
+    t.step_ = 0;
+    t.buffer_ = &buffer;
+    t.groups_ = groups;
+    buffer.in_flight = &t;
+}
+
+void Route::post_forward(RouteTransfer& t, size_t k, const float* token_rows) const {
+    const HopBuffers& b = t.buffer_->hop(k);
+    const float* input = k == 0 ? token_rows : t.buffer_->hop(k - 1).recv;
+    t.handle_ = hops_[k].fan_out(b.recv, b.send, input, Payload::rows, *t.groups_[k],
+                                 t.buffer_->bytes_sent());
+}
+
+// The return walks the hops backwards: step k is hop h = H-1-k, whose received rows are the
+// staging rows for the last hop and the previous hop's receive buffer otherwise (which the step
+// after it reads: recv of hop h-1 is where hop h's sums land).
+void Route::post_return(RouteTransfer& t, size_t k, const float* last_recv, Payload payload) const {
+    const size_t h = hops_.size() - 1 - k;
+    const float* recv = k == 0 ? last_recv : t.buffer_->hop(h).recv;
+    t.handle_ = hops_[h].fan_in_post(t.buffer_->hop(h).send, recv, payload, *t.groups_[h],
+                                     t.buffer_->bytes_sent());
+}
+
+void Route::sum_return(const RouteTransfer& t, size_t k, float* token_out, const float* last_recv,
+                       Payload payload, bool accumulate) const {
+    const size_t h = hops_.size() - 1 - k;
+    const float* recv = k == 0 ? last_recv : t.buffer_->hop(h).recv;
+    float* out = h == 0 ? token_out : t.buffer_->hop(h - 1).recv;
+    hops_[h].fan_in_sum(out, t.buffer_->hop(h).send, recv, payload, accumulate && h == 0);
+}
+
+void Route::begin_to_experts(RouteTransfer& t, float* expert_rows, const float* token_rows,
+                             bool weighted, RouteBuffer& buffer,
+                             std::span<Communicator* const> groups) const {
+    start(t, RouteTransfer::Movement::to_experts, buffer, groups, "dispatch");
+    t.out_ = expert_rows;
+    t.in_ = token_rows;
+    t.weighted_ = weighted;
+    post_forward(t, 0, token_rows);
+}
+
+void Route::begin_to_tokens(RouteTransfer& t, float* token_rows, const float* expert_rows,
+                            bool weighted, bool accumulate, RouteBuffer& buffer,
+                            std::span<Communicator* const> groups) const {
+    start(t, RouteTransfer::Movement::to_tokens, buffer, groups, "combine");
+    t.out_ = token_rows;
+    t.in_ = expert_rows;
+    t.weighted_ = weighted;
+    t.accumulate_ = accumulate;
+    experts_.reduce(staging(buffer), expert_rows, weighted);
+    post_return(t, 0, staging(buffer), Payload::rows);
+}
+
+void Route::begin_combine_grads(RouteTransfer& t, float* dexpert_out, float* dweights,
+                                const float* dout, const float* expert_out, RouteBuffer& buffer,
+                                std::span<Communicator* const> groups) const {
+    MT_CHECK(dweights != nullptr || num_tokens_ == 0,
+             "[combine_backward] dweights is null (its return is a collective every rank joins)");
+    start(t, RouteTransfer::Movement::combine_grads, buffer, groups, "combine_backward");
+    t.out_ = dexpert_out;
+    t.in_ = dout;
+    t.dweights_ = dweights;
+    t.expert_out_ = expert_out;
+    t.weighted_ = true;
+    post_forward(t, 0, dout);
+}
+
+void Route::advance(RouteTransfer& t) const {
+    if (!t.in_flight()) return;
+    t.handle_.wait();
+    const size_t H = hops_.size(), k = static_cast<size_t>(t.step_);
+    RouteBuffer& buffer = *t.buffer_;
+    bool done = false;
+    switch (t.movement_) {
+        case RouteTransfer::Movement::to_experts:
+            if (k + 1 < H) {
+                post_forward(t, k + 1, t.in_);
+            } else {
+                experts_.expand(t.out_, staging(buffer), t.weighted_);
+                done = true;
+            }
+            break;
+        case RouteTransfer::Movement::to_tokens:
+            sum_return(t, k, t.out_, staging(buffer), Payload::rows, t.accumulate_);
+            if (k + 1 < H) post_return(t, k + 1, staging(buffer), Payload::rows);
+            done = k + 1 == H;
+            break;
+        case RouteTransfer::Movement::combine_grads:
+            // Steps [0, H): dout to the experts, weighted; [H, 2H): the weight gradients back.
+            if (k + 1 < H) {
+                post_forward(t, k + 1, t.in_);
+            } else if (k + 1 == H) {
+                experts_.expand(t.out_, staging(buffer), /*weighted=*/true);
+                // The staging rows still hold dout, one row per (token, this rank).
+                experts_.weight_grads(buffer.staging_weights(), staging(buffer), t.expert_out_);
+                post_return(t, 0, buffer.staging_weights(), Payload::weights);
+            } else {
+                sum_return(t, k - H, t.dweights_, buffer.staging_weights(), Payload::weights,
+                           false);
+                if (k + 1 < 2 * H)
+                    post_return(t, k + 1 - H, buffer.staging_weights(), Payload::weights);
+                done = k + 1 == 2 * H;
+            }
+            break;
+        case RouteTransfer::Movement::none:
+            break;
     }
+    ++t.step_;
+    if (done) {
+        t.movement_ = RouteTransfer::Movement::none;
+        buffer.in_flight = nullptr;
+    }
+}
+
+void Route::finish(RouteTransfer& t) const {
+    while (t.in_flight()) advance(t);
+}
+
+void Route::post_next(RouteTransfer& t) const {
+    if (t.in_flight() && t.step_ + 1 < t.num_steps(hops_.size())) advance(t);
+}
+
+void Route::to_experts(float* expert_rows, const float* token_rows, bool weighted,
+                       RouteBuffer& buffer, std::span<Communicator* const> groups) const {
+    RouteTransfer t;
+    begin_to_experts(t, expert_rows, token_rows, weighted, buffer, groups);
+    finish(t);
 }
 
 void Route::to_tokens(float* token_rows, const float* expert_rows, bool weighted,
                       RouteBuffer& buffer, std::span<Communicator* const> groups) const {
-    float* staged = staging(buffer);
-    experts_.reduce(staged, expert_rows, weighted);
-    return_to_tokens(token_rows, staged, Payload::rows, buffer, groups);
+    RouteTransfer t;
+    begin_to_tokens(t, token_rows, expert_rows, weighted, /*accumulate=*/false, buffer, groups);
+    finish(t);
 }
 
 void Route::combine_grads(float* dexpert_out, float* dweights, const float* dout,
                           const float* expert_out, RouteBuffer& buffer,
                           std::span<Communicator* const> groups) const {
-    MT_CHECK(dweights != nullptr || num_tokens_ == 0,
-             "[combine_backward] dweights is null (its return is a collective every rank joins)");
-    to_experts(dexpert_out, dout, /*weighted=*/true, buffer, groups);
-    // The staging rows still hold dout, one row per (token, this rank).
-    experts_.weight_grads(buffer.staging_weights(), staging(buffer), expert_out);
-    return_to_tokens(dweights, buffer.staging_weights(), Payload::weights, buffer, groups);
+    RouteTransfer t;
+    begin_combine_grads(t, dexpert_out, dweights, dout, expert_out, buffer, groups);
+    finish(t);
 }
 
 }  // namespace moetron::parallel

@@ -121,13 +121,18 @@ class Hop {
     // sent (recv_records gets the received ones). Collective over group.
     void plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buffers,
               Communicator& group, DispatchBytes& bytes);
-    // Forward: each input row (the payload's width) to each of its peers; recv gets what arrives.
-    void fan_out(float* recv, float* send, const float* input, Payload payload, Communicator& group,
-                 DispatchBytes& bytes) const;
-    // Reverse: recv's rows go back to where they came from; input[i] = the sum over the peers of
-    // row i of what they returned.
-    void fan_in(float* input, float* send, const float* recv, Payload payload, Communicator& group,
-                DispatchBytes& bytes) const;
+    // Forward: each input row (the payload's width) to each of its peers; recv gets what arrives
+    // once the returned exchange completes (send and recv stay untouched until then).
+    CollectiveHandle fan_out(float* recv, float* send, const float* input, Payload payload,
+                             Communicator& group, DispatchBytes& bytes) const;
+    // Reverse, in two parts: fan_in_post sends recv's rows back to where they came from (they
+    // arrive in send); once that completes, fan_in_sum makes input[i] = the sum over the peers of
+    // row i of what they returned, written, or added to input[i] when accumulate (the sum is
+    // formed first, so adding gives exactly input[i] + the written value).
+    CollectiveHandle fan_in_post(float* send, const float* recv, Payload payload,
+                                 Communicator& group, DispatchBytes& bytes) const;
+    void fan_in_sum(float* input, const float* send, const float* recv, Payload payload,
+                    bool accumulate) const;
 
   private:
     struct PeerCounts {  // in elements, own rows zeroed (they bypass MPI)
@@ -187,7 +192,9 @@ class ExpertSide {
 };
 
 // The communication buffers of a chain of hops, planned up front and shared by every MoE layer
-// of a rank (their contents live only during one call); and the bytes sent through them.
+// of a rank (their contents live only during one movement); and the bytes sent through them. One
+// movement at a time may be in flight through a buffer: routings in flight at once (the dual
+// micro-batch overlap) each need their own.
 class RouteBuffer {
   public:
     RouteBuffer(const DispatchConfig& config, int ep_size, std::span<const HopSpec> hops);
@@ -205,6 +212,8 @@ class RouteBuffer {
     float* staging_weights() const { return staging_weights_; }
     DispatchBytes& bytes_sent() { return bytes_sent_; }
     const DispatchBytes& bytes_sent() const { return bytes_sent_; }
+    // The movement in flight through this buffer (null: none); RouteTransfer sets and clears it.
+    const void* in_flight = nullptr;
 
   private:
     DispatchConfig config_;
@@ -216,8 +225,43 @@ class RouteBuffer {
     DispatchBytes bytes_sent_;
 };
 
+// One data movement of a Route in flight: which one, the collective posted last (its handle) and
+// what the remaining steps read and write. A movement is a chain of collectives, one per hop (two
+// chains for combine_grads), each preceded by a local gather and followed by a local scatter;
+// Route::advance waits for the posted collective, does the local work after it and posts the next.
+// Posting happens only inside begin_* and advance, at points of the program every rank reaches in
+// the same order, so collectives on one group always match across ranks. Destroying a transfer
+// in flight waits for its collective (CollectiveHandle) but leaves the movement unfinished.
+class RouteTransfer {
+  public:
+    RouteTransfer() = default;
+    RouteTransfer(const RouteTransfer&) = delete;
+    RouteTransfer& operator=(const RouteTransfer&) = delete;
+    ~RouteTransfer();
+    bool in_flight() const { return movement_ != Movement::none; }
+    int num_steps(size_t num_hops) const {  // collectives of the movement in flight
+        return static_cast<int>(movement_ == Movement::combine_grads ? 2 * num_hops : num_hops);
+    }
+
+  private:
+    friend class Route;
+    enum class Movement { none, to_experts, to_tokens, combine_grads };
+    Movement movement_ = Movement::none;
+    int step_ = 0;  // the collective in flight, counted from 0
+    RouteBuffer* buffer_ = nullptr;
+    std::span<Communicator* const> groups_;
+    float* out_ = nullptr;               // expert rows (to_experts, combine_grads) or token rows
+    const float* in_ = nullptr;          // token rows (to_experts, combine_grads) or expert rows
+    float* dweights_ = nullptr;          // combine_grads
+    const float* expert_out_ = nullptr;  // combine_grads
+    bool weighted_ = false, accumulate_ = false;
+    CollectiveHandle handle_;
+};
+
 // A routing through a chain of hops: the hops' plans, the expert side and the spread. The
-// operations take the groups hop by hop (groups[i] is hops[i]'s) and the shared buffer.
+// operations take the groups hop by hop (groups[i] is hops[i]'s) and the shared buffer. Each data
+// movement is a begin_* (the local gather, the first collective posted) and finish (the rest);
+// the blocking forms are both at once.
 class Route {
   public:
     Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops);
@@ -244,6 +288,28 @@ class Route {
     void combine_grads(float* dexpert_out, float* dweights, const float* dout,
                        const float* expert_out, RouteBuffer& buffer,
                        std::span<Communicator* const> groups) const;
+    // The same movements, begun: the collectives run while the caller computes, until finish()
+    // (or advance() one hop at a time). The buffer, the groups (the span's storage) and the
+    // pointers given must stay alive and untouched until then; the buffer must have no other
+    // movement in flight. to_tokens adds to token_rows instead of writing them when accumulate.
+    void begin_to_experts(RouteTransfer& t, float* expert_rows, const float* token_rows,
+                          bool weighted, RouteBuffer& buffer,
+                          std::span<Communicator* const> groups) const;
+    void begin_to_tokens(RouteTransfer& t, float* token_rows, const float* expert_rows,
+                         bool weighted, bool accumulate, RouteBuffer& buffer,
+                         std::span<Communicator* const> groups) const;
+    void begin_combine_grads(RouteTransfer& t, float* dexpert_out, float* dweights,
+                             const float* dout, const float* expert_out, RouteBuffer& buffer,
+                             std::span<Communicator* const> groups) const;
+    // Waits for the posted collective, does the local work after it, posts the next (if any).
+    void advance(RouteTransfer& t) const;
+    // Advances until the movement is complete (nothing when none is in flight).
+    void finish(RouteTransfer& t) const;
+    // Advances when the collective in flight is not the movement's last (two_tier's first hop of
+    // a combine: its second, the slow rail, then flies while the caller computes); else nothing,
+    // so that a one-hop movement keeps flying.
+    void post_next(RouteTransfer& t) const;
+
     // Throws when the buffer or the groups do not fit this route.
     void check(const RouteBuffer& buffer, std::span<Communicator* const> groups,
                const char* op) const;
@@ -251,9 +317,14 @@ class Route {
   private:
     void spread_of(const int32_t* topk_ids, int64_t num_tokens);
     float* staging(const RouteBuffer& buffer) const { return buffer.hop(hops_.size() - 1).recv; }
-    // The staging rows of the last hop -> token rows, hop by hop in reverse.
-    void return_to_tokens(float* token_rows, const float* last_recv, Payload payload,
-                          RouteBuffer& buffer, std::span<Communicator* const> groups) const;
+    void start(RouteTransfer& t, RouteTransfer::Movement movement, RouteBuffer& buffer,
+               std::span<Communicator* const> groups, const char* op) const;
+    // Step k of a forward chain (hop k): post; and of a return chain (hop H-1-k, from the staging
+    // rows last_recv back to token_out): post, then the sum once it arrived.
+    void post_forward(RouteTransfer& t, size_t k, const float* token_rows) const;
+    void post_return(RouteTransfer& t, size_t k, const float* last_recv, Payload payload) const;
+    void sum_return(const RouteTransfer& t, size_t k, float* token_out, const float* last_recv,
+                    Payload payload, bool accumulate) const;
 
     DispatchConfig config_;
     int ep_size_, ep_rank_;

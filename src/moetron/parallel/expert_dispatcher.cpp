@@ -26,9 +26,9 @@ namespace {
 
 void check_config(const ExpertDispatchConfig& c) {
     MT_CHECK(c.num_experts >= 1 && c.top_k >= 1 && c.top_k <= c.num_experts && c.hidden >= 1 &&
-                 c.max_tokens >= 0 && c.num_slots >= 0,
-             "[expert_dispatch] bad config: E {} K {} D {} max_tokens {} slots {}", c.num_experts,
-             c.top_k, c.hidden, c.max_tokens, c.num_slots);
+                 c.max_tokens >= 0 && c.num_slots >= 0 && c.num_buffers >= 1,
+             "[expert_dispatch] bad config: E {} K {} D {} max_tokens {} slots {} buffers {}",
+             c.num_experts, c.top_k, c.hidden, c.max_tokens, c.num_slots, c.num_buffers);
 }
 
 void check_slot(int64_t slot, int64_t num_slots) {
@@ -79,28 +79,41 @@ class LocalDispatcher final : public ExpertDispatcher {
         return at(slot).expert_offsets;
     }
 
-    void dispatch_forward(int64_t slot, float* expert_inp, const float* inp) override {
+    // Nothing travels: each movement is complete when begun.
+    void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) override {
         const Slot& s = at(slot);
         cpu::permute_forward(expert_inp, inp, s.copy_to_row.data(), s.num_tokens, config_.top_k,
                              config_.hidden);
     }
-    void combine_forward(int64_t slot, float* out, const float* expert_out,
-                         const float* weights) override {
+    void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
+                               const float* weights, bool accumulate) override {
         const Slot& s = at(slot);
-        cpu::unpermute_forward(out, expert_out, weights, s.copy_to_row.data(), s.num_tokens,
-                               config_.top_k, config_.hidden);
+        if (!accumulate) {
+            cpu::unpermute_forward(out, expert_out, weights, s.copy_to_row.data(), s.num_tokens,
+                                   config_.top_k, config_.hidden);
+            return;
+        }
+        add_token_sums(out, expert_out, weights, s);
     }
-    void combine_backward(int64_t slot, float* dexpert_out, float* dweights, const float* dout,
-                          const float* weights, const float* expert_out) override {
+    void combine_backward_begin(int64_t slot, float* dexpert_out, float* dweights,
+                                const float* dout, const float* weights,
+                                const float* expert_out) override {
         const Slot& s = at(slot);
         cpu::unpermute_backward(dexpert_out, dweights, dout, expert_out, weights,
                                 s.copy_to_row.data(), s.num_tokens, config_.top_k, config_.hidden);
     }
-    void dispatch_backward(int64_t slot, float* dinp, const float* dexpert_inp) override {
+    void dispatch_backward_begin(int64_t slot, float* dinp, const float* dexpert_inp,
+                                 bool accumulate) override {
         const Slot& s = at(slot);
-        cpu::permute_backward(dinp, dexpert_inp, s.copy_to_row.data(), s.num_tokens, config_.top_k,
-                              config_.hidden);
+        if (!accumulate) {
+            cpu::permute_backward(dinp, dexpert_inp, s.copy_to_row.data(), s.num_tokens,
+                                  config_.top_k, config_.hidden);
+            return;
+        }
+        add_token_sums(dinp, dexpert_inp, nullptr, s);
     }
+    void finish(int64_t slot) override { at(slot); }
+    void post_next_hop(int64_t slot) override { at(slot); }
 
   private:
     struct Slot {
@@ -108,6 +121,23 @@ class LocalDispatcher final : public ExpertDispatcher {
         std::vector<int32_t> copy_to_row;     // (max_tokens * K)
         std::vector<int64_t> expert_offsets;  // (E + 1)
     };
+    // out[t] += sum_j (weights[t, j] or 1) * rows[copy_to_row[t*K + j]]: the sum formed first in
+    // the order (un)permute uses, so that the result equals writing it and adding afterwards.
+    void add_token_sums(float* out, const float* rows, const float* weights, const Slot& s) const {
+        const int64_t K = config_.top_k, D = config_.hidden;
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < s.num_tokens; ++t) {
+            float* out_row = out + t * D;
+            for (int64_t d = 0; d < D; ++d) {
+                float sum = 0.0f;
+                for (int64_t j = 0; j < K; ++j) {
+                    const float w = weights != nullptr ? weights[t * K + j] : 1.0f;
+                    sum += w * rows[static_cast<int64_t>(s.copy_to_row[t * K + j]) * D + d];
+                }
+                out_row[d] += sum;
+            }
+        }
+    }
     Slot& at(int64_t slot) {
         check_slot(slot, config_.num_slots);
         return slots_[static_cast<size_t>(slot)];
@@ -139,32 +169,36 @@ class RoutedDispatcher final : public ExpertDispatcher {
   public:
     RoutedDispatcher(const ExpertDispatchConfig& c, Communicator& ep,
                      std::vector<Communicator*> groups, const char* kind, std::string description)
-        : groups_(std::move(groups)),
-          kind_(kind),
-          route_config_(route_config(c)),
-          buffer_(route_config_, ep.size()) {
+        : groups_(std::move(groups)), kind_(kind), route_config_(route_config(c)) {
         check_config(c);
+        buffers_.reserve(static_cast<size_t>(c.num_buffers));
+        for (int64_t i = 0; i < c.num_buffers; ++i) buffers_.emplace_back(route_config_, ep.size());
         num_local_experts_ = route_config_.local_experts(ep.size());
         first_local_expert_ = static_cast<int64_t>(ep.rank()) * num_local_experts_;
         description_ = std::move(description);
         slots_.reserve(static_cast<size_t>(c.num_slots));
         for (int64_t i = 0; i < c.num_slots; ++i)
             slots_.emplace_back(route_config_, ep.size(), ep.rank());
+        transfers_ = std::vector<RouteTransfer>(static_cast<size_t>(c.num_slots));
         num_slots_ = c.num_slots;
     }
 
     const char* kind() const override { return kind_; }
     int64_t capacity_rows() const override {
-        return route_config_.capacity_rows(buffer_.ep_size());
+        return route_config_.capacity_rows(buffers_.front().ep_size());
     }
     size_t buffer_bytes() const override {
-        return buffer_.size_bytes();  // the layouts' index arrays are small next to the rows
+        size_t bytes = 0;  // the layouts' index arrays are small next to the rows
+        for (const Buffer& b : buffers_) bytes += b.size_bytes();
+        return bytes;
     }
 
     void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights,
                int64_t num_tokens) override {
         Layout& layout = at(slot);
-        layout.plan(topk_ids, topk_weights, num_tokens, buffer_, groups_);
+        MT_CHECK(!transfers_[static_cast<size_t>(slot)].in_flight(),
+                 "[expert_dispatch] route() of slot {} while its movement is in flight", slot);
+        layout.plan(topk_ids, topk_weights, num_tokens, buffer_of(slot), groups_);
         const RoutingSpread& s = layout.spread();
         ++stats_.routes;
         stats_.spread.num_tokens += s.num_tokens;
@@ -178,29 +212,40 @@ class RoutedDispatcher final : public ExpertDispatcher {
         return at(slot).experts().expert_offsets();
     }
 
-    void dispatch_forward(int64_t slot, float* expert_inp, const float* inp) override {
-        at(slot).to_experts(expert_inp, inp, /*weighted=*/false, buffer_, groups_);
+    void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) override {
+        at(slot).begin_to_experts(transfer(slot), expert_inp, inp, /*weighted=*/false,
+                                  buffer_of(slot), groups_);
     }
-    void combine_forward(int64_t slot, float* out, const float* expert_out,
-                         const float* /*weights: the route's*/) override {
-        at(slot).to_tokens(out, expert_out, /*weighted=*/true, buffer_, groups_);
+    void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
+                               const float* /*weights: the route's*/, bool accumulate) override {
+        at(slot).begin_to_tokens(transfer(slot), out, expert_out, /*weighted=*/true, accumulate,
+                                 buffer_of(slot), groups_);
     }
-    void combine_backward(int64_t slot, float* dexpert_out, float* dweights, const float* dout,
-                          const float* /*weights: the route's*/, const float* expert_out) override {
-        at(slot).combine_grads(dexpert_out, dweights, dout, expert_out, buffer_, groups_);
+    void combine_backward_begin(int64_t slot, float* dexpert_out, float* dweights,
+                                const float* dout, const float* /*weights: the route's*/,
+                                const float* expert_out) override {
+        at(slot).begin_combine_grads(transfer(slot), dexpert_out, dweights, dout, expert_out,
+                                     buffer_of(slot), groups_);
     }
-    void dispatch_backward(int64_t slot, float* dinp, const float* dexpert_inp) override {
-        at(slot).to_tokens(dinp, dexpert_inp, /*weighted=*/false, buffer_, groups_);
+    void dispatch_backward_begin(int64_t slot, float* dinp, const float* dexpert_inp,
+                                 bool accumulate) override {
+        at(slot).begin_to_tokens(transfer(slot), dinp, dexpert_inp, /*weighted=*/false, accumulate,
+                                 buffer_of(slot), groups_);
     }
+    void finish(int64_t slot) override { at(slot).finish(transfer(slot)); }
+    void post_next_hop(int64_t slot) override { at(slot).post_next(transfer(slot)); }
 
     DispatchStats stats() const override {
         DispatchStats s = stats_;
-        s.bytes = buffer_.bytes_sent();
+        for (const Buffer& b : buffers_) {
+            s.bytes.intra_domain += b.bytes_sent().intra_domain;
+            s.bytes.inter_domain += b.bytes_sent().inter_domain;
+        }
         return s;
     }
     void reset_stats() override {
         stats_ = {};
-        buffer_.bytes_sent() = {};
+        for (Buffer& b : buffers_) b.bytes_sent() = {};
     }
 
   private:
@@ -212,12 +257,17 @@ class RoutedDispatcher final : public ExpertDispatcher {
         check_slot(slot, num_slots_);
         return slots_[static_cast<size_t>(slot)];
     }
+    RouteTransfer& transfer(int64_t slot) { return transfers_[static_cast<size_t>(slot)]; }
+    Buffer& buffer_of(int64_t slot) {
+        return buffers_[static_cast<size_t>(slot) % buffers_.size()];
+    }
 
     std::vector<Communicator*> groups_;  // one per hop
     const char* kind_;
     DispatchConfig route_config_;
-    Buffer buffer_;
+    std::vector<Buffer> buffers_;  // (num_buffers)
     std::vector<Layout> slots_;
+    std::vector<RouteTransfer> transfers_;  // (num_slots) each slot's movement in flight
     int64_t num_slots_ = 0;
     DispatchStats stats_;
 };

@@ -19,7 +19,16 @@
 //   combine_forward:   out (N, D)         <- sum_j weights[t, j] * expert_out[row of copy t*K+j]
 //   combine_backward:  dexpert_out (R, D), dweights (N, K) <- dout (N, D)
 //   dispatch_backward: dinp (N, D)        <- sum_j dexpert_inp[row of copy t*K+j]
-// Every output is written, none accumulated (kernels/README.md's gradient rule).
+// Every output is written, none accumulated (kernels/README.md's gradient rule), except where a
+// movement is asked to add (the overlapped MoE layer computes the shared experts first).
+//
+// Each movement also comes in two parts, so that the caller computes while the all-to-all flies
+// (model/moe.h's overlap): *_begin does the local gather and posts the first all_to_all_v
+// asynchronously; finish(slot) waits for it, does the local scatter, and runs the rest of the
+// movement (two_tier's second hop; combine_backward's return of the weight gradients). The
+// blocking forms are begin + finish. Slot s exchanges through buffer s % num_buffers: slots in
+// flight at once must differ there (a second begin on a busy buffer throws), and every rank must
+// begin and finish its slots in the same order (collectives match in posting order).
 #pragma once
 
 #include <cstddef>
@@ -46,6 +55,9 @@ struct ExpertDispatchConfig {
     int64_t hidden = 0;       // D
     int64_t max_tokens = 0;   // N per call, at most
     int64_t num_slots = 0;    // routing contexts kept at once (MoE layers)
+    // Exchange buffers (send and staging rows): how many routings may be in flight at once (1;
+    // 2 for the dual micro-batch overlap). Each is as large as the one.
+    int64_t num_buffers = 1;
     // Expert-side rows a rank holds at most (flat only; 0: the dropless worst case, see
     // DispatchConfig::recv_capacity_rows).
     int64_t recv_capacity_rows = 0;
@@ -95,15 +107,42 @@ class ExpertDispatcher {
     virtual int64_t num_expert_rows(int64_t slot) const = 0;
     virtual std::span<const int64_t> expert_offsets(int64_t slot) const = 0;
 
-    virtual void dispatch_forward(int64_t slot, float* expert_inp, const float* inp) = 0;
-    // expert_out must stay untouched until combine_backward of the same slot (every dispatcher
-    // reads it there for dweights).
-    virtual void combine_forward(int64_t slot, float* out, const float* expert_out,
-                                 const float* weights) = 0;
-    virtual void combine_backward(int64_t slot, float* dexpert_out, float* dweights,
-                                  const float* dout, const float* weights,
-                                  const float* expert_out) = 0;
-    virtual void dispatch_backward(int64_t slot, float* dinp, const float* dexpert_inp) = 0;
+    // The blocking movements. expert_out must stay untouched until combine_backward of the same
+    // slot (every dispatcher reads it there for dweights).
+    void dispatch_forward(int64_t slot, float* expert_inp, const float* inp) {
+        dispatch_forward_begin(slot, expert_inp, inp);
+        finish(slot);
+    }
+    void combine_forward(int64_t slot, float* out, const float* expert_out, const float* weights) {
+        combine_forward_begin(slot, out, expert_out, weights, /*accumulate=*/false);
+        finish(slot);
+    }
+    void combine_backward(int64_t slot, float* dexpert_out, float* dweights, const float* dout,
+                          const float* weights, const float* expert_out) {
+        combine_backward_begin(slot, dexpert_out, dweights, dout, weights, expert_out);
+        finish(slot);
+    }
+    void dispatch_backward(int64_t slot, float* dinp, const float* dexpert_inp) {
+        dispatch_backward_begin(slot, dinp, dexpert_inp, /*accumulate=*/false);
+        finish(slot);
+    }
+
+    // The same, begun: every pointer given must stay alive, and the inputs untouched, until
+    // finish(slot); the outputs are ready after it. With accumulate the token rows are added to
+    // (out += the combined rows, exactly as adding afterwards), else written.
+    virtual void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) = 0;
+    virtual void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
+                                       const float* weights, bool accumulate) = 0;
+    virtual void combine_backward_begin(int64_t slot, float* dexpert_out, float* dweights,
+                                        const float* dout, const float* weights,
+                                        const float* expert_out) = 0;
+    virtual void dispatch_backward_begin(int64_t slot, float* dinp, const float* dexpert_inp,
+                                         bool accumulate) = 0;
+    // Completes slot's movement in flight (nothing when none is).
+    virtual void finish(int64_t slot) = 0;
+    // When slot's movement has a collective after the one in flight (two_tier's second hop),
+    // waits for this one and posts the next, which then flies until finish; else nothing.
+    virtual void post_next_hop(int64_t slot) = 0;
 
     virtual DispatchStats stats() const { return {}; }
     virtual void reset_stats() {}

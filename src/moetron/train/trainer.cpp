@@ -26,6 +26,7 @@ ModelParallel model_parallel(parallel::ParallelGroups& groups, const TrainParall
     mp.tp = groups.tp.get();
     mp.load = p.world;  // every rank routes tokens of its own (TP ranks: their share of them)
     mp.dispatch = p.dispatch;
+    mp.moe_overlap = p.moe_overlap;
     mp.domain_size = p.domain_size;
     mp.ep_rail = groups.ep_rail.get();
     mp.ep_domain = groups.ep_domain.get();

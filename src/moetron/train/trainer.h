@@ -66,6 +66,8 @@ struct TrainParallel {
     bool overlap = true;  // post gradient buckets during the backward
     // How the MoE all-to-all crosses domains (--dispatch; parallel/expert_dispatcher.h).
     parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
+    // How each MoE layer hides its all-to-all (--moe-overlap; model/moe.h).
+    MoeOverlap moe_overlap = MoeOverlap::off;
 };
 
 class Trainer {
