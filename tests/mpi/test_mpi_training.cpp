@@ -358,10 +358,11 @@ TEST(MpiTraining, ExpertParallelZero1MatchesOneRank) {
 }
 
 // dp2 x ep2 on 4 ranks: attention data-parallel over 4, experts split over 2 and replicated
-// over 2 (Megatron's folding; topology.h writes it dp4.ep2).
+// over 2 (Megatron's folding). "dp2.ep2" counts the expert side's replicas, "dp4.ep2" the
+// attention side's: the same run.
 TEST(MpiTraining, DataTimesExpertParallelZero1MatchesOneRank) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
-    run_case({"dp4.ep2", true});
+    run_case({"dp2.ep2", true});
     run_case({"dp4.ep2", false});
 }
 
@@ -479,7 +480,7 @@ TEST(MpiTrainer, ExpertParallelMatchesOneProcess) {
 
 TEST(MpiTrainer, DataTimesExpertParallelMatchesOneProcess) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
-    run_trainer_case("dp4.ep2", true, true, 1);
+    run_trainer_case("dp2.ep2", true, true, 1);
 }
 
 TEST(MpiTrainer, TensorParallelMatchesOneProcess) {
