@@ -21,7 +21,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -114,12 +113,33 @@ pid_t rank_process(pid_t parent, int rank) {
     return 0;
 }
 
+// The number that follows `marker` in the log, parsed by parse; fallback when absent. (Plain
+// string search: GCC 12's <regex> trips -Wmaybe-uninitialized in the sanitizer build.)
+template <class T>
+T number_after(const std::string& log, size_t from, const std::string& marker, T fallback,
+               T (*parse)(const std::string&, size_t*)) {
+    const size_t at = log.find(marker, from);
+    if (at == std::string::npos) return fallback;
+    const std::string rest = log.substr(at + marker.size());
+    try {
+        return parse(rest, nullptr);
+    } catch (const std::exception&) {
+        return fallback;
+    }
+}
+
+int64_t parse_int64(const std::string& s, size_t* end) {
+    return std::stoll(s, end);
+}
+double parse_double(const std::string& s, size_t* end) {
+    return std::stod(s, end);
+}
+
 // The step of "stopped by signal ... after step N" in the log; -1 when absent.
 int64_t stopped_after_step(const std::string& log) {
-    std::smatch m;
-    if (!std::regex_search(log, m, std::regex("stopped by signal .* after step ([0-9]+)")))
-        return -1;
-    return std::stoll(m[1].str());
+    const size_t stopped = log.find("stopped by signal");
+    if (stopped == std::string::npos) return -1;
+    return number_after<int64_t>(log, stopped, "after step ", -1, parse_int64);
 }
 
 // Loads the checkpoint root into a one-process trainer (a sharded checkpoint of 2 ranks).
@@ -199,9 +219,15 @@ TEST(CheckpointMpiCli, SigtermToMpirunSavesTheStepTheRunStoppedAfter) {
 
 // The loss printed for step `step` ("step 8/8 | loss 5.0082 | ..."); -1 when absent.
 double printed_loss(const std::string& log, int step) {
-    std::smatch m;
-    const std::regex line("step " + std::to_string(step) + "/[0-9]+ \\| loss ([0-9.]+)");
-    return std::regex_search(log, m, line) ? std::stod(m[1].str()) : -1.0;
+    // Lines start with the step; the total after the slash may be padded differently.
+    for (size_t at = log.find("step " + std::to_string(step) + "/"); at != std::string::npos;
+         at = log.find("step " + std::to_string(step) + "/", at + 1)) {
+        if (at != 0 && log[at - 1] != '\n') continue;
+        const size_t line_end = log.find('\n', at);
+        const std::string line = log.substr(at, line_end - at);
+        return number_after<double>(line, 0, "| loss ", -1.0, parse_double);
+    }
+    return -1.0;
 }
 
 TEST(CheckpointMpiCli, TensorParallelCheckpointResumesOnOneProcess) {
