@@ -53,36 +53,37 @@ build() {
   fi
 }
 
-# fuzz NAME CORPUS SECONDS DICT MAX_LEN: replays the corpus, then fuzzes for SECONDS.
-fuzz() {
-  local name="$1" corpus="$2" budget="$3" dict="$4" max_len="$5"
-  local binary="$build_dir/fuzz_$name" scratch="$build_dir/corpus-$name"
-  mkdir -p "$scratch"
-  local common=(-dict="$dict" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048
-                -artifact_prefix="$build_dir/")
+# replay NAME CORPUS DICT MAX_LEN / fuzz NAME CORPUS DICT MAX_LEN SECONDS
+options() {
+  echo -dict="$1" -max_len="$2" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build_dir/"
+}
+replay() {
+  local name="$1" corpus="$2"
   echo "fuzz: $name: replaying $(find "$corpus" -type f | wc -l) committed inputs"
-  "$binary" "${common[@]}" -runs=0 "$corpus"
-  if [ "$budget" -gt 0 ]; then
-    echo "fuzz: $name: fuzzing for $budget s ($jobs job(s))"
-    if [ "$jobs" -gt 1 ]; then
-      "$binary" "${common[@]}" -max_total_time="$budget" -print_final_stats=1 \
-        -jobs="$jobs" -workers="$jobs" "$scratch" "$corpus"
-    else
-      "$binary" "${common[@]}" -max_total_time="$budget" -print_final_stats=1 \
-        "$scratch" "$corpus"
-    fi
-  fi
+  # shellcheck disable=SC2046  # options are single words
+  "$build_dir/fuzz_$name" $(options "$3" "$4") -runs=0 "$corpus"
+}
+fuzz() {
+  local name="$1" corpus="$2" budget="$5"
+  local scratch="$build_dir/corpus-$name"
+  mkdir -p "$scratch"
+  echo "fuzz: $name: fuzzing for $budget s ($jobs job(s))"
+  local parallel=()
+  if [ "$jobs" -gt 1 ]; then parallel=(-jobs="$jobs" -workers="$jobs"); fi
+  # shellcheck disable=SC2046  # options are single words
+  "$build_dir/fuzz_$name" $(options "$3" "$4") -max_total_time="$budget" -print_final_stats=1 \
+    "${parallel[@]}" "$scratch" "$corpus"
 }
 
 build safetensors
 build checkpoint_slices src/moetron/train/checkpoint_pieces.cpp
+safetensors=(safetensors tests/fuzz/corpus/safetensors tests/fuzz/safetensors.dict 4096)
+slices=(checkpoint_slices tests/fuzz/corpus/checkpoint_slices tests/fuzz/checkpoint_slices.dict 8192)
 # Both replays come first, so a regression in either corpus fails before any fuzzing.
-half=$((seconds / 2))
-fuzz safetensors tests/fuzz/corpus/safetensors 0 tests/fuzz/safetensors.dict 4096
-fuzz checkpoint_slices tests/fuzz/corpus/checkpoint_slices 0 tests/fuzz/checkpoint_slices.dict 8192
+replay "${safetensors[@]}"
+replay "${slices[@]}"
 if [ "$seconds" -gt 0 ]; then
-  fuzz safetensors tests/fuzz/corpus/safetensors "$half" tests/fuzz/safetensors.dict 4096
-  fuzz checkpoint_slices tests/fuzz/corpus/checkpoint_slices "$((seconds - half))" \
-    tests/fuzz/checkpoint_slices.dict 8192
+  fuzz "${safetensors[@]}" "$((seconds / 2))"
+  fuzz "${slices[@]}" "$((seconds - seconds / 2))"
 fi
 echo "fuzz: done, no crash"
