@@ -9,7 +9,8 @@
 // it must hold exactly once, and every read (of each part of each tensor whole, of flat ranges,
 // of blocks and of ranges of blocks) returns exactly the bytes of a brute-force assembly: each
 // array element placed by index arithmetic of its own, independent of block_runs. Anything else
-// (another exception type, a crash, a sanitizer report) is a bug.
+// (another exception type, a crash, a sanitizer report) is a bug. A second kind of input
+// (check_checkpoint_layout, below) writes the shards itself, in layouts the input chooses.
 #pragma once
 
 #include <algorithm>
@@ -272,6 +273,120 @@ inline bool check_checkpoint_slices(const uint8_t* data, size_t size) {
                        "reads of an opened checkpoint succeed");
         return false;
     }
+    return true;
+}
+
+// The second kind of input, starting with kLayoutMark: its bytes choose how each part of each
+// tensor is cut into pieces (blocks along one dimension, each block cut into flat ranges, each
+// piece in one of two files), which write_checkpoint_shard writes. Such shards must open, pass
+// the checks above, and read back as the values written. Mutations of a shard's JSON rarely keep
+// it valid; this reaches the reads with layouts of every kind.
+inline constexpr uint8_t kLayoutMark = '#';
+
+namespace slices_detail {
+
+class Choices {
+  public:
+    Choices(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+    // The next byte, or 0 past the end.
+    unsigned next() { return at_ < size_ ? data_[at_++] : 0; }
+    // Up to max_cuts distinct cut points in (0, n), sorted, with 0 and n around them.
+    std::vector<int64_t> cuts(int64_t n, unsigned max_cuts) {
+        std::vector<int64_t> out = {0, n};
+        const unsigned count = next() % (max_cuts + 1);
+        for (unsigned i = 0; i < count && n > 1; ++i) out.push_back(1 + next() % (n - 1));
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+        return out;
+    }
+
+  private:
+    const uint8_t* data_;
+    size_t size_;
+    size_t at_ = 0;
+};
+
+// The value written at global index i of a part: distinct across parts and elements.
+inline float layout_value(size_t part, int64_t i) {
+    return static_cast<float>(1000 * static_cast<int64_t>(part + 1) + i) * 0.25f;
+}
+
+// A file's bytes in the fuzzer's form ("JSON header, NUL, data").
+inline std::string fuzz_form_of(const MemoryFile& file) {
+    const uint64_t size = file_size_bytes(file.fd(), file.path());
+    std::string bytes(size, '\0');
+    require_slices(read_at(file.fd(), bytes.data(), size, 0, file.path()) == size,
+                   "a written shard reads back");
+    uint64_t header_bytes = 0;
+    std::memcpy(&header_bytes, bytes.data(), 8);
+    return bytes.substr(8, header_bytes) + '\0' + bytes.substr(8 + header_bytes);
+}
+
+}  // namespace slices_detail
+
+inline void check_checkpoint_layout(const uint8_t* data, size_t size) {
+    namespace sd = slices_detail;
+    sd::Choices choose(data, size);
+    const std::vector<ParamEntry> entries = fuzz_model_entries();
+    std::vector<CheckpointPiece> pieces[2];
+    std::vector<std::vector<float>> keep;
+    keep.reserve(1024);
+    for (const ParamEntry& e : entries) {
+        const std::vector<int64_t> dims(e.shape.dims.begin(), e.shape.dims.begin() + e.shape.ndim);
+        for (size_t p = 0; p < 3; ++p) {
+            if (p > 0 && !e.trainable && choose.next() % 2 == 0) continue;  // zeros, not stored
+            const size_t d = choose.next() % dims.size();
+            const std::vector<int64_t> rows = choose.cuts(dims[d], 2);
+            for (size_t r = 0; r + 1 < rows.size(); ++r) {
+                TensorBlock block{std::vector<int64_t>(dims.size(), 0), dims};
+                block.begin[d] = rows[r];
+                block.end[d] = rows[r + 1];
+                const std::vector<int64_t> extent = block.dims(dims);
+                int64_t n = 1;
+                for (int64_t x : extent) n *= x;
+                const std::vector<int64_t> flat = choose.cuts(n, 2);
+                for (size_t f = 0; f + 1 < flat.size(); ++f) {
+                    std::vector<float>& values = keep.emplace_back();
+                    for (int64_t i = flat[f]; i < flat[f + 1]; ++i)
+                        values.push_back(
+                            sd::layout_value(p, sd::global_index(dims, block.begin, extent, i)));
+                    pieces[choose.next() % 2].push_back({kCheckpointParts[p], e.name, dims, flat[f],
+                                                         flat[f + 1], values.data(), block});
+                }
+            }
+        }
+    }
+    MemoryFile files[2];
+    std::string input;
+    for (int f = 0; f < 2; ++f) {
+        write_checkpoint_shard(files[f].path(), pieces[f], {});
+        input += (f == 0 ? "" : std::string(kNextShard)) + sd::fuzz_form_of(files[f]);
+    }
+    require_slices(
+        check_checkpoint_slices(reinterpret_cast<const uint8_t*>(input.data()), input.size()),
+        "shards written by write_checkpoint_shard open");
+    // And they hold the values written.
+    const CheckpointTensors tensors =
+        CheckpointTensors::open("/proc/self/fd",
+                                {files[0].path().substr(std::strlen("/proc/self/fd/")),
+                                 files[1].path().substr(std::strlen("/proc/self/fd/"))},
+                                entries);
+    for (const ParamEntry& e : entries)
+        for (size_t p = 0; p < 3; ++p) {
+            std::vector<float> got(static_cast<size_t>(e.numel));
+            tensors.read(kCheckpointParts[p], e.name, 0, e.numel, got.data());
+            for (int64_t i = 0; i < e.numel; ++i) {
+                const bool zero = got[i] == 0.0f && p > 0 && !e.trainable;
+                require_slices(zero || got[i] == sd::layout_value(p, i),
+                               "a checkpoint reads back the values written");
+            }
+        }
+}
+
+// Either kind of input; returns whether the shards opened (a layout's always do).
+inline bool check_checkpoint_input(const uint8_t* data, size_t size) {
+    if (size == 0 || data[0] != kLayoutMark) return check_checkpoint_slices(data, size);
+    check_checkpoint_layout(data + 1, size - 1);
     return true;
 }
 

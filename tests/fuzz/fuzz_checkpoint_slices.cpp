@@ -7,6 +7,6 @@
 #include "fuzz/checkpoint_slices_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    moetron::fuzz::check_checkpoint_slices(data, size);
+    moetron::fuzz::check_checkpoint_input(data, size);
     return 0;
 }

@@ -1,10 +1,11 @@
-// Writes the hand-made seeds of tests/fuzz/corpus/checkpoint_slices (valid-* and invalid-*) for
-// the model of checkpoint_slices_check.h; built and run by make_checkpoint_slices_corpus.sh.
+// Writes the hand-made seeds of tests/fuzz/corpus/checkpoint_slices (valid-*, invalid-*, layout-*)
+// for the model of checkpoint_slices_check.h; built and run by make_checkpoint_slices_corpus.sh.
 // Valid seeds are shards written by write_checkpoint_shard (and one single-process file);
 // invalid ones are written the same way with pieces that do not tile, or edit a valid shard's
 // "slices" JSON. Each seed is in the fuzzer's input form: per shard file "JSON header, NUL,
-// data", two files joined by kNextShard. The replay test checks that valid-* seeds open and
-// invalid-* seeds are rejected.
+// data", two files joined by kNextShard; layout-* seeds are the second kind of input (the bytes
+// that choose a layout, check_checkpoint_layout). The replay test checks that valid-* and
+// layout-* seeds open and invalid-* seeds are rejected.
 #include <unistd.h>
 
 #include <cstdio>
@@ -257,6 +258,22 @@ int run(const fs::path& corpus) {
                                             [&](json& header) { header[name]["dtype"] = "I32"; }));
     seeds.emplace_back("invalid-bad-json", with_slices_text(whole, "{\"layers.0.attn.o_proj\": {"));
     seeds.emplace_back("invalid-slices-not-object", with_slices_text(whole, "[]"));
+
+    // Layouts the fuzzer writes itself (check_checkpoint_layout): each byte a choice.
+    const auto layout = [](std::vector<uint8_t> choices) {
+        return std::string(1, static_cast<char>(kLayoutMark)) +
+               std::string(choices.begin(), choices.end());
+    };
+    seeds.emplace_back("layout-whole", layout({}));
+    seeds.emplace_back("layout-rows-and-ranges", layout({0, 2, 2, 4, 1, 5, 1, 1, 7, 0, 2, 3}));
+    seeds.emplace_back("layout-columns-two-files",
+                       layout({1, 1, 2, 1, 0, 1, 1, 2, 1, 3, 0, 1, 1, 1, 2, 3, 1, 2, 5}));
+    seeds.emplace_back("layout-experts-bias-moments",
+                       layout({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 2, 1, 7, 1,
+                               1, 2, 1, 2, 9, 0, 1, 0, 1, 0, 1, 0, 1, 2, 1, 2, 1, 1, 1, 1}));
+    std::vector<uint8_t> every(200);
+    for (size_t i = 0; i < every.size(); ++i) every[i] = static_cast<uint8_t>(i * 37 + 11);
+    seeds.emplace_back("layout-many-pieces", layout(every));
 
     fs::create_directories(corpus);
     for (const auto& [seed_name, bytes] : seeds) {
