@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Builds the safetensors fuzzer with clang (libFuzzer + AddressSanitizer + UBSan) from just the
-# sources it needs, replays the committed corpus, then fuzzes for a bounded time.
-#   tests/fuzz/run_fuzz.sh [SECONDS]       default 60; 0 only builds and replays
+# Builds the fuzzers with clang (libFuzzer + AddressSanitizer + UBSan) from just the sources they
+# need, replays their committed corpora, then fuzzes each for half the time:
+#   fuzz_safetensors        the safetensors reader and writer    corpus/safetensors
+#   fuzz_checkpoint_slices  the sharded-checkpoint reader        corpus/checkpoint_slices
+#   tests/fuzz/run_fuzz.sh [SECONDS]       default 60 in all; 0 only builds and replays
 # Environment: CLANGXX (default clang++-14, else clang++), FUZZ_BUILD_DIR (default build-fuzz),
 # FUZZ_JOBS (parallel fuzzing processes, default 1).
-# New inputs go to $FUZZ_BUILD_DIR/corpus-safetensors, never into the committed corpus; a crash
+# New inputs go to $FUZZ_BUILD_DIR/corpus-<name>, never into the committed corpora; a crash
 # leaves $FUZZ_BUILD_DIR/crash-<sha1>, and the script exits non-zero. To keep new inputs, merge
-# them by hand (the committed corpus stays small, < 100 files):
+# them by hand (a committed corpus stays small, < 100 files), e.g.:
 #   $FUZZ_BUILD_DIR/fuzz_safetensors -merge=1 tests/fuzz/corpus/safetensors \
 #       $FUZZ_BUILD_DIR/corpus-safetensors
 set -euo pipefail
@@ -19,13 +21,10 @@ clangxx="${CLANGXX:-}"
 if [ -z "$clangxx" ]; then
   if command -v clang++-14 >/dev/null; then clangxx=clang++-14; else clangxx=clang++; fi
 fi
-corpus=tests/fuzz/corpus/safetensors
-scratch="$build_dir/corpus-safetensors"
-binary="$build_dir/fuzz_safetensors"
-mkdir -p "$build_dir" "$scratch"
+mkdir -p "$build_dir"
 
-sources=(
-  tests/fuzz/fuzz_safetensors.cpp
+# The library sources every target links; each target adds its own.
+common_sources=(
   src/moetron/train/safetensors.cpp
   src/moetron/train/checksum.cpp
   src/moetron/train/atomic_dir.cpp
@@ -37,30 +36,54 @@ sources=(
 flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wpedantic -Werror
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -Isrc -Itests)
-# Rebuild only when a source or header is newer than the binary.
-inputs=("${sources[@]}" src/moetron/core/*.h src/moetron/train/{safetensors,checksum,atomic_dir}.h
-        tests/fuzz/safetensors_check.h)
-if [ ! -x "$binary" ] || [ -n "$(find "${inputs[@]}" -newer "$binary" | head -1)" ]; then
-  echo "fuzz: building $binary with $clangxx"
-  "$clangxx" "${flags[@]}" "${sources[@]}" -lfmt -o "$binary"
-fi
-
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-common=(-dict=tests/fuzz/safetensors.dict -max_len=4096 -timeout=10 -rss_limit_mb=2048
-        -artifact_prefix="$build_dir/")
 
-echo "fuzz: replaying $(find "$corpus" -type f | wc -l) committed inputs"
-"$binary" "${common[@]}" -runs=0 "$corpus"
-
-if [ "$seconds" -gt 0 ]; then
-  echo "fuzz: fuzzing for $seconds s ($jobs job(s))"
-  if [ "$jobs" -gt 1 ]; then
-    "$binary" "${common[@]}" -max_total_time="$seconds" -print_final_stats=1 \
-      -jobs="$jobs" -workers="$jobs" "$scratch" "$corpus"
-  else
-    "$binary" "${common[@]}" -max_total_time="$seconds" -print_final_stats=1 \
-      "$scratch" "$corpus"
+# build NAME EXTRA_SOURCE...: builds $build_dir/fuzz_NAME when a source or header is newer.
+build() {
+  local name="$1"
+  shift
+  local binary="$build_dir/fuzz_$name"
+  local sources=("tests/fuzz/fuzz_$name.cpp" "$@" "${common_sources[@]}")
+  local inputs=("${sources[@]}" src/moetron/core/*.h src/moetron/train/*.h src/moetron/model/*.h
+                tests/fuzz/*.h)
+  if [ ! -x "$binary" ] || [ -n "$(find "${inputs[@]}" -newer "$binary" | head -1)" ]; then
+    echo "fuzz: building $binary with $clangxx"
+    "$clangxx" "${flags[@]}" "${sources[@]}" -lfmt -o "$binary"
   fi
+}
+
+# replay NAME CORPUS DICT MAX_LEN / fuzz NAME CORPUS DICT MAX_LEN SECONDS
+options() {
+  echo -dict="$1" -max_len="$2" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$build_dir/"
+}
+replay() {
+  local name="$1" corpus="$2"
+  echo "fuzz: $name: replaying $(find "$corpus" -type f | wc -l) committed inputs"
+  # shellcheck disable=SC2046  # options are single words
+  "$build_dir/fuzz_$name" $(options "$3" "$4") -runs=0 "$corpus"
+}
+fuzz() {
+  local name="$1" corpus="$2" budget="$5"
+  local scratch="$build_dir/corpus-$name"
+  mkdir -p "$scratch"
+  echo "fuzz: $name: fuzzing for $budget s ($jobs job(s))"
+  local parallel=()
+  if [ "$jobs" -gt 1 ]; then parallel=(-jobs="$jobs" -workers="$jobs"); fi
+  # shellcheck disable=SC2046  # options are single words
+  "$build_dir/fuzz_$name" $(options "$3" "$4") -max_total_time="$budget" -print_final_stats=1 \
+    "${parallel[@]}" "$scratch" "$corpus"
+}
+
+build safetensors
+build checkpoint_slices src/moetron/train/checkpoint_pieces.cpp
+safetensors=(safetensors tests/fuzz/corpus/safetensors tests/fuzz/safetensors.dict 4096)
+slices=(checkpoint_slices tests/fuzz/corpus/checkpoint_slices tests/fuzz/checkpoint_slices.dict 8192)
+# Both replays come first, so a regression in either corpus fails before any fuzzing.
+replay "${safetensors[@]}"
+replay "${slices[@]}"
+if [ "$seconds" -gt 0 ]; then
+  fuzz "${safetensors[@]}" "$((seconds / 2))"
+  fuzz "${slices[@]}" "$((seconds - seconds / 2))"
 fi
 echo "fuzz: done, no crash"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -85,6 +86,25 @@ std::string block_suffix(const TensorBlock& block) {
     for (size_t d = 0; d < block.begin.size(); ++d)
         out += fmt::format("{}{}:{}", d == 0 ? "" : ",", block.begin[d], block.end[d]);
     return out + "]";
+}
+
+// A slice's list of integers ("shape", "flat", a range of "block"). Only JSON integers that fit
+// int64_t: nlohmann's get<int64_t> would convert a float (undefined past int64_t, e.g. 1e300),
+// a boolean, or wrap an unsigned integer past int64_t.
+std::vector<int64_t> integers_of(const json& list, const std::string& path,
+                                 const std::string& array, std::string_view key) {
+    MT_CHECK(list.is_array(), "[checkpoint] '{}': array '{}': \"{}\" is not a list of integers",
+             path, array, key);
+    std::vector<int64_t> out;
+    for (const json& x : list) {
+        const bool fits = x.is_number_integer() &&
+                          !(x.is_number_unsigned() &&
+                            x.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()});
+        MT_CHECK(fits, "[checkpoint] '{}': array '{}': \"{}\" holds {}, not an integer of 64 bits",
+                 path, array, key, x.dump());
+        out.push_back(x.get<int64_t>());
+    }
+    return out;
 }
 
 std::optional<CheckpointPart> part_from_name(std::string_view name) {
@@ -230,8 +250,8 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
                              path, t.name, s.at("part").dump());
                     part = *p;
                     tensor = s.at("tensor").get<std::string>();
-                    global_dims = s.at("shape").get<std::vector<int64_t>>();
-                    const auto flat = s.at("flat").get<std::vector<int64_t>>();
+                    global_dims = integers_of(s.at("shape"), path, t.name, "shape");
+                    const auto flat = integers_of(s.at("flat"), path, t.name, "flat");
                     MT_CHECK(flat.size() == 2,
                              "[checkpoint] '{}': array '{}': \"flat\" is not "
                              "[begin, end]",
@@ -239,8 +259,12 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
                     begin = flat[0];
                     end = flat[1];
                     if (s.contains("block")) {
+                        MT_CHECK(s.at("block").is_array(),
+                                 "[checkpoint] '{}': array '{}': \"block\" is not a list of "
+                                 "[begin, end]",
+                                 path, t.name);
                         for (const json& range : s.at("block")) {
-                            const auto r = range.get<std::vector<int64_t>>();
+                            const auto r = integers_of(range, path, t.name, "block");
                             MT_CHECK(r.size() == 2,
                                      "[checkpoint] '{}': array '{}': \"block\" is not a list of "
                                      "[begin, end]",
@@ -268,9 +292,9 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
             }
             const auto it = by_name.find(tensor);
             MT_CHECK(it != by_name.end(),
-                     "[checkpoint] '{}': tensor '{}' is not a parameter of this model (a "
-                     "checkpoint of another model?)",
-                     path, t.name);
+                     "[checkpoint] '{}': array '{}' holds tensor '{}', not a parameter of this "
+                     "model (a checkpoint of another model?)",
+                     path, t.name, tensor);
             const ParamEntry& e = *it->second;
             const std::vector<int64_t> want(e.shape.dims.begin(),
                                             e.shape.dims.begin() + e.shape.ndim);
