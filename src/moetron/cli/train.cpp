@@ -57,7 +57,7 @@ struct TrainOptions {
     std::string layout;
     int domain_size = 0;
     std::string dispatch = "flat";
-    std::string moe_overlap = "shared";
+    std::string moe_overlap = "off";
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -338,11 +338,11 @@ void register_train(CLI::App& app) {
                     "rank) or two_tier (once per destination domain over the rail, then inside "
                     "the domain; needs ep a multiple of --domain-size)")
         ->check(CLI::IsMember({"flat", "two_tier"}));
-    cmd->add_option(
-           "--moe-overlap", o->moe_overlap,
-           "how each MoE layer hides its all-to-all: off, shared (the shared experts "
-           "compute while the dispatch flies) or dual (also two half micro-batches, one "
-           "half's all-to-all in flight while the other's experts compute); default shared")
+    cmd->add_option("--moe-overlap", o->moe_overlap,
+                    "how each MoE layer hides its all-to-all: off, shared (the shared experts "
+                    "compute while the dispatch flies) or dual (also two half micro-batches, one "
+                    "half's all-to-all in flight while the other's experts compute); default off; "
+                    "shared helps with two_tier")
         ->check(CLI::IsMember({"off", "shared", "dual"}));
     cmd->add_option("--comm-timeout-s", o->comm_timeout_s,
                     "a collective waiting longer than this ends the job with an error naming it")

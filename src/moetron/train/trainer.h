@@ -67,8 +67,8 @@ struct TrainParallel {
     // How the MoE all-to-all crosses domains (--dispatch; parallel/expert_dispatcher.h).
     parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
     // How each MoE layer hides its all-to-all (--moe-overlap; model/moe.h).
-    // shared: bit for bit as off, and faster where measured (README "Two tiers").
-    MoeOverlap moe_overlap = MoeOverlap::shared;
+    // off by default: measured faster with two_tier only (README "Two tiers").
+    MoeOverlap moe_overlap = MoeOverlap::off;
 };
 
 class Trainer {
