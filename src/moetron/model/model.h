@@ -54,7 +54,8 @@ struct ModelParallel {
     // El = E / size, and every MoE layer exchanges token copies over it. Null or one rank: all E.
     parallel::Communicator* ep = nullptr;
     // The group over which expert loads are summed before the router bias update: every rank
-    // that routes different tokens (the world when tp = 1). Null: this process only.
+    // that routes different tokens (the world; with tp > 1 each TP rank counts its own share).
+    // Null: this process only.
     parallel::Communicator* load = nullptr;
     // Expert-side rows per MoE layer (see DispatchConfig::recv_capacity_rows); 0: dropless worst
     // case. Only used with expert parallelism.
