@@ -134,9 +134,9 @@ TEST(MetricsLog, DistributedStepsCarryTheirTimeAndBytesBreakdown) {
     text << in.rdbuf();
     std::remove(path.c_str());
     const std::string line = text.str();
-    for (const char* field : {"\"compute_ms\":6", "\"expert_comm_ms\":3", "\"tp_comm_ms\":0",
-                              "\"dp_comm_ms\":1", "\"grad_sync_exposed_ms\":0.5",
-                              "\"all_to_all_bytes\":12345"})
+    for (const char* field :
+         {"\"compute_ms\":6", "\"expert_comm_ms\":3", "\"tp_comm_ms\":0", "\"dp_comm_ms\":1",
+          "\"grad_sync_exposed_ms\":0.5", "\"all_to_all_bytes\":12345"})
         EXPECT_NE(line.find(field), std::string::npos) << field << " missing in " << line;
     EXPECT_EQ(line.find("all_reduce_bytes"), std::string::npos) << "zero counts are left out";
 }
