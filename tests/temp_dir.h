@@ -1,11 +1,14 @@
 // Test fixtures for code that touches files: a fresh directory per test, removed with everything
-// in it when the test ends, and the message of the moetron::Error a callable throws.
+// in it when the test ends, a whole file as text, and the message of the moetron::Error a
+// callable throws.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "moetron/core/error.h"
@@ -38,6 +41,14 @@ class TempDir {
   private:
     std::filesystem::path path_;
 };
+
+// The whole file at path ("" when it cannot be read: the caller's expectation then fails).
+inline std::string read_file(const std::filesystem::path& path) {
+    std::ifstream f(path);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
 
 // The message of the moetron::Error that f() throws, or "(no error)".
 template <class F>

@@ -38,16 +38,10 @@ namespace moetron {
 namespace {
 
 using moetron::testing::error_of;
+using moetron::testing::read_file;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
-
-std::string read_file(const fs::path& p) {
-    std::ifstream f(p);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
-}
 
 // True when mpirun is on the PATH. Also readies the environment the jobs inherit: Open MPI's
 // components leave allocations behind at MPI_Finalize, which LeakSanitizer would report in the

@@ -25,6 +25,7 @@ namespace moetron {
 namespace {
 
 using moetron::testing::error_of;
+using moetron::testing::read_file;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
@@ -46,13 +47,6 @@ std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
     return std::make_unique<Trainer>(model, c, std::move(loader));
-}
-
-std::string read_file(const fs::path& p) {
-    std::ifstream f(p);
-    std::stringstream s;
-    s << f.rdbuf();
-    return s.str();
 }
 
 TEST(CheckpointHf, MatchesTransformersLogits) {
