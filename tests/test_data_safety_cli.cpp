@@ -246,6 +246,14 @@ TEST(DataSafetyCli, OutputPathsAreCheckedBeforeTheFirstStep) {
     }
 }
 
+// calibrate measures for minutes before it writes: a bad --out once cost the measurements.
+TEST(DataSafetyCli, CalibrateChecksItsOutputBeforeMeasuring) {
+    const auto r = run_moetron("calibrate --quick --out /proc/moetron-cluster.toml");
+    EXPECT_EQ(r.exit_code, 1) << r.text;
+    EXPECT_CONTAINS(r.text, "cannot create files in '/proc'");
+    EXPECT_NOT_CONTAINS(r.text, "measuring");
+}
+
 TEST(DataSafetyCli, CheckpointOptionsWithoutSaveAreAnError) {
     for (const std::string option : {"--save-every 5", "--keep 2", "--share-save-root"}) {
         SCOPED_TRACE(option);
