@@ -229,6 +229,7 @@ TEST(DataSafetyCli, OutputPathsAreCheckedBeforeTheFirstStep) {
         {"--save /proc/moetron-ck", "cannot create the directory"},
         {"--save " + q(dir.path() / "file" / "ck"), "cannot create the directory"},
         {"--save " + q(dir.path() / "file"), "is a file"},
+        {"--save /proc", "cannot create files in '/proc'"},  // an existing read-only directory
         {"--log-jsonl " + q(dir.path() / "missing" / "log.jsonl"), "does not exist"},
         {"--trace /proc/moetron-trace.json", "cannot create files in '/proc'"},
         {"--log-jsonl " + q(dir.path() / "x.json") + " --trace " + q(dir.path() / "x.json"),
@@ -244,6 +245,32 @@ TEST(DataSafetyCli, OutputPathsAreCheckedBeforeTheFirstStep) {
         EXPECT_NOT_CONTAINS(r.text, kComputed);
         EXPECT_NOT_CONTAINS(r.text, ".cpp:");
     }
+}
+
+// A file written into a checkpoint directory breaks its index; one named like a root's `latest`
+// breaks the root.
+TEST(DataSafetyCli, OutputsNeverLandInACheckpoint) {
+    TempDir dir;
+    const fs::path ck = dir.path() / "ck";
+    train_twenty_steps(ck);
+    const fs::path step = ck / "step-00000020";
+    const std::string model = read_file(step / "model.safetensors");
+    const std::string train = "train --steps 3 " + kTiny;
+    const auto weights = run_moetron(train + "--save-final " + q(step / "model.safetensors"));
+    EXPECT_EQ(weights.exit_code, 1) << weights.text;
+    EXPECT_CONTAINS(weights.text, "lies in the checkpoint directory");
+    const auto log = run_moetron(train + "--log-jsonl " + q(ck / "latest"));
+    EXPECT_EQ(log.exit_code, 1) << log.text;
+    EXPECT_CONTAINS(log.text, "would replace the `latest` file of the checkpoint root");
+    write_text(dir.path() / "a.txt", "text");
+    const auto shard = run_moetron("prepare --text " + q(dir.path() / "a.txt") + " --out " +
+                                   q(step / "state.json"));
+    EXPECT_EQ(shard.exit_code, 1) << shard.text;
+    EXPECT_CONTAINS(shard.text, "lies in the checkpoint directory");
+    EXPECT_TRUE(read_file(step / "model.safetensors") == model);
+    EXPECT_EQ(read_latest_pointer(ck), "step-00000020");
+    const auto resumed = run_moetron("train --steps 21 " + kTiny + "--resume " + q(ck));
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.text;
 }
 
 // calibrate measures for minutes before it writes: a bad --out once cost the measurements.

@@ -8,6 +8,7 @@
 
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/output_paths.h"
 #include "moetron/train/token_shard.h"
@@ -25,6 +26,7 @@ struct PrepareOptions {
 void run_prepare(const PrepareOptions& o) {
     const PathOption output{"--out", o.out_path};
     check_output_file(output);
+    refuse_output_in_checkpoint(output);
     refuse_same_file(output, {{"--text", o.text_path}});
     const TokenData data = load_text_file_data(o.text_path, kByteVocabSize);
     write_token_shard(o.out_path, data.tokens.data(), static_cast<int64_t>(data.tokens.size()),

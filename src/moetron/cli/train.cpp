@@ -117,6 +117,7 @@ void check_output_files(const TrainOptions& o, const std::string& config_path) {
     for (size_t i = 0; i < outputs.size(); ++i) {
         if (outputs[i].path.empty()) continue;
         check_output_file(outputs[i]);
+        refuse_output_in_checkpoint(outputs[i]);
         refuse_same_file(outputs[i], inputs);
         refuse_same_file(outputs[i],
                          {outputs.begin() + static_cast<std::ptrdiff_t>(i) + 1, outputs.end()});

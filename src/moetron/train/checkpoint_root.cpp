@@ -9,7 +9,7 @@
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
-#include "moetron/train/output_paths.h"
+#include "moetron/train/checksum.h"
 
 namespace moetron {
 
@@ -114,6 +114,21 @@ void claim_save_root(const fs::path& root, const SaveRootRequest& request) {
     if (!ours && dirs.empty())
         replace_file_durably(root / kRunIdFileName, request.run_id + "\n", request.run_id);
     remove_stale_entries(root, request.run_id);
+}
+
+void refuse_output_in_checkpoint(const PathOption& output) {
+    const fs::path parent = output.path.parent_path();
+    const fs::path dir = parent.empty() ? fs::path(".") : parent;
+    std::error_code ec;
+    MT_USER_CHECK(!fs::exists(dir / kCheckpointIndexName, ec),
+                  "{} '{}' lies in the checkpoint directory '{}': writing it would break that "
+                  "checkpoint; choose a path outside it",
+                  output.flag, output.path.string(), dir.string());
+    const std::string name = output.path.filename().string();
+    MT_USER_CHECK(
+        (name != kLatestPointerName && name != kRunIdFileName) || list_checkpoint_dirs(dir).empty(),
+        "{} '{}' would replace the `{}` file of the checkpoint root '{}'; choose another name",
+        output.flag, output.path.string(), name, dir.string());
 }
 
 std::vector<std::string> remove_old_checkpoints(const fs::path& root, size_t keep,

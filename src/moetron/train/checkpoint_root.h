@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include "moetron/train/output_paths.h"
+
 namespace moetron {
 
 inline constexpr std::string_view kRunIdFileName = "run-id";
@@ -56,6 +58,10 @@ struct SaveRootRequest {
 // when root holds no checkpoints, and removes this run's own crash leftovers. Failing to create
 // root or write into it is reported here too, not at the first save.
 void claim_save_root(const std::filesystem::path& root, const SaveRootRequest& request);
+
+// Throws a UserError when writing the file output.path would damage a checkpoint: a file inside
+// a checkpoint directory (its index would no longer match), or a root's `latest` or run-id.
+void refuse_output_in_checkpoint(const PathOption& output);
 
 // After run_id saved checkpoint saved_step into root: deletes run_id's checkpoints older than
 // the newest keep of them (those at steps <= saved_step), never the one `latest` names, never
