@@ -188,21 +188,36 @@ fs::path deleting_path_for(const fs::path& final_path, std::string_view writer) 
 
 // ---- atomic files ----
 
-void replace_file_durably(const fs::path& path, std::string_view content, std::string_view writer) {
-    const fs::path temp = staging_path_for(path, writer);
+void write_file_atomically(const fs::path& path,
+                           const std::function<void(const std::string& staging_path)>& write,
+                           std::string_view writer) {
+    const fs::path staging =
+        staging_path_for(path, writer.empty() ? this_process_writer() : std::string(writer));
+    const std::string name = staging.string();
     try {
-        UniqueFd fd = create_for_writing(temp.string());
-        write_all(fd.get(), content.data(), content.size(), temp.string());
-        fsync_fd(fd.get(), temp.string());
-        fd.close(temp.string());
-        MT_CHECK(::rename(temp.c_str(), path.c_str()) == 0, "[io] renaming '{}' to '{}' failed: {}",
-                 temp.string(), path.string(), detail::errno_message());
+        write(name);
+        UniqueFd fd = open_for_reading(name);  // write need not have fsync'ed
+        fsync_fd(fd.get(), name);
+        fd.close(name);
+        MT_CHECK(::rename(name.c_str(), path.c_str()) == 0, "[io] renaming '{}' to '{}' failed: {}",
+                 name, path.string(), detail::errno_message());
     } catch (...) {
-        std::error_code ignored;
-        fs::remove(temp, ignored);
+        std::error_code ignored;  // the first error is the one to report
+        fs::remove(staging, ignored);
         throw;
     }
     fsync_directory(path.parent_path());
+}
+
+void replace_file_durably(const fs::path& path, std::string_view content, std::string_view writer) {
+    write_file_atomically(
+        path,
+        [&](const std::string& staging) {
+            UniqueFd fd = create_for_writing(staging);
+            write_all(fd.get(), content.data(), content.size(), staging);
+            fd.close(staging);
+        },
+        writer);
 }
 
 // ---- atomic directories ----

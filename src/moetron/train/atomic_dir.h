@@ -82,8 +82,7 @@ std::filesystem::path deleting_path_for(const std::filesystem::path& final_path,
 
 // ---- atomic files ----
 
-// write_file_atomically (atomic_file.h) of content as the whole file, staged under writer's
-// name (see staging_path_for).
+// write_file_atomically (atomic_file.h) of content as the whole file.
 void replace_file_durably(const std::filesystem::path& path, std::string_view content,
                           std::string_view writer);
 
