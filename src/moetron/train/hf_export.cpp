@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/hf_names.h"
 #include "moetron/model/params.h"
 #include "moetron/train/atomic_dir.h"

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/train/atomic_dir.h"
 
 namespace moetron {
