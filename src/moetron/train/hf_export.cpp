@@ -92,18 +92,22 @@ json hf_config_json(const ModelConfig& config, DType dtype) {
     return j;
 }
 
-HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DType dtype) {
-    MT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
-             "[hf] export dtype must be f32 or bf16, got {}", dtype_name(dtype));
-    const fs::path dir = resolve_checkpoint_dir(checkpoint);
+void prepare_hf_export_dir(const fs::path& out_dir) {
     // Writing model.safetensors into a checkpoint directory would replace the checkpoint's own
     // (or break its index): the checkpoint exported from, or any other.
     std::error_code ec;
-    MT_USER_CHECK(!fs::exists(out_dir / kCheckpointIndexName, ec) && !same_file(out_dir, dir),
+    MT_USER_CHECK(!fs::exists(out_dir / kCheckpointIndexName, ec),
                   "--out '{}' is a moetron checkpoint directory: the export would overwrite its "
                   "files. Export into a directory of its own",
                   out_dir.string());
     prepare_output_dir({"--out", out_dir});
+}
+
+HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DType dtype) {
+    MT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
+             "[hf] export dtype must be f32 or bf16, got {}", dtype_name(dtype));
+    const fs::path dir = resolve_checkpoint_dir(checkpoint);
+    prepare_hf_export_dir(out_dir);
     const json state = read_verified_checkpoint_state(dir);
     const ModelConfig config =
         model_config_from_json(state.at("model_config"), (dir / kCheckpointStateFile).string());

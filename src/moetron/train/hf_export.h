@@ -28,9 +28,12 @@ struct HfExportStats {
     uint64_t num_bytes = 0;  // of model.safetensors
 };
 
-// checkpoint: a checkpoint directory or root (its `latest`). dtype: f32 or bf16. Creates out_dir
-// if needed and replaces the three files there, each atomically (atomic_file.h). Refuses (a
-// UserError, before reading anything) an out_dir that is a checkpoint directory.
+// Before an export reads anything: creates out_dir if needed and checks that it takes files; a
+// UserError when out_dir is a moetron checkpoint directory (the export would overwrite its files).
+void prepare_hf_export_dir(const std::filesystem::path& out_dir);
+
+// checkpoint: a checkpoint directory or root (its `latest`). dtype: f32 or bf16. Prepares out_dir
+// (prepare_hf_export_dir) and replaces the three files there, each atomically (atomic_file.h).
 HfExportStats export_hf(const std::filesystem::path& checkpoint,
                         const std::filesystem::path& out_dir, DType dtype);
 
