@@ -147,6 +147,7 @@ TEST(CheckpointRoot, ANewerCheckpointIsRefusedBeforeAnyWork) {
     make_checkpoint(dir.path(), 20, kRunA);
     const std::string e = error_of([&] { claim_save_root(dir.path(), request_of(kRunA, 10)); });
     EXPECT_CONTAINS(e, "holds step-00000020, newer than step 10 where this run starts");
+    EXPECT_CONTAINS(e, "--resume " + (dir.path() / "step-00000020").string());
     EXPECT_NO_THROW(claim_save_root(dir.path(), request_of(kRunA, 20)));
 }
 

@@ -103,13 +103,14 @@ void claim_save_root(const fs::path& root, const SaveRootRequest& request) {
                               "deleted by this run)",
                               request.override_flag));
     }
-    for (const CheckpointDir& dir : dirs)
-        MT_USER_CHECK(dir.step <= static_cast<uint64_t>(request.start_step),
-                      "{} holds {}, newer than step {} where this run starts: saving there would "
-                      "move `latest` back to an older history, and this run's save at that step "
-                      "would fail after the compute. Resume from the newest checkpoint (--resume "
-                      "{}) or save into a new directory",
-                      where, dir.name, request.start_step, root.string());
+    // The newest by name, not `latest`: a crash between a commit and the pointer's update
+    // leaves a complete checkpoint newer than `latest`.
+    MT_USER_CHECK(dirs.empty() || dirs.back().step <= static_cast<uint64_t>(request.start_step),
+                  "{} holds {}, newer than step {} where this run starts: saving there would move "
+                  "`latest` back to an older history, and this run's save at that step would "
+                  "fail after the compute. Resume from the newest checkpoint (--resume {}) or "
+                  "save into a new directory",
+                  where, dirs.back().name, request.start_step, (root / dirs.back().name).string());
 
     prepare_output_dir({request.flag, root});
     if (!ours && dirs.empty())
