@@ -93,15 +93,16 @@ void claim_save_root(const fs::path& root, const SaveRootRequest& request) {
                                 request.run_id)
                   : fmt::format("already holds checkpoints of another run ({}, of unknown run)",
                                 dirs.back().name);
-        MT_USER_THROW(
-            "{} {}: this run's checkpoints would mix with that run's. Continue that run with "
-            "--resume {}, or save into a new directory{}",
-            where, whose, root.string(),
-            request.override_flag.empty()
-                ? std::string()
-                : fmt::format(", or pass {} to save beside its checkpoints (they are never "
-                              "deleted by this run)",
-                              request.override_flag));
+        // What the user can do instead: a new root always; with train also continuing that run,
+        // or the override.
+        std::string advice = "write into a new directory";
+        if (!request.override_flag.empty())
+            advice = fmt::format(
+                "continue that run with --resume {}, save into a new directory, or pass {} to "
+                "save beside its checkpoints (this run never deletes them)",
+                root.string(), request.override_flag);
+        MT_USER_THROW("{} {}: the checkpoints of two runs must not mix. Instead, {}", where, whose,
+                      advice);
     }
     // The newest by name, not `latest`: a crash between a commit and the pointer's update
     // leaves a complete checkpoint newer than `latest`.

@@ -49,7 +49,9 @@ struct SaveRootRequest {
     int64_t start_step = 0;       // the step the run starts from (a resume's step, else 0)
     bool share = false;           // save beside another run's checkpoints (the override)
     std::string flag = "--save";  // how the user named the root, for the messages
-    std::string override_flag;    // how the user asks for share; "" when there is no way
+    // How the user asks for share (train: --share-save-root; the user may also resume the
+    // owner's run); "" for a command that has neither (import).
+    std::string override_flag;
 };
 
 // Throws a UserError, before any work, when the run may not save into root: root is a file, it
