@@ -75,9 +75,11 @@ bool same_file(const fs::path& a, const fs::path& b) {
         const bool same = fs::equivalent(a, b, ec);
         if (!ec) return same;
     }
-    const fs::path ca = fs::weakly_canonical(a, ec);
+    // Absolute first: weakly_canonical leaves a relative path relative when no part of it
+    // exists, and "new.bin" would not match "./sub/../new.bin".
+    const fs::path ca = fs::weakly_canonical(fs::absolute(a, ec), ec);
     if (ec) return false;
-    const fs::path cb = fs::weakly_canonical(b, ec);
+    const fs::path cb = fs::weakly_canonical(fs::absolute(b, ec), ec);
     return !ec && ca == cb;
 }
 
