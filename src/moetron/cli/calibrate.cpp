@@ -21,6 +21,7 @@
 #include "moetron/calibrate/calibrate.h"
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/parallel/communicator.h"
 
 namespace moetron::cli {
@@ -54,9 +55,9 @@ void write_file(const std::string& path, const std::string& text) {
     const auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     std::ofstream out(path, std::ios::binary);
-    MT_CHECK(out.good(), "[calibrate] cannot create '{}'", path);
+    MT_USER_CHECK(out.good(), "[calibrate] cannot create '{}'", path);
     out << text;
-    MT_CHECK(out.good(), "[calibrate] cannot write '{}'", path);
+    MT_USER_CHECK(out.good(), "[calibrate] cannot write '{}'", path);
 }
 
 void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
