@@ -14,6 +14,7 @@
 #include "moetron/model/params.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/hf_tokenizer.h"
 #include "moetron/train/safetensors.h"
 
 namespace moetron {
@@ -96,8 +97,6 @@ json hf_config_json(const ModelConfig& config, DType dtype) {
 }
 
 HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DType dtype) {
-    MT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
-             "[hf] export dtype must be f32 or bf16, got {}", dtype_name(dtype));
     const fs::path dir = resolve_checkpoint_dir(checkpoint);
     const json state = read_verified_checkpoint_state(dir);
     const ModelConfig config =
@@ -105,8 +104,22 @@ HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DTy
     const ParamTable table(model_param_specs(config));
     std::vector<float> params(static_cast<size_t>(table.total_numel()));
     read_checkpoint_tensors(dir, table.entries(), params.data(), nullptr, nullptr);
+    HfExportOptions options;
+    options.dtype = dtype;
+    return export_hf_params(config, params.data(), out_dir, options);
+}
 
-    const HfNameMap names(config, HfExpertLayout::per_expert);
+HfExportStats export_hf_params(const ModelConfig& config, const float* params,
+                               const fs::path& out_dir, const HfExportOptions& options) {
+    const DType dtype = options.dtype;
+    MT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
+             "[hf] export dtype must be f32 or bf16, got {}", dtype_name(dtype));
+    const ParamTable table(model_param_specs(config));
+    // Without MTP: the main model's tensors only (their names do not depend on MTP), and a
+    // config.json that says there is none.
+    ModelConfig exported = config;
+    if (!options.include_mtp) exported.num_nextn_predict_layers = 0;
+    const HfNameMap names(exported, HfExpertLayout::per_expert);
     int64_t total = 0;
     for (const HfTensor& t : names.tensors()) total += t.numel();
     std::vector<bf16> converted(dtype == DType::bf16 ? static_cast<size_t>(total) : 0);
@@ -116,7 +129,7 @@ HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DTy
     int64_t at = 0;
     for (const HfTensor& t : names.tensors()) {
         // Each HF tensor is one contiguous block of its moetron tensor (model/hf_names.h).
-        const float* src = params.data() + table.entry(t.param_name).offset + t.param_offset;
+        const float* src = params + table.entry(t.param_name).offset + t.param_offset;
         if (dtype == DType::bf16) {
             bf16* dst = converted.data() + at;
             convert_f32_to_bf16(dst, src, static_cast<size_t>(t.numel()));
@@ -136,7 +149,8 @@ HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DTy
         out_dir / kHfWeightsIndexFile,
         json{{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}}.dump(2) +
             "\n");
-    write_text(out_dir / "config.json", hf_config_json(config, dtype).dump(2) + "\n");
+    write_text(out_dir / "config.json", hf_config_json(exported, dtype).dump(2) + "\n");
+    if (options.byte_tokenizer) write_hf_byte_tokenizer(out_dir, config.max_position_embeddings);
     fsync_directory(out_dir);
     return {static_cast<int64_t>(names.tensors().size()), digest.num_bytes};
 }
