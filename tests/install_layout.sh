@@ -15,7 +15,7 @@ exe="$prefix/usr/bin/moetron"
 test -x "$exe" || { echo "FAIL: $exe was not installed"; exit 1; }
 test -f "$prefix/usr/share/moetron/configs/models/tiny.toml" ||
   { echo "FAIL: the model presets were not installed"; exit 1; }
-test -f "$prefix/usr/share/moetron/configs/clusters/h100-hgx.toml" ||
+test -f "$prefix/usr/share/moetron/configs/clusters/gb300-nvl72.toml" ||
   { echo "FAIL: the cluster configs were not installed"; exit 1; }
 
 train=$("$exe" train --config tiny --steps 2 --batch-size 2 --seq-len 16 --eval-every 0 --threads 1)
@@ -23,8 +23,8 @@ echo "$train" | grep -q "moetron train: $prefix/usr/share/moetron/configs/models
   { echo "FAIL: train did not use the installed tiny preset:"; echo "$train"; exit 1; }
 echo "$train" | grep -q "step 2/2" || { echo "FAIL: train did not run 2 steps:"; echo "$train"; exit 1; }
 
-"$exe" simulate --config dsv3-671b --cluster h100-hgx --gpus 64 --layout tp1.pp8.ep8 \
-  --gbs 512 --seq-len 4096 | grep -q "TFLOPs" ||
+"$exe" simulate --config dsv3-671b --cluster gb300-nvl72 --gpus 256 --layout tp1.pp2.vpp4.ep32 \
+  --gbs 4096 --seq-len 4096 --precision mxfp8 | grep -q "delivered TFLOPs/GPU" ||
   { echo "FAIL: simulate with preset names"; exit 1; }
 
 if unknown=$("$exe" train --config tinny --steps 1 2>&1); then

@@ -51,10 +51,10 @@ TEST(CliVocabulary, NewSpellingsWork) {
     EXPECT_EQ(info.exit_code, 0) << info.text;
     EXPECT_CONTAINS(info.text, "FLOPs per token at seq 128");
     const auto simulate = run_cli(
-        "simulate --config dsv3-671b --cluster h100-hgx --gpus 64 --layout tp1.pp8.ep8 --gbs 512 "
-        "--seq-len 4096 --dispatch flat --no-overlap-dp-grad");
+        "simulate --config dsv3-671b --cluster gb300-nvl72 --gpus 256 --layout tp1.pp2.vpp4.ep32 "
+        "--gbs 4096 --seq-len 4096 --precision mxfp8 --dispatch flat --no-overlap-dp-grad");
     EXPECT_EQ(simulate.exit_code, 0) << simulate.text;
-    EXPECT_CONTAINS(simulate.text, "TFLOPs");
+    EXPECT_CONTAINS(simulate.text, "dispatcher flat, overlap dp-param;");
 }
 
 TEST(CliVocabulary, MisspelledCommandSuggestsTheClosest) {

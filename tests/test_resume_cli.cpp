@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 
 // A run unlike the tiny preset's [train] table in every setting a resume must keep.
 const std::string kRun =
-    "train --config tiny --steps 6 --batch-size 2 --seq-len 16 --eval-every 3 --lr 0.002 "
+    "train --config " MOETRON_SOURCE_DIR
+    "/configs/models/tiny.toml --steps 6 --batch-size 2 --seq-len 16 --eval-every 3 --lr 0.002 "
     "--seed 7 --threads 1";
 
 class ResumeCli : public ::testing::Test {
@@ -59,10 +60,9 @@ TEST_F(ResumeCli, ContinuesTheCheckpointsRunAsConfigured) {
     EXPECT_CONTAINS(out.text, "corpus.txt (text, byte-level");
     EXPECT_LACKS(out.text, "overridden");
     // The same run: the final checkpoints are byte for byte the same.
-    const std::string name = "/" + std::string(kCheckpointModelFile);
-    const std::string straight = read_file(checkpoint("a", 6) + name);
+    const std::string straight = read_file(fs::path(checkpoint("a", 6)) / kCheckpointModelFile);
     ASSERT_FALSE(straight.empty());
-    EXPECT_TRUE(straight == read_file(checkpoint("b", 6) + name))
+    EXPECT_TRUE(straight == read_file(fs::path(checkpoint("b", 6)) / kCheckpointModelFile))
         << "the resumed run ended with other parameters than the straight one";
 }
 

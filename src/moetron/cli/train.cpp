@@ -353,8 +353,8 @@ void register_train(CLI::App& app) {
     auto o = std::make_shared<TrainOptions>();
     CLI::App* cmd = app.add_subcommand(
         "train",
-        "Train a model, on one process or as every rank of an MPI job (default: the tiny "
-        "preset on built-in synthetic text)");
+        "Train a model in this process or, under mpirun, as every rank of the job (default: the "
+        "tiny preset on built-in synthetic text)");
     cmd->add_option("--config", o->config_path,
                     "model: a preset name (tiny, small, dsv3-671b) or a TOML file with a [train] "
                     "table (default: tiny; with --resume: the checkpoint's)");
