@@ -286,7 +286,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  trainer.model_flops_per_step() / 1e9);
     std::fprintf(out, "blas: %s\n", cpu::describe_blas().c_str());
     const double initial_val = trainer.evaluate();
-    std::fprintf(out, "step 0 | val %.4f (uniform guess: ln %lld = %.4f)\n", initial_val,
+    std::fprintf(out, "step %lld | val %.4f (uniform guess: ln %lld = %.4f)\n",
+                 static_cast<long long>(trainer.steps_done()), initial_val,
                  static_cast<long long>(model_config.vocab_size),
                  std::log(static_cast<double>(model_config.vocab_size)));
     MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
