@@ -215,6 +215,10 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                      static_cast<long long>(trainer.steps_done()));
         for (const std::string& line : train_config_differences(dir, config))
             std::fprintf(out, "note    overridden on the command line: %s\n", line.c_str());
+        if (!config_path.empty())
+            std::fprintf(out,
+                         "note    --config names the model; the [train] settings are the "
+                         "checkpoint's run's (flags override them)\n");
     }
     // The weights file for `moetron sample`, written by rank 0 after the run (or at once when
     // there is nothing to train).
