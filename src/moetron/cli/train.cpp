@@ -163,7 +163,12 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                                                            : find_preset("tiny");
     const ModelConfig model_config =
         config_path.empty() ? resumed->model : load_model_config(config_path);
-    TrainConfig config = resumed ? resumed->train : load_train_config(config_path);
+    // An imported checkpoint (moetron import) has weights but no run: its [train] settings are
+    // --config's, as for a fresh run.
+    const bool imported = resumed && resumed->data_source.rfind("imported from ", 0) == 0;
+    TrainConfig config = resumed && (!imported || config_path.empty())
+                             ? resumed->train
+                             : load_train_config(config_path);
     apply_overrides(o, config);
     validate_train_config(config);
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
@@ -172,7 +177,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                        static_cast<double>(config.tokens_per_step()));
 
     TokenData data = load_training_data(o, resumed, model_config.vocab_size, config.seed, out);
-    if (resumed && data.source != resumed->data_source)
+    if (resumed && !imported && data.source != resumed->data_source)
         std::fprintf(out,
                      "note    the checkpoint's run trained on '%s'; this run continues on '%s'\n",
                      resumed->data_source.c_str(), data.source.c_str());
@@ -213,12 +218,14 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         const auto dir = load_checkpoint(trainer, o.resume_dir);
         std::fprintf(out, "resumed from %s at step %lld\n", dir.c_str(),
                      static_cast<long long>(trainer.steps_done()));
-        for (const std::string& line : train_config_differences(dir, config))
-            std::fprintf(out, "note    overridden on the command line: %s\n", line.c_str());
-        if (!config_path.empty())
-            std::fprintf(out,
-                         "note    --config names the model; the [train] settings are the "
-                         "checkpoint's run's (flags override them)\n");
+        if (!imported) {  // an import's settings are --config's: nothing to compare
+            for (const std::string& line : train_config_differences(dir, config))
+                std::fprintf(out, "note    overridden on the command line: %s\n", line.c_str());
+            if (!config_path.empty())
+                std::fprintf(out,
+                             "note    --config names the model; the [train] settings are the "
+                             "checkpoint's run's (flags override them)\n");
+        }
     }
     // The weights file for `moetron sample`, written by rank 0 after the run (or at once when
     // there is nothing to train).
