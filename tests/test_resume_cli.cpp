@@ -97,6 +97,19 @@ TEST_F(ResumeCli, AFinishedRunSaysSo) {
     EXPECT_LACKS(out.text, "done    0 steps");
 }
 
+// An imported checkpoint has weights but no run of its own: --config's [train] table applies.
+TEST_F(ResumeCli, AnImportTakesItsSettingsFromConfig) {
+    train_first_run();
+    ASSERT_EQ(run_cli("export --weights " + path("a") + " --out " + path("hf")).exit_code, 0);
+    const auto imported = run_cli("import --hf " + path("hf") + " --out " + path("imported"));
+    ASSERT_EQ(imported.exit_code, 0) << imported.text;
+    const auto out = run_cli("train --threads 1 --resume " + path("imported") +
+                             " --config tiny --steps 2 --eval-every 0");
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    EXPECT_CONTAINS(out.text, "(warmup 20)");  // tiny.toml's, not the struct's default 30
+    EXPECT_LACKS(out.text, "overridden on the command line");
+}
+
 TEST_F(ResumeCli, SampleTakesACheckpointOrAWeightsFile) {
     train_first_run();
     const std::string args = " --prompt 'a line' --new-tokens 12 --temperature 0 --threads 1";
