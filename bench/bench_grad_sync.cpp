@@ -15,7 +15,7 @@
 // long the step still waited for the parameter all-gathers after the router bias update that
 // they overlap (slowest rank, median).
 //
-//   bench_grad_sync [--config PATH] [--layout L] [--batch B] [--seq S] [--steps N]
+//   bench_grad_sync [--config PATH] [--layout L] [--batch-size B] [--seq-len S] [--steps N]
 //                   [--bucket-mb MB] [--zero1]
 // Defaults: configs/models/small.toml (relative: run from the repository root), layout "" (data
 // parallel over the world), 1 x 128 tokens per rank, 6 steps per mode, 4 MB buckets, all-reduce.
@@ -67,9 +67,9 @@ Options parse_options(int argc, char** argv) {
             o.config_path = value();
         } else if (arg == "--layout") {
             o.layout = value();
-        } else if (arg == "--batch") {
+        } else if (arg == "--batch-size") {
             o.batch = std::stoll(value());
-        } else if (arg == "--seq") {
+        } else if (arg == "--seq-len") {
             o.seq = std::stoll(value());
         } else if (arg == "--steps") {
             o.steps = std::stoi(value());

@@ -72,8 +72,8 @@ for n in $ranks_list; do
             --log-jsonl "$log" > "$out/$model-np$n.train.txt"
         measured=$(median_step_ms "$log")
         sim_json="$out/$model-np$n.sim.json"
-        "$exe" simulate --cluster "$cluster" --model "$config" --gpus "$n" --layout tp1 \
-            --gbs "$batch" --mbs $(( batch / n )) --seq "$seq" --precision fp32 --json > "$sim_json"
+        "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$n" --layout tp1 \
+            --gbs "$batch" --mbs $(( batch / n )) --seq-len "$seq" --precision fp32 --json > "$sim_json"
         predicted=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
         err=$(python3 -c "import sys; p, m = map(float, sys.argv[1:]); print(f'{100 * (p - m) / m:+.1f}%')" "$predicted" "$measured")
         echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms, measured $measured ms ($err)"

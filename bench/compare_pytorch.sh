@@ -3,7 +3,7 @@
 # same preset, batch, sequence length and thread count, one after the other on this machine.
 # Prints both JSON lines and the ratio moetron / PyTorch of tokens/s (goal: >= 3).
 #
-#   bench/compare_pytorch.sh [--config PATH] [--batch B] [--seq S] [--threads T] [--steps N]
+#   bench/compare_pytorch.sh [--config PATH] [--batch-size B] [--seq-len S] [--threads T] [--steps N]
 #                            [--build DIR]
 #
 # Defaults: configs/models/small.toml, batch 4, seq 256, all cores, 3 timed steps (after one
@@ -21,8 +21,8 @@ build=build
 while [ $# -gt 0 ]; do
   case "$1" in
     --config) config=$2; shift 2 ;;
-    --batch) batch=$2; shift 2 ;;
-    --seq) seq=$2; shift 2 ;;
+    --batch-size) batch=$2; shift 2 ;;
+    --seq-len) seq=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
@@ -43,7 +43,7 @@ moetron_json=$("$bench_bin" --config "$config" --batch-size "$batch" --seq-len "
   --threads "$threads" --steps "$steps" --no-mtp --no-balance | grep '^{"impl": "moetron"')
 echo "$moetron_json"
 echo "== pytorch: same settings" >&2
-pytorch_json=$(python3 bench/pytorch_step.py --config "$config" --batch "$batch" --seq "$seq" \
+pytorch_json=$(python3 bench/pytorch_step.py --config "$config" --batch-size "$batch" --seq-len "$seq" \
   --threads "$threads" --warmup 1 --steps "$steps" | grep '^{')
 echo "$pytorch_json"
 

@@ -5,7 +5,7 @@ timed over N steps after a warm-up. Prints one JSON line:
 
     {"impl": "pytorch", "tokens_per_s": ..., "batch": .., "seq": .., "threads": .., ...}
 
-    python bench/pytorch_step.py [--config configs/models/small.toml] [--batch B] [--seq S]
+    python bench/pytorch_step.py [--config configs/models/small.toml] [--batch-size B] [--seq-len S]
                                  [--threads T] [--warmup 2] [--steps 5]
 
 batch/seq/lr/weight_decay/grad_clip default to the preset's [train] table. HF's model has no MTP
@@ -34,8 +34,8 @@ from transformers import DeepseekV3ForCausalLM  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(REPO / "configs/models/small.toml"))
-    ap.add_argument("--batch", type=int, help="sequences per step (default: [train] batch_size)")
-    ap.add_argument("--seq", type=int, help="tokens per sequence (default: [train] seq_len)")
+    ap.add_argument("--batch-size", type=int, help="sequences per step (default: [train] batch_size)")
+    ap.add_argument("--seq-len", type=int, help="tokens per sequence (default: [train] seq_len)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
@@ -48,8 +48,8 @@ def main() -> None:
 
     with open(args.config, "rb") as f:
         train = tomllib.load(f).get("train", {})
-    batch = args.batch or train.get("batch_size", 8)
-    seq = args.seq or train.get("seq_len", 512)
+    batch = args.batch_size or train.get("batch_size", 8)
+    seq = args.seq_len or train.get("seq_len", 512)
     preset = load_preset(pathlib.Path(args.config))
     if seq > preset["max_position_embeddings"]:
         sys.exit(f"seq {seq} exceeds max_position_embeddings {preset['max_position_embeddings']}")

@@ -16,4 +16,4 @@ trap 'tools/testbed/testbed.sh down >/dev/null' EXIT
 tools/testbed/testbed.sh up --nodes 2 --ranks-per-node 4
 export OMP_NUM_THREADS=1
 tools/testbed/testbed.sh run -- "$exe" bench a2a --json --domain-size 4 --experts 64 --top-k 8 \
-    --hidden 1024 --tokens 1024 --iterations 10 --warmup 2 "$@"
+    --hidden 1024 --tokens-per-rank 1024 --iterations 10 --warmup 2 "$@"

@@ -157,9 +157,9 @@ TEST(Calibrate, CommandWritesAFileSimulateReads) {
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("wrote " + file), std::string::npos) << out;
     std::tie(rc, out) = run("simulate --cluster " + file +
-                            " --model " MOETRON_SOURCE_DIR
+                            " --config " MOETRON_SOURCE_DIR
                             "/configs/models/tiny.toml --gpus 1 --layout tp1 --gbs 8 --mbs 8 "
-                            "--seq 64 --precision fp32");
+                            "--seq-len 64 --precision fp32");
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("step time"), std::string::npos) << out;
     std::filesystem::remove_all(dir);

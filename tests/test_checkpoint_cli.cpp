@@ -211,8 +211,8 @@ TEST(CheckpointHf, ExportAndImportCommands) {
     TempDir dir;
     const Trained t = train_and_save(dir.path() / "ckpt");
     const fs::path hf = dir.path() / "hf", imported = dir.path() / "imported";
-    ASSERT_EQ(run_moetron({"export", "--checkpoint", (dir.path() / "ckpt").string(), "--format",
-                           "hf", "--out", hf.string(), "--dtype", "fp32"},
+    ASSERT_EQ(run_moetron({"export", "--weights", (dir.path() / "ckpt").string(), "--format", "hf",
+                           "--out", hf.string(), "--dtype", "fp32"},
                           dir.path() / "export.txt"),
               0)
         << read_file(dir.path() / "export.txt");
@@ -222,7 +222,7 @@ TEST(CheckpointHf, ExportAndImportCommands) {
         << read_file(dir.path() / "import.txt");
     const std::vector<float> p = checkpoint_params(resolve_checkpoint_dir(imported));
     EXPECT_EQ(std::memcmp(p.data(), t.params.data(), p.size() * sizeof(float)), 0);
-    EXPECT_NE(run_moetron({"export", "--checkpoint", (dir.path() / "ckpt").string(), "--format",
+    EXPECT_NE(run_moetron({"export", "--weights", (dir.path() / "ckpt").string(), "--format",
                            "onnx", "--out", hf.string()},
                           dir.path() / "bad.txt"),
               0);

@@ -183,7 +183,7 @@ TEST(CheckpointMpiCli, SigtermToOneRankSavesTheSameStepOnEveryRankAndExitsZero) 
     EXPECT_LE(list_checkpoint_dirs(root).size(), 2u);
     // The sharded checkpoint exports to Hugging Face like a one-process one.
     const fs::path hf = dir.path() / "hf";
-    const std::string export_cmd = std::string(MOETRON_BINARY) + " export --checkpoint " +
+    const std::string export_cmd = std::string(MOETRON_BINARY) + " export --weights " +
                                    root.string() + " --dtype fp32 --out " + hf.string() + " > " +
                                    (dir.path() / "export.txt").string() + " 2>&1";
     EXPECT_EQ(std::system(export_cmd.c_str()), 0) << read_file(dir.path() / "export.txt");

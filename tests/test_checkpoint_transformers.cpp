@@ -1,6 +1,7 @@
 // moetron export --format hf against transformers: the logits of DeepseekV3ForCausalLM loaded
-// from an exported fp32 directory equal moetron's own. Skipped when python3 with torch and
-// transformers is not importable. About 10 s, most of it importing torch.
+// from an exported fp32 directory equal moetron's own (skipped when python3 with torch and
+// transformers is not importable; about 10 s, most of it importing torch), and the exported
+// byte-level tokenizer loads in AutoTokenizer (skipped without transformers).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "moetron/model/config.h"
+#include "moetron/model/params.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/hf_export.h"
@@ -98,6 +100,33 @@ TEST(CheckpointHf, MatchesTransformersLogits) {
         max_abs = std::max(max_abs, std::fabs(static_cast<double>(ours[i] - theirs[i])));
     std::printf("[maxerr] hf_export transformers logits abs=%.3e\n", max_abs);
     EXPECT_LE(max_abs, 1e-3);
+}
+
+// The exported byte-level tokenizer through transformers' AutoTokenizer: text encodes to its raw
+// UTF-8 bytes as token ids and decodes back. Needs transformers (not torch).
+TEST(CheckpointHf, ByteTokenizerLoadsInTransformers) {
+    if (std::system("python3 -c 'import transformers' > /dev/null 2>&1") != 0)
+        GTEST_SKIP() << "python3 with transformers is not importable";
+    TempDir dir;
+    HfExportOptions options;
+    options.byte_tokenizer = true;
+    const ModelConfig model = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+    std::vector<float> params(
+        static_cast<size_t>(ParamTable(model_param_specs(model)).total_numel()));
+    export_hf_params(model, params.data(), dir.path() / "hf", options);
+    const fs::path script =
+        dir.path() / "check_tokenizer.py";  // not tokenize.py: that shadows a stdlib module
+    std::ofstream(script) << "import sys, transformers\n"
+                             "t = transformers.AutoTokenizer.from_pretrained(sys.argv[1])\n"
+                             "text = 'ROMEO: caf\\u00e9\\n\\tend \\x00'\n"
+                             "ids = t(text)['input_ids']\n"
+                             "assert ids == list(text.encode('utf-8')), ids\n"
+                             "assert t.decode(ids) == text, t.decode(ids)\n"
+                             "print('tokenizer OK')\n";
+    const std::string cmd =
+        fmt::format("python3 {} {} > {} 2>&1", script.string(), (dir.path() / "hf").string(),
+                    (dir.path() / "py.txt").string());
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << read_file(dir.path() / "py.txt");
 }
 
 }  // namespace

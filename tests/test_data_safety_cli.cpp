@@ -122,7 +122,7 @@ TEST(DataSafetyCli, ImportIntoAnExistingRootIsRefused) {
     TempDir dir;
     const fs::path ck = dir.path() / "ck", hf = dir.path() / "hf";
     train_twenty_steps(ck);
-    const auto exported = run_moetron("export --checkpoint " + q(ck) + " --out " + q(hf));
+    const auto exported = run_moetron("export --weights " + q(ck) + " --out " + q(hf));
     ASSERT_EQ(exported.exit_code, 0) << exported.text;
     const auto r = run_moetron("import --hf " + q(hf) + " --out " + q(ck));
     EXPECT_EQ(r.exit_code, 1) << r.text;
@@ -176,12 +176,12 @@ TEST(DataSafetyCli, ExportRefusesACheckpointDirectory) {
     train_twenty_steps(ck);
     const fs::path step = ck / "step-00000020";
     const std::string before = read_file(step / "model.safetensors");
-    const auto r = run_moetron("export --checkpoint " + q(ck) + " --out " + q(step));
+    const auto r = run_moetron("export --weights " + q(ck) + " --out " + q(step));
     EXPECT_EQ(r.exit_code, 1) << r.text;
     EXPECT_CONTAINS(r.text, "is a moetron checkpoint directory");
     EXPECT_TRUE(read_file(step / "model.safetensors") == before);
     const auto other =
-        run_moetron("export --checkpoint " + q(ck) + " --out " + q(ck / "step-00000010"));
+        run_moetron("export --weights " + q(ck) + " --out " + q(ck / "step-00000010"));
     EXPECT_EQ(other.exit_code, 1) << other.text;
 }
 
@@ -192,12 +192,12 @@ TEST(DataSafetyCli, FailedExportLeavesThePreviousExportWhole) {
     const fs::path ck = dir.path() / "ck", hf = dir.path() / "hf";
     train_twenty_steps(ck);
     ASSERT_EQ(
-        run_moetron("export --checkpoint " + q(ck / "step-00000010") + " --out " + q(hf)).exit_code,
+        run_moetron("export --weights " + q(ck / "step-00000010") + " --out " + q(hf)).exit_code,
         0);
     const std::string before = read_file(hf / "model.safetensors");
     ASSERT_GT(before.size(), 200000u);
     // SIGXFSZ ignored: the write fails with EFBIG instead of killing the process.
-    const auto r = run_moetron("export --checkpoint " + q(ck) + " --out " + q(hf),
+    const auto r = run_moetron("export --weights " + q(ck) + " --out " + q(hf),
                                "trap '' XFSZ; ulimit -f 100;");
     EXPECT_EQ(r.exit_code, 1) << r.text;
     EXPECT_CONTAINS(r.text, "File too large");

@@ -62,11 +62,11 @@ std::pair<int, std::string> run(const std::string& args) {
 }
 
 TEST(SimCommands, SimulateAndPlanEndToEnd) {
-    const std::string model = " --model " + kRoot + "/configs/models/dsv3-671b.toml";
+    const std::string model = " --config " + kRoot + "/configs/models/dsv3-671b.toml";
     const std::string gb300 = " --cluster " + kRoot + "/configs/clusters/gb300-nvl72.toml";
     const std::string h100 = " --cluster " + kRoot + "/configs/clusters/h100-hgx.toml";
     auto [rc, out] = run("simulate" + model + gb300 +
-                         " --gpus 256 --layout tp1.pp2.vpp4.ep32 --gbs 4096 --mbs 1 --seq 4096"
+                         " --gpus 256 --layout tp1.pp2.vpp4.ep32 --gbs 4096 --mbs 1 --seq-len 4096"
                          " --precision mxfp8 --no-count-mtp --json");
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("\"tflops_per_gpu\""), std::string::npos) << out;
@@ -81,8 +81,8 @@ TEST(SimCommands, SimulateAndPlanEndToEnd) {
     EXPECT_EQ(rc, 1);
     EXPECT_NE(out.find("GB over"), std::string::npos) << out;
 
-    std::tie(rc, out) = run("plan --model " + kRoot + "/configs/models/tiny.toml" + h100 +
-                            " --gpus 8 --gbs 64 --seq 256 --scaling 8,16");
+    std::tie(rc, out) = run("plan --config " + kRoot + "/configs/models/tiny.toml" + h100 +
+                            " --gpus 8 --gbs 64 --seq-len 256 --scaling 8,16");
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("#5 "), std::string::npos) << out;
     EXPECT_NE(out.find("16 GPUs"), std::string::npos) << out;

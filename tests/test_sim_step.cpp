@@ -161,6 +161,14 @@ TEST(SimStep, ReportsRender) {
     EXPECT_NE(svg.find("stage 1"), std::string::npos);
     const std::string chart = scaling_svg({{256, 1500, 1.0}, {1024, 1480, 0.987}}, "scaling");
     EXPECT_NE(chart.find("98.7%"), std::string::npos);
+    // The y-axis title runs up the left margin: horizontal, it was clipped by the chart's edge
+    // and overlapped the tick labels.
+    const size_t title_end = chart.find(">TFLOPs/GPU</text>");
+    ASSERT_NE(title_end, std::string::npos) << chart;
+    const size_t title_start = chart.rfind("<text", title_end);
+    EXPECT_NE(chart.substr(title_start, title_end - title_start).find("rotate(-90"),
+              std::string::npos)
+        << chart.substr(title_start, title_end - title_start);
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ TEST_F(TrainCli, PrepareTrainSampleRoundTrip) {
     EXPECT_EQ(lines, 6);
 
     Output sampled = run("sample --config " + config + " --weights " + file("w.bin") +
-                         " --prompt 'the quick' --tokens 20 --temperature 0 --threads 1");
+                         " --prompt 'the quick' --new-tokens 20 --temperature 0 --threads 1");
     ASSERT_EQ(sampled.exit_code, 0) << sampled.text;
     EXPECT_EQ(sampled.text.rfind("the quick", 0), 0u) << sampled.text;
     EXPECT_EQ(sampled.text.size(), std::string("the quick").size() + 20 + 1);  // + newline
@@ -101,7 +101,7 @@ TEST_F(TrainCli, BadInputEndsWithAClearError) {
     EXPECT_EQ(typo.exit_code, 1);
     EXPECT_CONTAINS(typo.text, "unknown key 'learning_rate' in [train] (did you mean");
 
-    Output no_weights = run("sample --weights " + file("none.bin") + " --tokens 1");
+    Output no_weights = run("sample --weights " + file("none.bin") + " --new-tokens 1");
     EXPECT_EQ(no_weights.exit_code, 1);
     EXPECT_CONTAINS(no_weights.text, "does not exist");
 

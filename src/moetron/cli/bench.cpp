@@ -23,9 +23,11 @@
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/router.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/expert_dispatcher.h"
@@ -182,14 +184,15 @@ nlohmann::ordered_json to_json(const Figures& f) {
 void run_bench_a2a(const BenchA2aOptions& o, parallel::Communicator& world) {
     const int ep = world.size();
     const int L = o.domain_size == 0 ? ep : std::min(o.domain_size, ep);
-    MT_CHECK(ep % L == 0, "[bench a2a] --domain-size {} does not split the {} ranks into domains",
-             o.domain_size, ep);
-    MT_CHECK(o.experts % ep == 0, "[bench a2a] --experts {} do not split over {} ranks", o.experts,
-             ep);
-    MT_CHECK(o.routing == "uniform" || o.routing == "router",
-             "[bench a2a] --routing '{}': use uniform or router", o.routing);
-    MT_CHECK(o.iterations >= 1 && o.warmup >= 0 && o.tokens >= 1,
-             "[bench a2a] --iterations, --tokens must be >= 1 and --warmup >= 0");
+    MT_USER_CHECK(ep % L == 0,
+                  "[bench a2a] --domain-size {} does not split the {} ranks into domains",
+                  o.domain_size, ep);
+    MT_USER_CHECK(o.experts % ep == 0, "[bench a2a] --experts {} do not split over {} ranks",
+                  o.experts, ep);
+    MT_USER_CHECK(o.routing == "uniform" || o.routing == "router",
+                  "[bench a2a] --routing '{}': use uniform or router", o.routing);
+    MT_USER_CHECK(o.iterations >= 1 && o.warmup >= 0 && o.tokens >= 1,
+                  "[bench a2a] --iterations, --tokens-per-rank must be >= 1 and --warmup >= 0");
     const int G = ep / L, r = world.rank();
     // The EP group is the whole job: its rail and domain groups split from it.
     std::unique_ptr<parallel::Communicator> rail = world.split(r % L, r / L, "ep_rail");
@@ -260,7 +263,10 @@ void register_bench(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     a2a->add_option("--top-k", o->top_k, "experts per token K")->check(CLI::PositiveNumber);
     a2a->add_option("--hidden", o->hidden, "hidden size D")->check(CLI::PositiveNumber);
-    a2a->add_option("--tokens", o->tokens, "tokens per rank")->check(CLI::PositiveNumber);
+    a2a->add_option("--tokens-per-rank", o->tokens, "tokens each rank dispatches")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    add_renamed_option(*a2a, "--tokens", "--tokens-per-rank");
     a2a->add_option("--domain-size", o->domain_size,
                     "ranks per (emulated) scale-up domain (0: one domain)")
         ->check(CLI::NonNegativeNumber);

@@ -20,6 +20,7 @@
 #include "moetron/calibrate/calibrate.h"
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/output_paths.h"

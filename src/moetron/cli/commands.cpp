@@ -2,10 +2,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include "moetron/cli/vocabulary.h"
+#include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
+
 namespace moetron::cli {
 
 int run(int argc, char** argv) {
-    CLI::App app{"moetron: DeepSeek-V3-class MoE pre-training engine and GPU cluster model"};
+    CLI::App app{"moetron: DeepSeek-V3-class MoE pre-training engine and GPU cluster model",
+                 "moetron"};
     app.require_subcommand(1);
     register_info(app);
     register_train(app);
@@ -17,7 +22,14 @@ int run(int argc, char** argv) {
     register_import(app);
     register_calibrate(app);
     register_bench(app);
-    CLI11_PARSE(app, argc, argv);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::Success& e) {  // --help: print it, exit 0
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        // A user's mistake on the command line: one message that says what to type instead.
+        throw UserError(describe_parse_error(app, e));
+    }
     return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/vocabulary.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 
@@ -76,7 +77,7 @@ nlohmann::json flops_json(const FlopsPerToken& f) {
 }
 
 void run_info(const InfoOptions& options) {
-    const ModelConfig config = load_model_config(options.config_path);
+    const ModelConfig config = load_model_config(model_config_path(options.config_path));
     const ParamCounts params = count_parameters(config);
     const FlopsPerToken flops = flops_per_token(config, options.seq_len, /*include_mtp=*/true);
     const FlopsPerToken flops_no_mtp =
@@ -136,12 +137,13 @@ void register_info(CLI::App& app) {
     CLI::App* info = app.add_subcommand(
         "info", "Print a model config's parameter counts, FLOPs per token and training memory");
     info->add_option("--config", options->config_path,
-                     "model config: a TOML preset or a HF "
+                     "model: a preset name (tiny, small, dsv3-671b), a TOML file, or a HF "
                      "config.json (or its directory)")
         ->required();
-    info->add_option("--seq", options->seq_len, "sequence length for the attention FLOPs")
+    info->add_option("--seq-len", options->seq_len, "tokens per sequence, for the attention FLOPs")
         ->capture_default_str()
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+    add_renamed_option(*info, "--seq", "--seq-len");
     info->add_flag("--json", options->json, "print one JSON object instead of the table");
     info->callback([options] { run_info(*options); });
 }

@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/planner.h"
@@ -24,7 +26,7 @@ namespace {
 
 struct PlanFlags {
     std::string model_path, cluster_path, precision = "bf16", svg_path, scaling;
-    std::string dispatcher = "two-tier", cuda_graphs = "none";
+    std::string dispatch = "two_tier", cuda_graphs = "none";
     int64_t gpus = 0, global_batch = 0, seq_len = 4096;
     int top = 5;
     bool count_mtp = true, low_precision_dispatch = false, overlap_ep = false, overlap_tp = false;
@@ -38,29 +40,26 @@ std::vector<int64_t> parse_counts(const std::string& text) {
         try {
             size_t used = 0;
             const long long v = std::stoll(item, &used);
-            MT_CHECK(used == item.size() && v > 0, "bad");
+            MT_USER_CHECK(used == item.size() && v > 0, "bad");
             out.push_back(v);
         } catch (const std::exception&) {
-            MT_THROW("[plan] --scaling '{}': '{}' is not a positive GPU count", text, item);
+            MT_USER_THROW("[plan] --scaling '{}': '{}' is not a positive GPU count", text, item);
         }
     }
-    MT_CHECK(!out.empty(), "[plan] --scaling needs GPU counts such as 256,512,1024");
+    MT_USER_CHECK(!out.empty(), "[plan] --scaling needs GPU counts such as 256,512,1024");
     return out;
 }
 
 void run_plan(const PlanFlags& f) {
-    const ModelConfig model = load_model_config(f.model_path);
-    const sim::ClusterSpec cluster = sim::load_cluster_spec(f.cluster_path);
+    const ModelConfig model = load_model_config(model_config_path(f.model_path));
+    const sim::ClusterSpec cluster = sim::load_cluster_spec(cluster_config_path(f.cluster_path));
     sim::SimOptions base;
     base.precision = sim::precision_from_name(f.precision);
     (void)cluster.peak_flops(base.precision);  // unknown precision for this GPU: say so now
     base.seq_len = f.seq_len;
     base.global_batch = f.global_batch;
     base.count_mtp = f.count_mtp;
-    MT_CHECK(f.dispatcher == "two-tier" || f.dispatcher == "flat",
-             "[plan] unknown dispatcher '{}' (known: two-tier, flat)", f.dispatcher);
-    base.dispatcher =
-        f.dispatcher == "flat" ? sim::DispatchAlgo::flat : sim::DispatchAlgo::two_tier;
+    base.dispatcher = f.dispatch == "flat" ? sim::DispatchAlgo::flat : sim::DispatchAlgo::two_tier;
     base.low_precision_dispatch = f.low_precision_dispatch;
     base.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
     base.overlap_ep = f.overlap_ep;
@@ -74,9 +73,9 @@ void run_plan(const PlanFlags& f) {
     std::printf("  %lld layouts divide the GPUs, model and batch; %lld do not fit in %.0f GB\n\n",
                 static_cast<long long>(plan.considered),
                 static_cast<long long>(plan.rejected_memory), cluster.gpu.hbm_bytes / 1e9);
-    MT_CHECK(!plan.ranked.empty(),
-             "[plan] no layout of {} on {} x {} fits in memory with global batch {}", model.name,
-             f.gpus, cluster.name, f.global_batch);
+    MT_USER_CHECK(!plan.ranked.empty(),
+                  "[plan] no layout of {} on {} x {} fits in memory with global batch {}",
+                  model.name, f.gpus, cluster.name, f.global_batch);
     for (int i = 0; i < f.top && i < static_cast<int>(plan.ranked.size()); ++i) {
         std::printf("%s", sim::explain_candidate(plan.ranked[i], plan.ranked[0], i + 1).c_str());
     }
@@ -87,13 +86,15 @@ void run_plan(const PlanFlags& f) {
     std::vector<sim::ScalingPoint> points;
     std::printf("\n  weak scaling with the best layout (global batch grows with the GPUs):\n");
     for (int64_t n : counts) {
-        MT_CHECK(n * f.global_batch % f.gpus == 0,
-                 "[plan] --scaling: {} GPUs do not scale the global batch {} of {} GPUs evenly", n,
-                 f.global_batch, f.gpus);
+        MT_USER_CHECK(
+            n * f.global_batch % f.gpus == 0,
+            "[plan] --scaling: {} GPUs do not scale the global batch {} of {} GPUs evenly", n,
+            f.global_batch, f.gpus);
         sim::ParallelLayout l = best.layout;
-        MT_CHECK(n % (l.tp * l.cp * l.pp) == 0,
-                 "[plan] --scaling: {} GPUs are not a multiple of tp*cp*pp = {} of the best layout",
-                 n, l.tp * l.cp * l.pp);
+        MT_USER_CHECK(
+            n % (l.tp * l.cp * l.pp) == 0,
+            "[plan] --scaling: {} GPUs are not a multiple of tp*cp*pp = {} of the best layout", n,
+            l.tp * l.cp * l.pp);
         l.dp = n / (l.tp * l.cp * l.pp);
         sim::SimOptions o = best.options;
         o.global_batch = f.global_batch * n / f.gpus;
@@ -120,23 +121,27 @@ void register_plan(CLI::App& app) {
     auto f = std::make_shared<PlanFlags>();
     CLI::App* cmd = app.add_subcommand(
         "plan", "Search parallel layouts that fit a GPU cluster and rank them by TFLOPs/GPU");
-    cmd->add_option("--model", f->model_path, "model config (TOML preset or HF config.json)")
+    cmd->add_option("--config", f->model_path,
+                    "model: a preset name (tiny, small, dsv3-671b), a TOML file or a HF "
+                    "config.json")
         ->required();
-    cmd->add_option("--cluster", f->cluster_path, "cluster file (configs/clusters/*.toml)")
+    add_renamed_option(*cmd, "--model", "--config");
+    cmd->add_option("--cluster", f->cluster_path,
+                    "cluster: a preset name (h100-hgx, gb300-nvl72, ...) or a TOML file")
         ->required();
     cmd->add_option("--gpus", f->gpus, "number of GPUs")->required()->check(CLI::PositiveNumber);
     cmd->add_option("--gbs", f->global_batch, "global batch in sequences")
         ->required()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--seq", f->seq_len, "sequence length")
+    cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    add_renamed_option(*cmd, "--seq", "--seq-len");
     cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
                   "count the MTP FLOPs and simulate the MTP layer (default on)");
-    cmd->add_option("--dispatcher", f->dispatcher, "MoE all-to-all: two-tier or flat")
-        ->capture_default_str();
+    add_dispatch_option(*cmd, f->dispatch, "MoE all-to-all: two_tier or flat");
     cmd->add_flag("--low-precision-dispatch", f->low_precision_dispatch,
                   "send dispatch payloads in the GEMM format");
     cmd->add_option("--cuda-graphs", f->cuda_graphs, "none, partial or full")

@@ -1,6 +1,7 @@
-// moetron sample: generate text byte by byte from weights saved by `moetron train --save-final`.
-// Each new token runs the model forward over the last `context` tokens (by default the preset's
-// [train] seq_len, the length it was trained at) and samples from the last position's logits.
+// moetron sample: generate text byte by byte from trained weights: a checkpoint (`moetron train
+// --save`) or a weights file (`moetron train --save-final`). Each new token runs the model forward
+// over the last `context` tokens (by default the [train] seq_len it was trained at) and samples
+// from the last position's logits.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -10,8 +11,10 @@
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/model/model.h"
@@ -19,7 +22,7 @@
 #include "moetron/train/threads.h"
 #include "moetron/train/tokenizer.h"
 #include "moetron/train/train_config.h"
-#include "moetron/train/weights_file.h"
+#include "moetron/train/trained_weights.h"
 
 namespace moetron::cli {
 
@@ -55,12 +58,17 @@ int32_t sample_token(const float* logits, int64_t vocab_size, double temperature
 }
 
 void run_sample(const SampleOptions& o) {
-    const std::string config_path = o.config_path.empty() ? find_preset("tiny") : o.config_path;
-    const ModelConfig model_config = load_model_config(config_path);
-    const TrainConfig train_config = load_train_config(config_path);
-    MT_CHECK(model_config.vocab_size >= kByteVocabSize,
-             "[sample] sampling is byte-level (256 ids) but '{}' has vocab_size {}", config_path,
-             model_config.vocab_size);
+    const TrainedWeightsSource weights = inspect_trained_weights(o.weights_path);
+    // A checkpoint knows its model and settings; a weights file needs --config (default tiny).
+    const std::string config_path = !o.config_path.empty()  ? model_config_path(o.config_path)
+                                    : weights.is_checkpoint ? std::string()
+                                                            : find_preset("tiny");
+    const ModelConfig model_config = trained_weights_model(weights, config_path);
+    const TrainConfig train_config =
+        weights.is_checkpoint ? *weights.train : load_train_config(config_path);
+    MT_USER_CHECK(model_config.vocab_size >= kByteVocabSize,
+                  "[sample] sampling is byte-level (256 ids) but the model has vocab_size {}",
+                  model_config.vocab_size);
     const int64_t context = std::min(o.context > 0 ? o.context : train_config.seq_len,
                                      model_config.max_position_embeddings);
 
@@ -72,7 +80,7 @@ void run_sample(const SampleOptions& o) {
     runtime.batch_size = 1;
     runtime.seq_len = context;
     Model model(model_config, runtime, LossWeights{});
-    load_weights(o.weights_path, model);
+    read_trained_params(weights, model_config, model.param_entries(), model.params());
 
     // An empty prompt starts after a newline, as a document would.
     std::vector<int32_t> tokens = byte_encode(o.prompt.empty() ? std::string("\n") : o.prompt);
@@ -108,14 +116,19 @@ void run_sample(const SampleOptions& o) {
 void register_sample(CLI::App& app) {
     auto o = std::make_shared<SampleOptions>();
     CLI::App* cmd = app.add_subcommand(
-        "sample", "Generate text (byte-level) from weights saved by `moetron train --save-final`");
+        "sample", "Generate text (byte-level) from a checkpoint or a weights file");
     cmd->add_option("--config", o->config_path,
-                    "the model preset the weights were trained with (default: tiny)");
-    cmd->add_option("--weights", o->weights_path, "weights file from --save-final")->required();
+                    "for a weights file: the model it was trained with, a preset name or a TOML "
+                    "file (default: tiny); a checkpoint knows its model");
+    cmd->add_option("--weights", o->weights_path,
+                    "a checkpoint directory or root (train --save) or a weights file (train "
+                    "--save-final)")
+        ->required();
     cmd->add_option("--prompt", o->prompt, "text to continue");
-    cmd->add_option("--tokens", o->num_tokens, "bytes to generate")
+    cmd->add_option("--new-tokens", o->num_tokens, "tokens (bytes) to generate")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
+    add_renamed_option(*cmd, "--tokens", "--new-tokens");
     cmd->add_option("--temperature", o->temperature, "softmax temperature (0: greedy)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
 #include "moetron/sim/hardware.h"
@@ -20,7 +21,7 @@ namespace {
 
 struct SimulateFlags {
     std::string model_path, cluster_path, layout, precision = "bf16", svg_path;
-    std::string recompute = "none", dispatcher = "two-tier", cuda_graphs = "none";
+    std::string recompute = "none", dispatch = "two_tier", cuda_graphs = "none";
     std::string pipeline_layout;
     int64_t gpus = 0, global_batch = 0, micro_batch = 1, seq_len = 4096;
     bool count_mtp = true, json = false, low_precision_dispatch = false;
@@ -37,13 +38,7 @@ sim::SimOptions to_options(const SimulateFlags& f) {
     o.micro_batch = f.micro_batch;
     o.count_mtp = f.count_mtp;
     o.recompute = sim::parse_recompute(f.recompute);
-    if (f.dispatcher == "two-tier") {
-        o.dispatcher = sim::DispatchAlgo::two_tier;
-    } else if (f.dispatcher == "flat") {
-        o.dispatcher = sim::DispatchAlgo::flat;
-    } else {
-        MT_THROW("[sim] unknown dispatcher '{}' (known: two-tier, flat)", f.dispatcher);
-    }
+    o.dispatcher = f.dispatch == "flat" ? sim::DispatchAlgo::flat : sim::DispatchAlgo::two_tier;
     o.low_precision_dispatch = f.low_precision_dispatch;
     o.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
     o.overlap_ep = f.overlap_ep;
@@ -55,8 +50,8 @@ sim::SimOptions to_options(const SimulateFlags& f) {
 }
 
 void run_simulate(const SimulateFlags& f) {
-    const ModelConfig model = load_model_config(f.model_path);
-    const sim::ClusterSpec cluster = sim::load_cluster_spec(f.cluster_path);
+    const ModelConfig model = load_model_config(model_config_path(f.model_path));
+    const sim::ClusterSpec cluster = sim::load_cluster_spec(cluster_config_path(f.cluster_path));
     const sim::ParallelLayout layout = sim::parse_layout(f.layout, f.gpus);
     const sim::StepResult r = sim::simulate_step(model, cluster, layout, to_options(f));
     if (f.json) {
@@ -77,9 +72,13 @@ void register_simulate(CLI::App& app) {
     auto f = std::make_shared<SimulateFlags>();
     CLI::App* cmd = app.add_subcommand(
         "simulate", "Predict step time, TFLOPs/GPU and memory of a layout on a GPU cluster");
-    cmd->add_option("--model", f->model_path, "model config (TOML preset or HF config.json)")
+    cmd->add_option("--config", f->model_path,
+                    "model: a preset name (tiny, small, dsv3-671b), a TOML file or a HF "
+                    "config.json")
         ->required();
-    cmd->add_option("--cluster", f->cluster_path, "cluster file (configs/clusters/*.toml)")
+    add_renamed_option(*cmd, "--model", "--config");
+    cmd->add_option("--cluster", f->cluster_path,
+                    "cluster: a preset name (h100-hgx, gb300-nvl72, ...) or a TOML file")
         ->required();
     cmd->add_option("--gpus", f->gpus, "number of GPUs")->required()->check(CLI::PositiveNumber);
     cmd->add_option("--layout", f->layout, "parallel layout, e.g. tp1.pp2.vpp4.ep32")->required();
@@ -89,9 +88,10 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--mbs", f->micro_batch, "micro-batch in sequences")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    cmd->add_option("--seq", f->seq_len, "sequence length")
+    cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
+    add_renamed_option(*cmd, "--seq", "--seq-len");
     cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
@@ -100,9 +100,8 @@ void register_simulate(CLI::App& app) {
                     "none, full, or modules: layernorm,mla_up_proj,core_attn,mlp,moe_act,"
                     "shared_expert,moe")
         ->capture_default_str();
-    cmd->add_option("--dispatcher", f->dispatcher,
-                    "MoE all-to-all: two-tier (dedup per rank and domain) or flat")
-        ->capture_default_str();
+    add_dispatch_option(*cmd, f->dispatch,
+                        "MoE all-to-all: two_tier (dedup per rank and domain) or flat");
     cmd->add_flag("--low-precision-dispatch", f->low_precision_dispatch,
                   "send dispatch payloads in the GEMM format");
     cmd->add_option("--cuda-graphs", f->cuda_graphs, "none, partial or full")
@@ -112,6 +111,7 @@ void register_simulate(CLI::App& app) {
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
     cmd->add_flag("--no-overlap-dp-grad", f->no_overlap_dp_grad,
                   "run the gradient reduce-scatter after the backward pass");
+    add_renamed_flag(*cmd, "--no-overlap", "--no-overlap-dp-grad");
     cmd->add_flag("--no-overlap-dp-param", f->no_overlap_dp_param,
                   "run the parameter all-gather before the next forward pass");
     cmd->add_option("--pp-layout", f->pipeline_layout,

@@ -13,13 +13,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
@@ -32,6 +36,7 @@
 #include "moetron/train/output_paths.h"
 #include "moetron/train/preset_path.h"
 #include "moetron/train/threads.h"
+#include "moetron/train/token_shard.h"
 #include "moetron/train/train_config.h"
 #include "moetron/train/trainer.h"
 #include "moetron/train/weights_file.h"
@@ -64,7 +69,7 @@ struct TrainOptions {
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
-    bool no_overlap = false;
+    bool no_overlap_dp_grad = false;
     CLI::Option* layout_opt = nullptr;
     // Overrides of the preset's [train] table; applied only when given (count() > 0).
     int64_t steps = 0, batch_size = 0, seq_len = 0, grad_accum = 0, eval_every = 0;
@@ -124,16 +129,8 @@ void check_output_files(const TrainOptions& o, const std::string& config_path) {
     }
 }
 
-// world: every rank of the job, or null for one process.
-void run_train(const TrainOptions& o, parallel::Communicator* world) {
-    const Timer wall;
-    const bool root = world == nullptr || world->rank() == 0;
-    const RankOutput rank_output(root);
-    std::FILE* out = rank_output.get();
-    const std::string config_path = o.config_path.empty() ? find_preset("tiny") : o.config_path;
-    if (root) check_output_files(o, config_path);
-    const ModelConfig model_config = load_model_config(config_path);
-    TrainConfig config = load_train_config(config_path);
+// The command line's overrides of the run's [train] settings (a preset's or a checkpoint's).
+void apply_overrides(const TrainOptions& o, TrainConfig& config) {
     if (o.steps_opt->count()) config.steps = o.steps;
     if (o.batch_size_opt->count()) config.batch_size = o.batch_size;
     if (o.seq_len_opt->count()) config.seq_len = o.seq_len;
@@ -145,22 +142,78 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         config.lr = o.lr;
     }
     if (o.seed_opt->count()) config.seed = o.seed;
+}
+
+// The training tokens: --data or --text when given; on a resume without them, the checkpoint's
+// run's data (a token file told from a text file by its magic); else the synthetic dataset.
+TokenData load_training_data(const TrainOptions& o, const std::optional<CheckpointRun>& resumed,
+                             int64_t vocab_size, uint64_t seed, std::FILE* out) {
+    if (!o.data_path.empty()) return load_token_file_data(o.data_path, vocab_size);
+    if (!o.text_path.empty()) return load_text_file_data(o.text_path, vocab_size);
+    if (!resumed || resumed->data_source == "synthetic")
+        return make_synthetic_data(vocab_size, seed);
+    const std::string& source = resumed->data_source;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(source, ec)) {
+        // An imported checkpoint has no data of its own; a moved file cannot be guessed.
+        MT_USER_CHECK(source.rfind("imported from ", 0) == 0,
+                      "the checkpoint's run trained on '{}', which is not a file here; pass the "
+                      "data with --data or --text",
+                      source);
+        std::fprintf(out,
+                     "note    the checkpoint was %s; training on the synthetic dataset "
+                     "(pass --data or --text for your own)\n",
+                     source.c_str());
+        return make_synthetic_data(vocab_size, seed);
+    }
+    return is_token_file(source) ? load_token_file_data(source, vocab_size)
+                                 : load_text_file_data(source, vocab_size);
+}
+
+// world: every rank of the job, or null for one process.
+void run_train(const TrainOptions& o, parallel::Communicator* world) {
+    const Timer wall;
+    const bool root = world == nullptr || world->rank() == 0;
+    const RankOutput rank_output(root);
+    std::FILE* out = rank_output.get();
+    // A resumed run continues as its checkpoint was configured (model, [train] settings, data);
+    // only what the command line gives changes, and the run says what that was.
+    std::optional<CheckpointRun> resumed;
+    if (!o.resume_dir.empty()) resumed = read_checkpoint_run(o.resume_dir);
+    const std::string config_path = !o.config_path.empty() ? model_config_path(o.config_path)
+                                    : resumed              ? std::string()
+                                                           : find_preset("tiny");
+    if (root) check_output_files(o, config_path);
+    const ModelConfig model_config =
+        config_path.empty() ? resumed->model : load_model_config(config_path);
+    // An imported checkpoint (moetron import) has weights but no run: its [train] settings are
+    // --config's, as for a fresh run.
+    const bool imported = resumed && resumed->data_source.rfind("imported from ", 0) == 0;
+    TrainConfig config = resumed && (!imported || config_path.empty())
+                             ? resumed->train
+                             : load_train_config(config_path);
+    apply_overrides(o, config);
     validate_train_config(config);
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     const ThreadChoice threads = choose_and_set_threads(
         o.threads, flops_per_token(model_config, config.seq_len, has_mtp).total *
                        static_cast<double>(config.tokens_per_step()));
 
-    TokenData data =
-        !o.data_path.empty()   ? load_token_file_data(o.data_path, model_config.vocab_size)
-        : !o.text_path.empty() ? load_text_file_data(o.text_path, model_config.vocab_size)
-                               : make_synthetic_data(model_config.vocab_size, config.seed);
+    TokenData data = load_training_data(o, resumed, model_config.vocab_size, config.seed, out);
+    if (resumed && !imported && data.source != resumed->data_source)
+        std::fprintf(out,
+                     "note    the checkpoint's run trained on '%s'; this run continues on '%s'\n",
+                     resumed->data_source.c_str(), data.source.c_str());
     const std::string data_description = data.description;
     const double entropy_floor = data.entropy_nats_per_token;
     DataLoader loader(std::move(data.tokens), data.source, model_config.vocab_size, config.seq_len,
                       config.val_fraction, config.seed);
 
-    std::fprintf(out, "moetron train: %s\n", config_path.c_str());
+    if (config_path.empty())
+        std::fprintf(out, "moetron train: the model of checkpoint %s\n",
+                     resumed->dir.string().c_str());
+    else
+        std::fprintf(out, "moetron train: %s\n", config_path.c_str());
     std::fprintf(out, "model   %s\n", describe_model_config(model_config).c_str());
     std::fprintf(out, "data    %s\n", data_description.c_str());
     std::fprintf(out, "        %lld training tokens, %lld held out (%lld validation windows)\n",
@@ -175,12 +228,12 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.moe_overlap = parse_moe_overlap(o.moe_overlap);
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
-    parallel.overlap = !o.no_overlap;
+    parallel.overlap = !o.no_overlap_dp_grad;
     Trainer trainer(model_config, config, std::move(loader), parallel);
-    MT_CHECK(o.save_final_path.empty() || trainer.topology().ep == 1,
-             "[train] --save-final with expert parallelism (ep {}) is not supported yet: each "
-             "rank holds only its experts",
-             trainer.topology().ep);
+    MT_USER_CHECK(o.save_final_path.empty() || trainer.topology().ep == 1,
+                  "[train] --save-final with expert parallelism (ep {}) is not supported yet: each "
+                  "rank holds only its experts",
+                  trainer.topology().ep);
     trainer.set_max_skipped_steps(o.max_skipped_steps);
     if (!o.trace_path.empty())
         trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
@@ -188,9 +241,38 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         const auto dir = load_checkpoint(trainer, o.resume_dir);
         std::fprintf(out, "resumed from %s at step %lld\n", dir.c_str(),
                      static_cast<long long>(trainer.steps_done()));
-        for (const std::string& line : train_config_differences(dir, config))
-            std::fprintf(out, "note    the checkpoint's run had other settings: %s\n",
-                         line.c_str());
+        if (!imported) {  // an import's settings are --config's: nothing to compare
+            for (const std::string& line : train_config_differences(dir, config))
+                std::fprintf(out, "note    overridden on the command line: %s\n", line.c_str());
+            if (!config_path.empty())
+                std::fprintf(out,
+                             "note    --config names the model; the [train] settings are the "
+                             "checkpoint's run's (flags override them)\n");
+        }
+    }
+    // The weights file for `moetron sample`, written by rank 0 after the run (or at once when
+    // there is nothing to train).
+    auto save_final = [&] {
+        if (o.save_final_path.empty() || !root) return;
+        save_weights(o.save_final_path, trainer.model());
+        const std::string config_hint =
+            config_path.empty() ? std::string() : " --config " + config_path;
+        std::fprintf(out,
+                     "saved   weights to %s (sample with: moetron sample%s --weights %s "
+                     "--prompt TEXT)\n",
+                     o.save_final_path.c_str(), config_hint.c_str(), o.save_final_path.c_str());
+    };
+    if (trainer.steps_done() >= config.steps) {
+        std::fprintf(out,
+                     "done    nothing to train: the checkpoint's run is finished (step %lld of "
+                     "%lld); to train on, pass --steps with more than %lld\n",
+                     static_cast<long long>(trainer.steps_done()),
+                     static_cast<long long>(config.steps),
+                     static_cast<long long>(trainer.steps_done()));
+        save_final();
+        MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
+                 detail::errno_message());
+        return;
     }
     if (!o.save_dir.empty() && root) {  // one writer; the others only read the root
         SaveRootRequest request;
@@ -237,7 +319,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  trainer.model_flops_per_step() / 1e9);
     std::fprintf(out, "blas: %s\n", cpu::describe_blas().c_str());
     const double initial_val = trainer.evaluate();
-    std::fprintf(out, "step 0 | val %.4f (uniform guess: ln %lld = %.4f)\n", initial_val,
+    std::fprintf(out, "step %lld | val %.4f (uniform guess: ln %lld = %.4f)\n",
+                 static_cast<long long>(trainer.steps_done()), initial_val,
                  static_cast<long long>(model_config.vocab_size),
                  std::log(static_cast<double>(model_config.vocab_size)));
     MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
@@ -252,11 +335,16 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm\n",
                      static_cast<long long>(s.skipped_steps));
 
-    std::fprintf(out,
-                 "done    %lld steps in %.1f s of compute (%.1f s wall); train loss %.4f -> %.4f; "
-                 "val %.4f -> %.4f",
-                 static_cast<long long>(s.steps), s.train_s, wall.elapsed_s(), s.first_loss,
-                 s.last_loss, initial_val, s.last_val_loss);
+    if (s.steps == 0) {  // stopped before its first step: no losses to report
+        std::fprintf(out, "done    no steps run (%.1f s wall); val %.4f", wall.elapsed_s(),
+                     initial_val);
+    } else {
+        std::fprintf(out,
+                     "done    %lld steps in %.1f s of compute (%.1f s wall); train loss %.4f -> "
+                     "%.4f; val %.4f -> %.4f",
+                     static_cast<long long>(s.steps), s.train_s, wall.elapsed_s(), s.first_loss,
+                     s.last_loss, initial_val, s.last_val_loss);
+    }
     if (std::isfinite(entropy_floor)) std::fprintf(out, " (data entropy %.4f)", entropy_floor);
     std::fprintf(out,
                  "\nspeed   %.0f tokens/s, %.4f model TFLOP/s%s, MFU %.1f%% of the sgemm peak\n",
@@ -269,13 +357,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  to_mib(static_cast<double>(peak_rss_bytes())),
                  to_mib(static_cast<double>(trainer.model().planned_bytes())),
                  to_mib(moments_bytes));
-    if (!o.save_final_path.empty() && root) {
-        save_weights(o.save_final_path, trainer.model());
-        std::fprintf(out,
-                     "saved   weights to %s (sample with: moetron sample --config %s --weights %s "
-                     "--prompt TEXT)\n",
-                     o.save_final_path.c_str(), config_path.c_str(), o.save_final_path.c_str());
-    }
+    save_final();
     MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
              detail::errno_message());
 }
@@ -305,9 +387,11 @@ void register_train(CLI::App& app) {
     auto o = std::make_shared<TrainOptions>();
     CLI::App* cmd = app.add_subcommand(
         "train",
-        "Train a model on one process (default: the tiny preset on built-in synthetic text)");
+        "Train a model in this process or, under mpirun, as every rank of the job (default: the "
+        "tiny preset on built-in synthetic text)");
     cmd->add_option("--config", o->config_path,
-                    "model preset with a [train] table (default: configs/models/tiny.toml)");
+                    "model: a preset name (tiny, small, dsv3-671b) or a TOML file with a [train] "
+                    "table (default: tiny; with --resume: the checkpoint's)");
     CLI::Option* data = cmd->add_option(
         "--data", o->data_path, "token file: a moetron shard (moetron prepare) or an llm.c .bin");
     CLI::Option* text =
@@ -366,11 +450,10 @@ void register_train(CLI::App& app) {
     cmd->add_option("--domain-size", o->domain_size,
                     "ranks per scale-up domain (0: the whole job is one domain)")
         ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--dispatch", o->dispatch,
-                    "how the MoE all-to-all crosses scale-up domains: flat (once per destination "
-                    "rank) or two_tier (once per destination domain over the rail, then inside "
-                    "the domain; needs ep a multiple of --domain-size)")
-        ->check(CLI::IsMember({"flat", "two_tier"}));
+    add_dispatch_option(*cmd, o->dispatch,
+                        "how the MoE all-to-all crosses scale-up domains: flat (once per "
+                        "destination rank) or two_tier (once per destination domain over the "
+                        "rail, then inside the domain; needs ep a multiple of --domain-size)");
     cmd->add_option("--moe-overlap", o->moe_overlap,
                     "how each MoE layer hides its all-to-all: off, shared (the shared experts "
                     "compute while the dispatch flies) or dual (also two half micro-batches, one "
@@ -388,8 +471,9 @@ void register_train(CLI::App& app) {
                   "replicate the optimizer state on every data-parallel rank, and the experts' on "
                   "every expert-data-parallel rank (all-reduce), instead of sharding it over those "
                   "groups (ZeRO-1: reduce-scatter and all-gather)");
-    cmd->add_flag("--no-overlap", o->no_overlap,
-                  "post the gradient sync after the backward instead of during it");
+    cmd->add_flag("--no-overlap-dp-grad", o->no_overlap_dp_grad,
+                  "post the data-parallel gradient sync after the backward instead of during it");
+    add_renamed_flag(*cmd, "--no-overlap", "--no-overlap-dp-grad");
     cmd->add_option("--trace", o->trace_path,
                     "write the timeline of one step (every rank: compute, communication, waiting) "
                     "as a Chrome/Perfetto trace JSON file here");

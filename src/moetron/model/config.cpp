@@ -23,6 +23,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/strings.h"
+#include "moetron/core/user_error.h"
 
 namespace moetron {
 
@@ -152,7 +153,8 @@ bool contains(const Range& range, std::string_view key) {
 }
 
 [[noreturn]] void throw_unknown_key(std::string_view where, std::string_view key) {
-    MT_THROW("[config] {}: unknown key '{}' (did you mean '{}'?)", where, key, closest_key(key));
+    MT_USER_THROW("[config] {}: unknown key '{}' (did you mean '{}'?)", where, key,
+                  closest_key(key));
 }
 
 // Stores value into the field, or throws naming the key and the type it needs.
@@ -164,8 +166,8 @@ void assign(ModelConfig& config, const Field& field, const Scalar& value, std::s
         std::string_view where;
 
         [[noreturn]] void wrong_type(std::string_view expected) const {
-            MT_THROW("[config] {}: key '{}' must be {}, got {}", where, field.key, expected,
-                     describe_scalar(value));
+            MT_USER_THROW("[config] {}: key '{}' must be {}, got {}", where, field.key, expected,
+                          describe_scalar(value));
         }
         void operator()(int64_t ModelConfig::*member) const {
             if (const auto* v = std::get_if<int64_t>(&value)) {
@@ -250,21 +252,22 @@ Scalar json_scalar(const nlohmann::json& value) {
 void check_hf_key(std::string_view source_name, std::string_view key, const nlohmann::json& value,
                   const ModelConfig& config) {
     if (key == "attention_bias") {
-        MT_CHECK(value.is_boolean() && !value.get<bool>(),
-                 "[config] {}: attention_bias = {} is not supported: MLA projections in "
-                 "moetron have no bias (DeepSeek-V3 uses false)",
-                 source_name, value.dump());
+        MT_USER_CHECK(value.is_boolean() && !value.get<bool>(),
+                      "[config] {}: attention_bias = {} is not supported: MLA projections in "
+                      "moetron have no bias (DeepSeek-V3 uses false)",
+                      source_name, value.dump());
     } else if (key == "hidden_act") {
-        MT_CHECK(value.is_string() && value.get<std::string>() == "silu",
-                 "[config] {}: hidden_act = {} is not supported: the MLPs are SwiGLU, so it "
-                 "must be \"silu\"",
-                 source_name, value.dump());
+        MT_USER_CHECK(value.is_string() && value.get<std::string>() == "silu",
+                      "[config] {}: hidden_act = {} is not supported: the MLPs are SwiGLU, so it "
+                      "must be \"silu\"",
+                      source_name, value.dump());
     } else if (key == "num_key_value_heads") {
         // MLA has as many key/value heads as query heads.
-        MT_CHECK(value.is_number_integer() && value.get<int64_t>() == config.num_attention_heads,
-                 "[config] {}: num_key_value_heads = {} must equal num_attention_heads = {}: "
-                 "MLA gives every query head its own key and value",
-                 source_name, value.dump(), config.num_attention_heads);
+        MT_USER_CHECK(
+            value.is_number_integer() && value.get<int64_t>() == config.num_attention_heads,
+            "[config] {}: num_key_value_heads = {} must equal num_attention_heads = {}: "
+            "MLA gives every query head its own key and value",
+            source_name, value.dump(), config.num_attention_heads);
     }
 }
 
@@ -277,8 +280,8 @@ ModelConfig parse_model_config_toml(std::string_view text, std::string_view sour
     try {
         root = toml::parse(text, source_name);
     } catch (const toml::parse_error& e) {
-        MT_THROW("[config] {}:{}:{}: TOML syntax error: {}", source_name, e.source().begin.line,
-                 e.source().begin.column, e.description());
+        MT_USER_THROW("[config] {}:{}:{}: TOML syntax error: {}", source_name,
+                      e.source().begin.line, e.source().begin.column, e.description());
     }
     ModelConfig config;
     for (const auto& [key_node, value] : root) {
@@ -286,7 +289,7 @@ ModelConfig parse_model_config_toml(std::string_view text, std::string_view sour
         if (value.is_table() && contains(kForeignTomlTables, key)) continue;  // train/'s tables
         const std::string where = toml_where(source_name, value);
         if (value.is_table() && !find_field(key)) {
-            MT_THROW(
+            MT_USER_THROW(
                 "[config] {}: unknown table [{}]; a model preset keeps the model keys at the top "
                 "level and may add only [train] and [data] (read by train/)",
                 where, key);
@@ -304,10 +307,10 @@ ModelConfig parse_model_config_json(std::string_view text, std::string_view sour
     try {
         root = nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
-        MT_THROW("[config] {}: JSON syntax error: {}", source_name, e.what());
+        MT_USER_THROW("[config] {}: JSON syntax error: {}", source_name, e.what());
     }
-    MT_CHECK(root.is_object(), "[config] {}: a model config must be a JSON object, got {}",
-             source_name, describe_scalar(json_scalar(root)));
+    MT_USER_CHECK(root.is_object(), "[config] {}: a model config must be a JSON object, got {}",
+                  source_name, describe_scalar(json_scalar(root)));
     ModelConfig config;
     for (const auto& [key, value] : root.items()) {
         if (contains(kIgnoredHfKeys, key) || contains(kCheckedHfKeys, key)) continue;
@@ -328,8 +331,8 @@ ModelConfig load_model_config(const std::string& path) {
     // A Hugging Face model directory holds its shape in config.json.
     if (fs::is_directory(file)) file /= "config.json";
     std::ifstream in(file, std::ios::binary);
-    MT_CHECK(in.good(), "[config] cannot open model config '{}': {}", file.string(),
-             fs::exists(file) ? "not readable" : "no such file");
+    MT_USER_CHECK(in.good(), "[config] cannot open model config '{}': {}", file.string(),
+                  fs::exists(file) ? "not readable" : "no such file");
     std::ostringstream buffer;
     buffer << in.rdbuf();
     std::string text = buffer.str();
@@ -337,7 +340,7 @@ ModelConfig load_model_config(const std::string& path) {
     size_t first = 0;
     if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) first = 3;  // UTF-8 byte-order mark
     first = text.find_first_not_of(" \t\r\n", first);
-    MT_CHECK(first != std::string::npos, "[config] model config '{}' is empty", file.string());
+    MT_USER_CHECK(first != std::string::npos, "[config] model config '{}' is empty", file.string());
 
     // A JSON config is an object; a TOML document cannot start with '{'.
     ModelConfig config =
@@ -362,14 +365,15 @@ namespace {
 
 void validate_in(const ModelConfig& c, std::string_view where) {
     auto positive = [&](int64_t value, std::string_view key, std::string_view why) {
-        MT_CHECK(value > 0, "[config] {}: {} = {} must be positive ({})", where, key, value, why);
+        MT_USER_CHECK(value > 0, "[config] {}: {} = {} must be positive ({})", where, key, value,
+                      why);
     };
     auto non_negative = [&](int64_t value, std::string_view key) {
-        MT_CHECK(value >= 0, "[config] {}: {} = {} must not be negative", where, key, value);
+        MT_USER_CHECK(value >= 0, "[config] {}: {} = {} must not be negative", where, key, value);
     };
     auto positive_finite = [&](double value, std::string_view key) {
-        MT_CHECK(std::isfinite(value) && value > 0,
-                 "[config] {}: {} = {} must be a positive finite number", where, key, value);
+        MT_USER_CHECK(std::isfinite(value) && value > 0,
+                      "[config] {}: {} = {} must be a positive finite number", where, key, value);
     };
 
     positive(c.vocab_size, "vocab_size", "rows of the embedding");
@@ -380,22 +384,24 @@ void validate_in(const ModelConfig& c, std::string_view where) {
     positive(c.kv_lora_rank, "kv_lora_rank", "MLA compresses keys and values into it");
     positive(c.qk_nope_head_dim, "qk_nope_head_dim", "the non-rotary part of each q/k head");
     positive(c.qk_rope_head_dim, "qk_rope_head_dim", "the rotary part of each q/k head");
-    MT_CHECK(c.qk_rope_head_dim % 2 == 0,
-             "[config] {}: qk_rope_head_dim = {} must be even: RoPE rotates pairs of dimensions",
-             where, c.qk_rope_head_dim);
+    MT_USER_CHECK(
+        c.qk_rope_head_dim % 2 == 0,
+        "[config] {}: qk_rope_head_dim = {} must be even: RoPE rotates pairs of dimensions", where,
+        c.qk_rope_head_dim);
     positive(c.v_head_dim, "v_head_dim", "width of each value head");
     positive(c.max_position_embeddings, "max_position_embeddings", "longest sequence");
     positive_finite(c.rope_theta, "rope_theta");
     positive_finite(c.rms_norm_eps, "rms_norm_eps");
-    MT_CHECK(std::isfinite(c.initializer_range) && c.initializer_range >= 0,
-             "[config] {}: initializer_range = {} must be a finite standard deviation >= 0", where,
-             c.initializer_range);
+    MT_USER_CHECK(std::isfinite(c.initializer_range) && c.initializer_range >= 0,
+                  "[config] {}: initializer_range = {} must be a finite standard deviation >= 0",
+                  where, c.initializer_range);
     non_negative(c.num_nextn_predict_layers, "num_nextn_predict_layers");
 
-    MT_CHECK(c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= c.num_hidden_layers,
-             "[config] {}: first_k_dense_replace = {} must be between 0 and num_hidden_layers = "
-             "{}",
-             where, c.first_k_dense_replace, c.num_hidden_layers);
+    MT_USER_CHECK(
+        c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= c.num_hidden_layers,
+        "[config] {}: first_k_dense_replace = {} must be between 0 and num_hidden_layers = "
+        "{}",
+        where, c.first_k_dense_replace, c.num_hidden_layers);
     positive(c.moe_layer_freq, "moe_layer_freq", "every moe_layer_freq-th layer is MoE");
     non_negative(c.n_routed_experts, "n_routed_experts");
     non_negative(c.n_shared_experts, "n_shared_experts");
@@ -411,39 +417,44 @@ void validate_in(const ModelConfig& c, std::string_view where) {
     }
 
     if (c.n_routed_experts == 0) {
-        MT_CHECK(c.n_shared_experts == 0,
-                 "[config] {}: n_shared_experts = {} needs MoE layers, but n_routed_experts = 0 "
-                 "makes every layer dense",
-                 where, c.n_shared_experts);
+        MT_USER_CHECK(
+            c.n_shared_experts == 0,
+            "[config] {}: n_shared_experts = {} needs MoE layers, but n_routed_experts = 0 "
+            "makes every layer dense",
+            where, c.n_shared_experts);
         return;
     }
     positive(c.moe_intermediate_size, "moe_intermediate_size", "width of each expert");
     positive(c.n_group, "n_group", "expert groups for group-limited routing");
-    MT_CHECK(c.n_routed_experts % c.n_group == 0,
-             "[config] {}: n_routed_experts = {} must be divisible by n_group = {}: routing "
-             "splits the experts into equal groups",
-             where, c.n_routed_experts, c.n_group);
-    MT_CHECK(c.topk_group >= 1 && c.topk_group <= c.n_group,
-             "[config] {}: topk_group = {} must be between 1 and n_group = {}", where, c.topk_group,
-             c.n_group);
-    MT_CHECK(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.n_routed_experts,
-             "[config] {}: num_experts_per_tok = {} must be between 1 and n_routed_experts = {}",
-             where, c.num_experts_per_tok, c.n_routed_experts);
+    MT_USER_CHECK(c.n_routed_experts % c.n_group == 0,
+                  "[config] {}: n_routed_experts = {} must be divisible by n_group = {}: routing "
+                  "splits the experts into equal groups",
+                  where, c.n_routed_experts, c.n_group);
+    MT_USER_CHECK(c.topk_group >= 1 && c.topk_group <= c.n_group,
+                  "[config] {}: topk_group = {} must be between 1 and n_group = {}", where,
+                  c.topk_group, c.n_group);
+    MT_USER_CHECK(
+        c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= c.n_routed_experts,
+        "[config] {}: num_experts_per_tok = {} must be between 1 and n_routed_experts = {}", where,
+        c.num_experts_per_tok, c.n_routed_experts);
     const int64_t experts_reachable = c.topk_group * (c.n_routed_experts / c.n_group);
-    MT_CHECK(c.num_experts_per_tok <= experts_reachable,
-             "[config] {}: num_experts_per_tok = {} is more than the {} experts in the topk_group "
-             "= {} groups a token may use (n_routed_experts / n_group = {} each)",
-             where, c.num_experts_per_tok, experts_reachable, c.topk_group,
-             c.n_routed_experts / c.n_group);
+    MT_USER_CHECK(
+        c.num_experts_per_tok <= experts_reachable,
+        "[config] {}: num_experts_per_tok = {} is more than the {} experts in the topk_group "
+        "= {} groups a token may use (n_routed_experts / n_group = {} each)",
+        where, c.num_experts_per_tok, experts_reachable, c.topk_group,
+        c.n_routed_experts / c.n_group);
     positive_finite(c.routed_scaling_factor, "routed_scaling_factor");
-    MT_CHECK(c.scoring_func == "sigmoid",
-             "[config] {}: scoring_func = \"{}\" is not implemented; moetron's router implements "
-             "only DeepSeek-V3's \"sigmoid\"",
-             where, c.scoring_func);
-    MT_CHECK(c.topk_method == "noaux_tc",
-             "[config] {}: topk_method = \"{}\" is not implemented; moetron's router implements "
-             "only DeepSeek-V3's group-limited, bias-corrected \"noaux_tc\"",
-             where, c.topk_method);
+    MT_USER_CHECK(
+        c.scoring_func == "sigmoid",
+        "[config] {}: scoring_func = \"{}\" is not implemented; moetron's router implements "
+        "only DeepSeek-V3's \"sigmoid\"",
+        where, c.scoring_func);
+    MT_USER_CHECK(
+        c.topk_method == "noaux_tc",
+        "[config] {}: topk_method = \"{}\" is not implemented; moetron's router implements "
+        "only DeepSeek-V3's group-limited, bias-corrected \"noaux_tc\"",
+        where, c.topk_method);
 }
 
 }  // namespace

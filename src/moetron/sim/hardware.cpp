@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 
 namespace moetron::sim {
 
@@ -20,7 +21,7 @@ constexpr std::array<std::string_view, kNumPrecisions> kPrecisionNames = {"tf32"
 
 std::string read_text_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
-    MT_CHECK(in.good(), "[sim] cannot open cluster file '{}'", path);
+    MT_USER_CHECK(in.good(), "[sim] cannot open cluster file '{}'", path);
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();

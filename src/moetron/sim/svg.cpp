@@ -44,6 +44,14 @@ std::string text(double x, double y, const std::string& s, int size = 12,
         x, y, size, anchor, escape(s));
 }
 
+// Text read bottom to top (a y-axis title), centred on (x, y).
+std::string vertical_text(double x, double y, const std::string& s, int size) {
+    return fmt::format(
+        "<text x=\"{0:.1f}\" y=\"{1:.1f}\" transform=\"rotate(-90 {0:.1f} {1:.1f})\" "
+        "font-family=\"sans-serif\" font-size=\"{2}\" text-anchor=\"middle\">{3}</text>\n",
+        x, y, size, escape(s));
+}
+
 const char* op_color(OpKind k, bool recompute) {
     if (recompute) return "#b0b0b0";
     switch (k) {
@@ -217,7 +225,9 @@ std::string scaling_svg(const std::vector<ScalingPoint>& points, const std::stri
         const double yy = top + ph - ph * i / 4;
         s += text(left - 6, yy + 4, fmt::format("{:.0f}", v), 10, "end");
     }
-    s += text(16, top + ph / 2, "TFLOPs/GPU", 11, "middle");
+    // Rotated, left of the tick labels (which end at left - 6): a horizontal title was wider
+    // than the margin, clipped at the edge and drawn over the labels.
+    s += vertical_text(20, top + ph / 2, "TFLOPs/GPU", 11);
     s += text(w / 2, h - 16, "weak scaling: global batch grows with the GPU count", 11, "middle");
     s += "</svg>\n";
     return s;

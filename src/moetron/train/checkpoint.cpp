@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint_pieces.h"
 #include "moetron/train/checkpoint_root.h"
@@ -101,6 +102,40 @@ json train_config_to_json(const TrainConfig& c) {
                 {"val_fraction", c.val_fraction}};
 }
 
+TrainConfig train_config_from_json(const json& j, const std::string& source) {
+    MT_CHECK(j.is_object(), "[checkpoint] {}: the train config is not a JSON object", source);
+    TrainConfig c;
+    auto read = [&](const char* key, auto& field) {
+        if (!j.contains(key)) return;  // an older checkpoint: the default
+        try {
+            j.at(key).get_to(field);
+        } catch (const json::exception& e) {
+            MT_THROW("[checkpoint] {}: train_config \"{}\" has the wrong type ({}): {}", source,
+                     key, j.at(key).dump(), e.what());
+        }
+    };
+    read("batch_size", c.batch_size);
+    read("seq_len", c.seq_len);
+    read("grad_accum", c.grad_accum);
+    read("steps", c.steps);
+    read("lr", c.lr);
+    read("min_lr", c.min_lr);
+    read("warmup_steps", c.warmup_steps);
+    read("weight_decay", c.weight_decay);
+    read("beta1", c.beta1);
+    read("beta2", c.beta2);
+    read("eps", c.eps);
+    read("grad_clip", c.grad_clip);
+    read("seed", c.seed);
+    read("bias_update_speed", c.bias_update_speed);
+    read("balance_loss_alpha", c.balance_loss_alpha);
+    read("mtp_lambda", c.mtp_lambda);
+    read("eval_every", c.eval_every);
+    read("eval_batches", c.eval_batches);
+    read("val_fraction", c.val_fraction);
+    return c;
+}
+
 std::vector<std::string> model_config_differences(const ModelConfig& a, const ModelConfig& b) {
     const json ja = model_config_to_json(a), jb = model_config_to_json(b);
     std::vector<std::string> keys;
@@ -125,6 +160,25 @@ std::vector<std::string> train_config_differences(const fs::path& dir, const Tra
         if (was != now) lines.push_back(fmt::format("{}: {} -> {}", key, was.dump(), now.dump()));
     }
     return lines;
+}
+
+CheckpointRun read_checkpoint_run(const fs::path& dir_or_root) {
+    CheckpointRun run;
+    run.dir = resolve_checkpoint_dir(dir_or_root);
+    const fs::path path = run.dir / kCheckpointStateFile;
+    json state;
+    try {
+        state = json::parse(read_text_file(path, kMaxStateBytes));
+    } catch (const json::exception& e) {
+        MT_THROW("[checkpoint] '{}' is not valid JSON: {}", path.string(), e.what());
+    }
+    run.model =
+        model_config_from_json(state_field<json>(state, "model_config", path), path.string());
+    run.train =
+        train_config_from_json(state_field<json>(state, "train_config", path), path.string());
+    run.data_source = state_field<std::string>(state, "data_source", path);
+    run.step = state_field<int64_t>(state, "step", path);
+    return run;
 }
 
 // ---- save ----
@@ -200,15 +254,16 @@ fs::path save_training_state(const fs::path& root, const TrainingStateView& st, 
 
 fs::path resolve_checkpoint_dir(const fs::path& dir_or_root) {
     std::error_code ec;
-    MT_CHECK(fs::is_directory(dir_or_root, ec),
-             "[checkpoint] '{}' is not a directory (expected a checkpoint directory or a "
-             "checkpoint root with a `latest` pointer)",
-             dir_or_root.string());
+    MT_USER_CHECK(fs::is_directory(dir_or_root, ec),
+                  "[checkpoint] '{}' is not a directory (expected a checkpoint directory or a "
+                  "checkpoint root with a `latest` pointer)",
+                  dir_or_root.string());
     if (fs::exists(dir_or_root / kCheckpointIndexName, ec)) return dir_or_root;
     const std::optional<std::string> latest = read_latest_pointer(dir_or_root);
-    MT_CHECK(latest.has_value(),
-             "[checkpoint] '{}' holds neither a checkpoint ({} is missing) nor a `latest` pointer",
-             dir_or_root.string(), kCheckpointIndexName);
+    MT_USER_CHECK(
+        latest.has_value(),
+        "[checkpoint] '{}' holds neither a checkpoint ({} is missing) nor a `latest` pointer",
+        dir_or_root.string(), kCheckpointIndexName);
     return dir_or_root / *latest;
 }
 

@@ -64,6 +64,19 @@ std::vector<std::string> model_config_differences(const ModelConfig& a, const Mo
 std::vector<std::string> train_config_differences(const std::filesystem::path& dir,
                                                   const TrainConfig& config);
 
+// The run a checkpoint belongs to, as it was configured: what `moetron train --resume`
+// continues unless the command line overrides a setting. Reads state.json only (loading the
+// checkpoint verifies every file).
+struct CheckpointRun {
+    std::filesystem::path dir;  // the checkpoint directory (a root resolved through `latest`)
+    ModelConfig model;
+    TrainConfig train;
+    std::string data_source;  // a token or text file's path, "synthetic", or "imported from ..."
+    int64_t step = 0;         // optimizer steps done
+};
+CheckpointRun read_checkpoint_run(const std::filesystem::path& dir_or_root);
+TrainConfig train_config_from_json(const nlohmann::json& json, const std::string& source);
+
 // The whole training state as plain buffers: what save_training_state writes.
 struct TrainingStateView {
     const ModelConfig* model_config = nullptr;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/train/synthetic_data.h"
 #include "moetron/train/token_shard.h"
 #include "moetron/train/tokenizer.h"
@@ -16,10 +17,10 @@ namespace moetron {
 namespace {
 
 void check_byte_vocab(int64_t vocab_size, const char* what) {
-    MT_CHECK(vocab_size >= kByteVocabSize,
-             "[data] {} is byte-level (256 token ids) but the model's vocab_size is {}; use a "
-             "config with vocab_size >= 256 or pass pre-tokenized data with --data",
-             what, vocab_size);
+    MT_USER_CHECK(vocab_size >= kByteVocabSize,
+                  "[data] {} is byte-level (256 token ids) but the model's vocab_size is {}; use a "
+                  "config with vocab_size >= 256 or pass pre-tokenized data with --data",
+                  what, vocab_size);
 }
 
 }  // namespace
@@ -36,15 +37,16 @@ TokenData load_token_file_data(const std::string& path, int64_t vocab_size) {
 TokenData load_text_file_data(const std::string& path, int64_t vocab_size) {
     check_byte_vocab(vocab_size, "--text");
     std::error_code ec;
-    MT_CHECK(std::filesystem::is_regular_file(path, ec), "[data] text file '{}' does not exist",
-             path);
+    MT_USER_CHECK(std::filesystem::is_regular_file(path, ec),
+                  "[data] text file '{}' does not exist", path);
     std::ifstream in(path, std::ios::binary);
-    MT_CHECK(in.good(), "[data] cannot open text file '{}': {}", path, detail::errno_message());
+    MT_USER_CHECK(in.good(), "[data] cannot open text file '{}': {}", path,
+                  detail::errno_message());
     std::ostringstream buffer;
     buffer << in.rdbuf();
-    MT_CHECK(!in.bad(), "[data] error reading text file '{}'", path);
+    MT_USER_CHECK(!in.bad(), "[data] error reading text file '{}'", path);
     const std::string text = buffer.str();
-    MT_CHECK(!text.empty(), "[data] text file '{}' is empty", path);
+    MT_USER_CHECK(!text.empty(), "[data] text file '{}' is empty", path);
     TokenData data;
     data.tokens = byte_encode(text);
     data.source = path;

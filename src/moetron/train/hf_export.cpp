@@ -17,6 +17,7 @@
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checksum.h"
+#include "moetron/train/hf_tokenizer.h"
 #include "moetron/train/output_paths.h"
 #include "moetron/train/safetensors.h"
 
@@ -104,8 +105,6 @@ void prepare_hf_export_dir(const fs::path& out_dir) {
 }
 
 HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DType dtype) {
-    MT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
-             "[hf] export dtype must be f32 or bf16, got {}", dtype_name(dtype));
     const fs::path dir = resolve_checkpoint_dir(checkpoint);
     prepare_hf_export_dir(out_dir);
     const json state = read_verified_checkpoint_state(dir);
@@ -114,8 +113,23 @@ HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DTy
     const ParamTable table(model_param_specs(config));
     std::vector<float> params(static_cast<size_t>(table.total_numel()));
     read_checkpoint_tensors(dir, table.entries(), params.data(), nullptr, nullptr);
+    HfExportOptions options;
+    options.dtype = dtype;
+    return export_hf_params(config, params.data(), out_dir, options);
+}
 
-    const HfNameMap names(config, HfExpertLayout::per_expert);
+HfExportStats export_hf_params(const ModelConfig& config, const float* params,
+                               const fs::path& out_dir, const HfExportOptions& options) {
+    prepare_hf_export_dir(out_dir);
+    const DType dtype = options.dtype;
+    MT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
+             "[hf] export dtype must be f32 or bf16, got {}", dtype_name(dtype));
+    const ParamTable table(model_param_specs(config));
+    // Without MTP: the main model's tensors only (their names do not depend on MTP), and a
+    // config.json that says there is none.
+    ModelConfig exported = config;
+    if (!options.include_mtp) exported.num_nextn_predict_layers = 0;
+    const HfNameMap names(exported, HfExpertLayout::per_expert);
     int64_t total = 0;
     for (const HfTensor& t : names.tensors()) total += t.numel();
     std::vector<bf16> converted(dtype == DType::bf16 ? static_cast<size_t>(total) : 0);
@@ -125,7 +139,7 @@ HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DTy
     int64_t at = 0;
     for (const HfTensor& t : names.tensors()) {
         // Each HF tensor is one contiguous block of its moetron tensor (model/hf_names.h).
-        const float* src = params.data() + table.entry(t.param_name).offset + t.param_offset;
+        const float* src = params + table.entry(t.param_name).offset + t.param_offset;
         if (dtype == DType::bf16) {
             bf16* dst = converted.data() + at;
             convert_f32_to_bf16(dst, src, static_cast<size_t>(t.numel()));
@@ -144,10 +158,13 @@ HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DTy
     const uint64_t data_bytes = static_cast<uint64_t>(total) * (dtype == DType::bf16 ? 2u : 4u);
     replace_file_durably(
         out_dir / kHfWeightsIndexFile,
-        json{{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}}.dump(2) + "\n",
+        json{{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}}.dump(2) + "
+",
         this_process_writer());
-    replace_file_durably(out_dir / "config.json", hf_config_json(config, dtype).dump(2) + "\n",
+    replace_file_durably(out_dir / "config.json", hf_config_json(exported, dtype).dump(2) + "
+",
                          this_process_writer());
+    if (options.byte_tokenizer) write_hf_byte_tokenizer(out_dir, config.max_position_embeddings);
     return {static_cast<int64_t>(names.tensors().size()), digest.num_bytes};
 }
 

@@ -4,7 +4,11 @@
 // ["DeepseekV3ForCausalLM"], model_type "deepseek_v3"), OUT/model.safetensors (HF names from
 // model/hf_names.h: per-expert names, MTP modules as model.layers.{num_hidden_layers + d}, with
 // the aliases DeepSeek-V3's own checkpoint carries) and OUT/model.safetensors.index.json (its
-// weight_map). Import reads such a directory (one file or an index with a weight_map; per-expert
+// weight_map), and on request, for a byte-level model (token ids are raw bytes), OUT/tokenizer.json
+// and OUT/tokenizer_config.json (train/hf_tokenizer.h), so that AutoTokenizer works on text.
+// Without MTP (HfExportOptions::include_mtp false) the MTP modules are left out and config.json
+// says num_nextn_predict_layers 0: transformers does not run MTP and would report their weights as
+// unexpected. Import reads such a directory (one file or an index with a weight_map; per-expert
 // or fused expert names; F32 or BF16) into a moetron checkpoint at step 0 with a fresh optimizer.
 #pragma once
 
@@ -34,6 +38,19 @@ void prepare_hf_export_dir(const std::filesystem::path& out_dir);
 
 // checkpoint: a checkpoint directory or root (its `latest`). dtype: f32 or bf16. Prepares out_dir
 // (prepare_hf_export_dir) and replaces the three files there, each atomically (atomic_file.h).
+
+struct HfExportOptions {
+    DType dtype = DType::bf16;  // f32 or bf16
+    bool include_mtp = true;
+    bool byte_tokenizer = false;  // write tokenizer.json for byte-level token ids
+};
+
+// params: the model's parameters, laid out by ParamTable(model_param_specs(config)). Prepares
+// out_dir (prepare_hf_export_dir) and replaces the files there, each atomically (atomic_file.h).
+HfExportStats export_hf_params(const ModelConfig& config, const float* params,
+                               const std::filesystem::path& out_dir,
+                               const HfExportOptions& options);
+
 HfExportStats export_hf(const std::filesystem::path& checkpoint,
                         const std::filesystem::path& out_dir, DType dtype);
 

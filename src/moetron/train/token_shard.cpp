@@ -9,6 +9,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_file.h"
+#include "moetron/core/user_error.h"
 
 namespace moetron {
 
@@ -25,9 +26,9 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 FilePtr open_for_reading(const std::string& path) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    MT_CHECK(fs::exists(path, ec), "[data] token file '{}' does not exist", path);
-    MT_CHECK(!fs::is_directory(path, ec), "[data] token file '{}' is a directory, not a file",
-             path);
+    MT_USER_CHECK(fs::exists(path, ec), "[data] token file '{}' does not exist", path);
+    MT_USER_CHECK(!fs::is_directory(path, ec), "[data] token file '{}' is a directory, not a file",
+                  path);
     FilePtr f(std::fopen(path.c_str(), "rb"));
     MT_CHECK(f != nullptr, "[data] cannot open token file '{}': {}", path, detail::errno_message());
     return f;
@@ -80,15 +81,28 @@ void check_token_ids(const int32_t* tokens, int64_t num_tokens, int64_t vocab_si
     }
 }
 
+bool is_token_file(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) return false;
+    char magic[8] = {};
+    const size_t got = std::fread(magic, 1, sizeof magic, f);
+    std::fclose(f);
+    int32_t first = 0;
+    if (got >= 4) std::memcpy(&first, magic, 4);
+    return (got == sizeof magic && std::memcmp(magic, kTokenShardMagic, sizeof magic) == 0) ||
+           (got >= 4 && (first == kLlmcMagicGpt2 || first == kLlmcMagicLlama3));
+}
+
 TokenFile read_token_file(const std::string& path, int64_t vocab_size) {
     FilePtr f = open_for_reading(path);
     std::error_code ec;
     const uint64_t file_bytes = std::filesystem::file_size(path, ec);
     MT_CHECK(!ec, "[data] cannot get the size of '{}': {}", path, ec.message());
-    MT_CHECK(file_bytes > 0,
-             "[data] token file '{}' is empty (0 bytes); expected a moetron token shard (make one "
-             "with `moetron prepare --text FILE --out FILE`) or an llm.c .bin shard",
-             path);
+    MT_USER_CHECK(
+        file_bytes > 0,
+        "[data] token file '{}' is empty (0 bytes); expected a moetron token shard (make one "
+        "with `moetron prepare --text FILE --out FILE`) or an llm.c .bin shard",
+        path);
 
     char magic[8] = {};
     const size_t magic_bytes = std::min<uint64_t>(sizeof magic, file_bytes);
@@ -106,20 +120,20 @@ TokenFile read_token_file(const std::string& path, int64_t vocab_size) {
         read_exact(f.get(), &shard_vocab, 4, path, "the vocab size");
         read_exact(f.get(), &num_tokens, 8, path, "the token count");
         read_exact(f.get(), &reserved, 8, path, "the header");
-        MT_CHECK(version == kTokenShardVersion,
-                 "[data] '{}' is a moetron shard of version {}; this build reads version {}", path,
-                 version, kTokenShardVersion);
+        MT_USER_CHECK(version == kTokenShardVersion,
+                      "[data] '{}' is a moetron shard of version {}; this build reads version {}",
+                      path, version, kTokenShardVersion);
         result.format = "moetron shard v1";
         result.tokens = read_tokens<uint32_t>(f.get(), num_tokens, file_bytes,
                                               kTokenShardHeaderBytes, path, result.format);
     } else {
         int32_t first = 0;
         if (magic_bytes >= 4) std::memcpy(&first, magic, 4);
-        MT_CHECK(magic_bytes >= 4 && (first == kLlmcMagicGpt2 || first == kLlmcMagicLlama3),
-                 "[data] '{}' is not a token file: it starts neither with moetron's magic "
-                 "\"MTTOKENS\" nor with llm.c's magic {} or {} (a text file? tokenize it with "
-                 "`moetron prepare --text FILE --out FILE`, or pass it with --text)",
-                 path, kLlmcMagicGpt2, kLlmcMagicLlama3);
+        MT_USER_CHECK(magic_bytes >= 4 && (first == kLlmcMagicGpt2 || first == kLlmcMagicLlama3),
+                      "[data] '{}' is not a token file: it starts neither with moetron's magic "
+                      "\"MTTOKENS\" nor with llm.c's magic {} or {} (a text file? tokenize it with "
+                      "`moetron prepare --text FILE --out FILE`, or pass it with --text)",
+                      path, kLlmcMagicGpt2, kLlmcMagicLlama3);
         const uint64_t header_bytes = kLlmcHeaderInts * sizeof(int32_t);
         MT_CHECK(file_bytes >= header_bytes,
                  "[data] '{}' is truncated: {} bytes, shorter than llm.c's {}-byte header", path,

@@ -39,6 +39,10 @@ struct TokenFile {
 // throws moetron::Error naming the file and the problem.
 TokenFile read_token_file(const std::string& path, int64_t vocab_size);
 
+// True when the file starts with a token file's magic (moetron's or llm.c's), so that a path
+// recorded without its kind (a checkpoint's data source) is read the way it was.
+bool is_token_file(const std::string& path);
+
 // Writes a moetron shard; token ids must lie in [0, vocab_size). Throws on any IO failure.
 // Written atomically (atomic_file.h): path holds the old file or the whole new one.
 void write_token_shard(const std::string& path, const int32_t* tokens, int64_t num_tokens,

@@ -11,6 +11,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/strings.h"
+#include "moetron/core/user_error.h"
 
 namespace moetron {
 
@@ -89,16 +90,17 @@ void assign(TrainConfig& config, const Field& field, const toml::node& value,
                 } else if (const auto* i = value.as_integer()) {
                     config.*member = static_cast<double>(i->get());
                 } else {
-                    MT_THROW("[train-config] {}: '{}' must be a number, got a {}", where, field.key,
-                             type_name(value));
+                    MT_USER_THROW("[train-config] {}: '{}' must be a number, got a {}", where,
+                                  field.key, type_name(value));
                 }
             } else {
                 const auto* i = value.as_integer();
-                MT_CHECK(i != nullptr, "[train-config] {}: '{}' must be an integer, got a {}",
-                         where, field.key, type_name(value));
+                MT_USER_CHECK(i != nullptr, "[train-config] {}: '{}' must be an integer, got a {}",
+                              where, field.key, type_name(value));
                 if constexpr (std::is_same_v<T, uint64_t>) {
-                    MT_CHECK(i->get() >= 0, "[train-config] {}: '{}' must not be negative, got {}",
-                             where, field.key, i->get());
+                    MT_USER_CHECK(i->get() >= 0,
+                                  "[train-config] {}: '{}' must not be negative, got {}", where,
+                                  field.key, i->get());
                     config.*member = static_cast<uint64_t>(i->get());
                 } else {
                     config.*member = i->get();
@@ -124,15 +126,16 @@ TrainConfig parse_train_config_toml(std::string_view text, std::string_view sour
     try {
         root = toml::parse(text, source_name);
     } catch (const toml::parse_error& e) {
-        MT_THROW("[train-config] {}:{}:{}: TOML syntax error: {}", source_name,
-                 e.source().begin.line, e.source().begin.column, e.description());
+        MT_USER_THROW("[train-config] {}:{}:{}: TOML syntax error: {}", source_name,
+                      e.source().begin.line, e.source().begin.column, e.description());
     }
     TrainConfig config;
     const toml::node* train_node = root.get("train");
     if (!train_node) return config;
     const toml::table* train = train_node->as_table();
-    MT_CHECK(train != nullptr, "[train-config] {}: 'train' must be a table ([train]), got a {}",
-             where_of(source_name, *train_node), type_name(*train_node));
+    MT_USER_CHECK(train != nullptr,
+                  "[train-config] {}: 'train' must be a table ([train]), got a {}",
+                  where_of(source_name, *train_node), type_name(*train_node));
     for (const auto& [key_node, value] : *train) {
         const std::string_view key = key_node.str();
         const std::string where = where_of(source_name, value);
@@ -140,15 +143,15 @@ TrainConfig parse_train_config_toml(std::string_view text, std::string_view sour
         for (const Field& f : kFields)
             if (f.key == key) field = &f;
         if (!field) {
-            MT_THROW("[train-config] {}: unknown key '{}' in [train] (did you mean '{}'?)", where,
-                     key, closest_match(key, train_config_keys()));
+            MT_USER_THROW("[train-config] {}: unknown key '{}' in [train] (did you mean '{}'?)",
+                          where, key, closest_match(key, train_config_keys()));
         }
         assign(config, *field, value, where);
     }
     try {
         validate_train_config(config);
     } catch (const Error& e) {
-        MT_THROW("{} (in [train] of {})", e.what(), source_name);
+        MT_USER_THROW("{} (in [train] of {})", e.what(), source_name);
     }
     return config;
 }
@@ -158,11 +161,11 @@ TrainConfig load_train_config(const std::string& path) {
     fs::path file = path;
     if (fs::is_directory(file)) file /= "config.json";
     std::ifstream in(file, std::ios::binary);
-    MT_CHECK(in.good(), "[train-config] cannot open '{}': {}", file.string(),
-             fs::exists(file) ? "not readable" : "no such file");
+    MT_USER_CHECK(in.good(), "[train-config] cannot open '{}': {}", file.string(),
+                  fs::exists(file) ? "not readable" : "no such file");
     std::ostringstream buffer;
     buffer << in.rdbuf();
-    MT_CHECK(!in.bad(), "[train-config] error reading '{}'", file.string());
+    MT_USER_CHECK(!in.bad(), "[train-config] error reading '{}'", file.string());
     const std::string text = buffer.str();
     // A Hugging Face config.json carries no training settings: the defaults apply.
     const size_t first = text.find_first_not_of(" \t\r\n");
@@ -171,32 +174,36 @@ TrainConfig load_train_config(const std::string& path) {
 }
 
 void validate_train_config(const TrainConfig& c) {
-    MT_CHECK(c.batch_size >= 1, "[train-config] batch_size must be >= 1, got {}", c.batch_size);
-    MT_CHECK(c.seq_len >= 2, "[train-config] seq_len must be >= 2, got {}", c.seq_len);
-    MT_CHECK(c.grad_accum >= 1, "[train-config] grad_accum must be >= 1, got {}", c.grad_accum);
-    MT_CHECK(c.steps >= 1, "[train-config] steps must be >= 1, got {}", c.steps);
-    MT_CHECK(c.lr > 0, "[train-config] lr must be > 0, got {}", c.lr);
-    MT_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr,
-             "[train-config] min_lr must lie in [0, lr = {}], got {}", c.lr, c.min_lr);
-    MT_CHECK(c.warmup_steps >= 0, "[train-config] warmup_steps must be >= 0, got {}",
-             c.warmup_steps);
-    MT_CHECK(c.weight_decay >= 0, "[train-config] weight_decay must be >= 0, got {}",
-             c.weight_decay);
-    MT_CHECK(c.beta1 >= 0 && c.beta1 < 1, "[train-config] beta1 must lie in [0, 1), got {}",
-             c.beta1);
-    MT_CHECK(c.beta2 >= 0 && c.beta2 < 1, "[train-config] beta2 must lie in [0, 1), got {}",
-             c.beta2);
-    MT_CHECK(c.eps > 0, "[train-config] eps must be > 0, got {}", c.eps);
-    MT_CHECK(c.bias_update_speed >= 0, "[train-config] bias_update_speed must be >= 0, got {}",
-             c.bias_update_speed);
-    MT_CHECK(c.balance_loss_alpha >= 0, "[train-config] balance_loss_alpha must be >= 0, got {}",
-             c.balance_loss_alpha);
-    MT_CHECK(c.mtp_lambda >= 0, "[train-config] mtp_lambda must be >= 0, got {}", c.mtp_lambda);
-    MT_CHECK(c.eval_every >= 0, "[train-config] eval_every must be >= 0, got {}", c.eval_every);
-    MT_CHECK(c.eval_batches >= 1, "[train-config] eval_batches must be >= 1, got {}",
-             c.eval_batches);
-    MT_CHECK(c.val_fraction > 0 && c.val_fraction < 1,
-             "[train-config] val_fraction must lie in (0, 1), got {}", c.val_fraction);
+    MT_USER_CHECK(c.batch_size >= 1, "[train-config] batch_size must be >= 1, got {}",
+                  c.batch_size);
+    MT_USER_CHECK(c.seq_len >= 2, "[train-config] seq_len must be >= 2, got {}", c.seq_len);
+    MT_USER_CHECK(c.grad_accum >= 1, "[train-config] grad_accum must be >= 1, got {}",
+                  c.grad_accum);
+    MT_USER_CHECK(c.steps >= 1, "[train-config] steps must be >= 1, got {}", c.steps);
+    MT_USER_CHECK(c.lr > 0, "[train-config] lr must be > 0, got {}", c.lr);
+    MT_USER_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr,
+                  "[train-config] min_lr must lie in [0, lr = {}], got {}", c.lr, c.min_lr);
+    MT_USER_CHECK(c.warmup_steps >= 0, "[train-config] warmup_steps must be >= 0, got {}",
+                  c.warmup_steps);
+    MT_USER_CHECK(c.weight_decay >= 0, "[train-config] weight_decay must be >= 0, got {}",
+                  c.weight_decay);
+    MT_USER_CHECK(c.beta1 >= 0 && c.beta1 < 1, "[train-config] beta1 must lie in [0, 1), got {}",
+                  c.beta1);
+    MT_USER_CHECK(c.beta2 >= 0 && c.beta2 < 1, "[train-config] beta2 must lie in [0, 1), got {}",
+                  c.beta2);
+    MT_USER_CHECK(c.eps > 0, "[train-config] eps must be > 0, got {}", c.eps);
+    MT_USER_CHECK(c.bias_update_speed >= 0, "[train-config] bias_update_speed must be >= 0, got {}",
+                  c.bias_update_speed);
+    MT_USER_CHECK(c.balance_loss_alpha >= 0,
+                  "[train-config] balance_loss_alpha must be >= 0, got {}", c.balance_loss_alpha);
+    MT_USER_CHECK(c.mtp_lambda >= 0, "[train-config] mtp_lambda must be >= 0, got {}",
+                  c.mtp_lambda);
+    MT_USER_CHECK(c.eval_every >= 0, "[train-config] eval_every must be >= 0, got {}",
+                  c.eval_every);
+    MT_USER_CHECK(c.eval_batches >= 1, "[train-config] eval_batches must be >= 1, got {}",
+                  c.eval_batches);
+    MT_USER_CHECK(c.val_fraction > 0 && c.val_fraction < 1,
+                  "[train-config] val_fraction must lie in (0, 1), got {}", c.val_fraction);
 }
 
 }  // namespace moetron

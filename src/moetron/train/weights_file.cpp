@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/train/atomic_file.h"
 
@@ -105,22 +106,22 @@ void save_weights(const std::string& path, const std::vector<ParamEntry>& entrie
 void load_weights(const std::string& path, const std::vector<ParamEntry>& entries, float* params,
                   std::string_view model_description) {
     std::error_code ec;
-    MT_CHECK(std::filesystem::is_regular_file(path, ec),
-             "[weights] weights file '{}' does not exist (write one with `moetron train "
-             "--save-final PATH`)",
-             path);
+    MT_USER_CHECK(std::filesystem::is_regular_file(path, ec),
+                  "[weights] weights file '{}' does not exist (write one with `moetron train "
+                  "--save-final PATH`)",
+                  path);
     FilePtr f(std::fopen(path.c_str(), "rb"));
     MT_CHECK(f != nullptr, "[weights] cannot open '{}': {}", path, detail::errno_message());
     Reader in(f.get(), path);
     char magic[8];
     const size_t got = std::fread(magic, 1, sizeof magic, f.get());
-    MT_CHECK(got == sizeof magic && std::memcmp(magic, kWeightsMagic, sizeof magic) == 0,
-             "[weights] '{}' is not a moetron weights file (it does not start with \"MTWEIGHT\")",
-             path);
+    MT_USER_CHECK(
+        got == sizeof magic && std::memcmp(magic, kWeightsMagic, sizeof magic) == 0,
+        "[weights] '{}' is not a moetron weights file (it does not start with \"MTWEIGHT\")", path);
     const auto version = in.value<uint32_t>("the version");
-    MT_CHECK(version == kWeightsVersion,
-             "[weights] '{}' is a weights file of version {}; this build reads version {}", path,
-             version, kWeightsVersion);
+    MT_USER_CHECK(version == kWeightsVersion,
+                  "[weights] '{}' is a weights file of version {}; this build reads version {}",
+                  path, version, kWeightsVersion);
     const auto num_entries = in.value<uint32_t>("the entry count");
     const auto num_floats = in.value<uint64_t>("the element count");
     const auto description_size = in.value<uint32_t>("the model description");

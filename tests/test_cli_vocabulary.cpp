@@ -1,0 +1,112 @@
+// One vocabulary on the command line: every command spells a concept the same way, an old
+// spelling fails naming the new one, a misspelled command or option gets the closest real name,
+// preset names work wherever a model or cluster file does, and a user's mistake is reported
+// without our source locations.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli_run.h"
+
+namespace moetron {
+namespace {
+
+using moetron::testing::run_cli;
+
+const std::string kTiny = MOETRON_SOURCE_DIR "/configs/models/tiny.toml";
+
+TEST(CliVocabulary, OldSpellingsNameTheNewOnes) {
+    struct Case {
+        std::string args, expected;
+    };
+    const Case cases[] = {
+        {"simulate --model " + kTiny + " --cluster h100-hgx --gpus 8 --layout tp1 --gbs 8",
+         "--model was renamed --config"},
+        {"plan --model " + kTiny + " --cluster h100-hgx --gpus 8 --gbs 8",
+         "--model was renamed --config"},
+        {"info --config tiny --seq 128", "--seq was renamed --seq-len"},
+        {"simulate --config tiny --cluster h100-hgx --gpus 8 --layout tp1 --gbs 8 --seq 128",
+         "--seq was renamed --seq-len"},
+        {"simulate --config tiny --cluster h100-hgx --gpus 8 --layout tp1 --gbs 8 --dispatcher "
+         "flat",
+         "--dispatcher was renamed --dispatch"},
+        {"simulate --config tiny --cluster h100-hgx --gpus 8 --layout tp1 --gbs 8 --dispatch "
+         "two-tier",
+         "'two-tier' is now spelled 'two_tier'"},
+        {"train --steps 1 --dispatch two-tier", "'two-tier' is now spelled 'two_tier'"},
+        {"train --steps 1 --no-overlap", "--no-overlap was renamed --no-overlap-dp-grad"},
+        {"sample --weights nothing.bin --tokens 5", "--tokens was renamed --new-tokens"},
+        {"bench a2a --tokens 5", "--tokens was renamed --tokens-per-rank"},
+        {"export --checkpoint ckpt --out hf", "--checkpoint was renamed --weights"},
+    };
+    for (const Case& c : cases) {
+        const auto out = run_cli(c.args);
+        EXPECT_EQ(out.exit_code, 1) << c.args << "\n" << out.text;
+        EXPECT_CONTAINS(out.text, c.expected);
+    }
+}
+
+TEST(CliVocabulary, NewSpellingsWork) {
+    const auto info = run_cli("info --config tiny --seq-len 128");
+    EXPECT_EQ(info.exit_code, 0) << info.text;
+    EXPECT_CONTAINS(info.text, "FLOPs per token at seq 128");
+    const auto simulate = run_cli(
+        "simulate --config dsv3-671b --cluster gb300-nvl72 --gpus 256 --layout tp1.pp2.vpp4.ep32 "
+        "--gbs 4096 --seq-len 4096 --precision mxfp8 --dispatch flat --no-overlap-dp-grad");
+    EXPECT_EQ(simulate.exit_code, 0) << simulate.text;
+    EXPECT_CONTAINS(simulate.text, "dispatcher flat, overlap dp-param;");
+}
+
+TEST(CliVocabulary, MisspelledCommandSuggestsTheClosest) {
+    const auto out = run_cli("simualte");
+    EXPECT_EQ(out.exit_code, 1) << out.text;
+    EXPECT_CONTAINS(out.text, "unknown command 'simualte'; did you mean 'simulate'?");
+    const auto nested = run_cli("bench a2b");
+    EXPECT_CONTAINS(nested.text, "unknown command 'a2b'; did you mean 'a2a'?");
+    const auto nothing = run_cli("");
+    EXPECT_CONTAINS(nothing.text, "needs a command: ");
+}
+
+TEST(CliVocabulary, MisspelledOptionSuggestsTheClosest) {
+    const auto out = run_cli("train --step 100");
+    EXPECT_EQ(out.exit_code, 1) << out.text;
+    EXPECT_CONTAINS(out.text, "'moetron train' has no option --step; did you mean --steps?");
+    const auto far = run_cli("info --config tiny --zzzzzzzzzz");
+    EXPECT_CONTAINS(far.text, "has no option --zzzzzzzzzz (see 'moetron info --help')");
+}
+
+TEST(CliVocabulary, UserErrorsCarryNoSourceLocation) {
+    for (const std::string& args :
+         {std::string("info --config /nonexistent/model.toml"), std::string("train --step 3"),
+          std::string("train --steps 1 --data /nonexistent.tok"),
+          std::string("train --steps 1 --text /nonexistent.txt"),
+          std::string("sample --weights /nonexistent.bin")}) {
+        const auto out = run_cli(args);
+        EXPECT_EQ(out.exit_code, 1) << args << "\n" << out.text;
+        EXPECT_LACKS(out.text, ".cpp:");
+        EXPECT_LACKS(out.text, "check:");
+    }
+}
+
+TEST(CliVocabulary, PresetNamesAndTheirList) {
+    const auto unknown = run_cli("info --config tinny");
+    EXPECT_EQ(unknown.exit_code, 1) << unknown.text;
+    EXPECT_CONTAINS(unknown.text,
+                    "there is no model preset 'tinny'; the presets are: dsv3-671b, "
+                    "small, tiny");
+    const auto cluster = run_cli("plan --config tiny --cluster h100 --gpus 8 --gbs 8");
+    EXPECT_EQ(cluster.exit_code, 1) << cluster.text;
+    EXPECT_CONTAINS(cluster.text, "there is no cluster preset 'h100'; the presets are: ");
+    EXPECT_CONTAINS(cluster.text, "h100-hgx");
+}
+
+TEST(CliVocabulary, TrainHelpDoesNotSayOneProcess) {
+    const auto out = run_cli("--help");
+    EXPECT_EQ(out.exit_code, 0) << out.text;
+    EXPECT_LACKS(out.text, "on one process");
+    const auto export_help = run_cli("export --help");
+    EXPECT_CONTAINS(export_help.text, "TEXT=bf16");  // the default dtype is shown
+}
+
+}  // namespace
+}  // namespace moetron
