@@ -133,5 +133,57 @@ TEST_F(Published, Gb300LaterSoftwareAndScaling) {
             100 * at_1024.tflops_per_gpu / best.tflops_per_gpu, 98.5});
 }
 
+// The planner ranks, not rejects, the layouts the published runs used: restricted to each
+// run's layout, micro-batch and recompute, the search keeps exactly that candidate.
+TEST_F(Published, PlannerRanksThePublishedLayouts) {
+    struct Run {
+        const char* what;
+        const ClusterSpec* cluster;
+        int64_t gpus;
+        const char* layout;
+        const char* recompute;
+        SimOptions options;
+    };
+    SimOptions gb300_1088;
+    gb300_1088.precision = Precision::mxfp8;
+    gb300_1088.global_batch = 4096;
+    gb300_1088.count_mtp = false;
+    gb300_1088.cuda_graphs = CudaGraphs::partial;
+    SimOptions h100_338;
+    h100_338.precision = Precision::fp8;
+    h100_338.global_batch = 8192;
+    h100_338.overlap_ep = true;
+    h100_338.pipeline_layout = "Et|(tt|)*30mL";
+    // Megatron-Bridge's B200 DeepSeek-V3 base config (256 GPUs, PP16 EP8, gbs 2048, recompute
+    // mla_up_proj, HybridEP, no all-to-all overlap).
+    SimOptions b200_recipe;
+    b200_recipe.precision = Precision::mxfp8;
+    b200_recipe.global_batch = 2048;
+    const ClusterSpec b200 = load_cluster_spec(kRoot + "/configs/clusters/b200-hgx.toml");
+    for (const Run& run :
+         {Run{"GB300 1,088", &gb300, 256, "tp1.pp2.vpp4.ep32", "mlp,moe_act", gb300_1088},
+          Run{"H100 338", &h100, 1024, "tp2.pp8.vpp4.ep64", "mla_up_proj,mlp", h100_338},
+          Run{"B200 recipe", &b200, 256, "tp1.pp16.ep8", "mla_up_proj", b200_recipe},
+          Run{"GB300 later software", &gb300, 256, "tp1.pp2.vpp4.ep32", "mlp,moe_act",
+              later_software()}}) {
+        const ParallelLayout l = parse_layout(run.layout, run.gpus);
+        PlanSpace space;
+        space.tp = {l.tp};
+        space.pp = {l.pp};
+        space.vpp = {l.vpp};
+        space.ep = {l.ep};
+        space.cp = {1};
+        space.micro_batch = {1};
+        space.recompute = {run.recompute};
+        const PlanResult plan = plan_layouts(dsv3, *run.cluster, run.gpus, run.options, space);
+        EXPECT_EQ(plan.considered, 1) << run.what;
+        EXPECT_EQ(plan.rejected_memory, 0) << run.what;
+        ASSERT_EQ(plan.ranked.size(), 1u) << run.what;
+        const MemoryBreakdown& m = plan.ranked[0].result.memory;
+        std::printf("  %-22s %-20s fits: %.1f of %.1f GB\n", run.what, run.layout,
+                    m.total_bytes() / 1e9, m.capacity_bytes / 1e9);
+    }
+}
+
 }  // namespace
 }  // namespace moetron::sim

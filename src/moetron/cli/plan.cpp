@@ -28,6 +28,7 @@ struct PlanFlags {
     int64_t gpus = 0, global_batch = 0, seq_len = 4096;
     int top = 5;
     bool count_mtp = true, low_precision_dispatch = false, overlap_ep = false, overlap_tp = false;
+    sim::MemoryFlags memory;
 };
 
 std::vector<int64_t> parse_counts(const std::string& text) {
@@ -65,6 +66,7 @@ void run_plan(const PlanFlags& f) {
     base.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
     base.overlap_ep = f.overlap_ep;
     base.overlap_tp = f.overlap_tp;
+    base.memory = sim::memory_options_from_flags(f.memory);
 
     const sim::PlanResult plan = sim::plan_layouts(model, cluster, f.gpus, base);
     std::printf("moetron plan: %s on %lld x %s, global batch %lld x %lld tokens, %s\n",
@@ -143,6 +145,25 @@ void register_plan(CLI::App& app) {
         ->capture_default_str();
     cmd->add_flag("--overlap-ep", f->overlap_ep, "hide EP all-to-all behind another micro-batch");
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
+    cmd->add_option("--main-grads-dtype", f->memory.main_grads,
+                    "main gradients: fp32 or bf16 (precision-aware optimizer)")
+        ->capture_default_str();
+    cmd->add_option("--main-params-dtype", f->memory.main_params,
+                    "optimizer's main parameters: fp32 or fp16")
+        ->capture_default_str();
+    cmd->add_option("--exp-avg-dtype", f->memory.exp_avg, "Adam first moment: fp32, bf16, fp8")
+        ->capture_default_str();
+    cmd->add_option("--exp-avg-sq-dtype", f->memory.exp_avg_sq,
+                    "Adam second moment: fp32, bf16, fp8")
+        ->capture_default_str();
+    cmd->add_flag("--no-distributed-optimizer", f->memory.no_distributed_optimizer,
+                  "keep the whole optimizer state on every data-parallel rank");
+    cmd->add_flag("--bf16-primary-weights", f->memory.bf16_primary_weights,
+                  "low precision: keep bf16 weights beside the quantized copies");
+    cmd->add_option("--offload-activations", f->memory.offload,
+                    "modules whose saved activations go to host memory (as --recompute names "
+                    "them)")
+        ->capture_default_str();
     cmd->add_option("--top", f->top, "how many layouts to explain")->capture_default_str();
     cmd->add_option("--scaling", f->scaling,
                     "GPU counts for weak scaling with the best layout, e.g. 256,512,1024");

@@ -550,7 +550,9 @@ BlockOps build_block_ops(const OpContext& ctx, BlockKind kind) {
     return b.finish(kind);
 }
 
-RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc) {
+RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc,
+                                const Recompute& offload) {
+    MT_CHECK(!offload.full, "[sim] activation offloading takes modules, not 'full'");
     RecomputedBlock out;
     std::vector<Op> rerun;
     for (const Op& op : block.forward) {
@@ -558,6 +560,9 @@ RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc) {
         // enclosing region (the whole MoE part, or the whole layer) drops them too.
         const bool own = op.module != Module::none && rc.has(op.module);
         const bool enclosing = rc.full || (op.in_moe_block && rc.has(Module::moe));
+        const bool offloaded = (op.module != Module::none && offload.has(op.module)) ||
+                               (op.in_moe_block && offload.has(Module::moe));
+        double& kept = offloaded ? out.offloaded_bytes : out.saved_bytes;
         if (own || enclosing) {
             Op r = op;
             r.is_recompute = true;
@@ -566,11 +571,14 @@ RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc) {
             r.saved_always_bytes = 0;
             rerun.push_back(std::move(r));
         } else {
-            out.saved_bytes += op.saved_bytes;
+            kept += op.saved_bytes;
         }
-        if (!enclosing) out.saved_bytes += op.saved_always_bytes;
+        if (!enclosing) kept += op.saved_always_bytes;
     }
-    if (rc.full) out.saved_bytes = block.layer_input_bytes;
+    if (rc.full) {
+        out.saved_bytes = block.layer_input_bytes;
+        out.offloaded_bytes = 0;
+    }
     out.backward = std::move(rerun);
     out.backward.insert(out.backward.end(), block.backward.begin(), block.backward.end());
     return out;

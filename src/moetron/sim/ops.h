@@ -112,11 +112,16 @@ struct BlockOps {
 BlockOps build_block_ops(const OpContext& ctx, BlockKind kind);
 
 // Backward with the recomputed forward ops put in front (marked is_recompute), and the
-// activation bytes the block keeps between its forward and backward.
+// activation bytes the block keeps between its forward and backward: on the GPU, or in host
+// memory for the modules in `offload` (Megatron-LM's fine-grained activation offloading, same
+// module names; "moe" offloads everything of the routed-expert part). A recomputed module has
+// nothing to offload.
 struct RecomputedBlock {
     std::vector<Op> backward;
     double saved_bytes = 0;
+    double offloaded_bytes = 0;
 };
-RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& recompute);
+RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& recompute,
+                                const Recompute& offload = Recompute{});
 
 }  // namespace moetron::sim

@@ -69,14 +69,25 @@ std::string format_step_report(const StepResult& r) {
     s += line("optimizer", b.optimizer_s, step);
     s += "\n";
     const MemoryBreakdown& m = r.memory;
-    s += fmt::format("  memory per GPU (stage {}, the fullest): {:.1f} of {:.1f} GB\n", m.stage,
+    s += fmt::format("  memory per GPU (stage {} is the fullest): {:.1f} of {:.1f} GB\n", m.stage,
                      m.total_bytes() / 1e9, m.capacity_bytes / 1e9);
+    s += fmt::format("    {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  (GB)\n",
+                     "stage", "weights", "grads", "optim", "activ", "buffers", "reserve", "total",
+                     "params", "offload");
+    for (const MemoryBreakdown& ms : r.memory_per_stage) {
+        s += fmt::format(
+            "    {:>5} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:7.2f}B {:8.1f}\n",
+            ms.stage, ms.weights_bytes / 1e9, ms.grads_bytes / 1e9, ms.optimizer_bytes / 1e9,
+            ms.activations_bytes / 1e9, ms.comm_buffers_bytes / 1e9, ms.reserve_bytes / 1e9,
+            ms.total_bytes() / 1e9, ms.params / 1e9, ms.offloaded_bytes / 1e9);
+    }
+    const OptimizerPrecision& op = o.memory.optimizer;
     s += fmt::format(
-        "    weights {:.1f}  gradients {:.1f}  optimizer {:.1f}  activations {:.1f}  buffers "
-        "{:.1f}  reserve {:.1f} GB ({:.2f}B parameters)\n",
-        m.weights_bytes / 1e9, m.grads_bytes / 1e9, m.optimizer_bytes / 1e9,
-        m.activations_bytes / 1e9, m.comm_buffers_bytes / 1e9, m.reserve_bytes / 1e9,
-        m.params / 1e9);
+        "    main grads {}, main params {}, exp_avg {}, exp_avg_sq {} bytes; optimizer {}; "
+        "offloaded activations (host memory): {}\n",
+        op.main_grad_bytes, op.main_param_bytes, op.exp_avg_bytes, op.exp_avg_sq_bytes,
+        o.memory.distributed_optimizer ? "sharded over dp and expert-dp" : "not sharded",
+        recompute_name(o.memory.offload));
     return s;
 }
 
@@ -126,7 +137,8 @@ nlohmann::json step_report_json(const StepResult& r) {
                        {"optimizer_bytes", m.optimizer_bytes},
                        {"activations_bytes", m.activations_bytes},
                        {"comm_buffers_bytes", m.comm_buffers_bytes},
-                       {"reserve_bytes", m.reserve_bytes}});
+                       {"reserve_bytes", m.reserve_bytes},
+                       {"offloaded_bytes", m.offloaded_bytes}});
     }
     return {
         {"model", r.model_name},

@@ -8,15 +8,20 @@
 #include "moetron/sim/chunks.h"
 #include "moetron/sim/collectives.h"
 #include "moetron/sim/costs.h"
+#include "moetron/sim/fit.h"
 
 namespace moetron::sim {
 
 namespace {
 
 constexpr int kOptimizerKernels = 100;  // multi-tensor Adam, grad norm and clipping launches
-// Optimizer HBM traffic per sharded parameter: fp32 gradient read (4), fp32 master read+write
-// (8), bf16 Adam moments read+write (8), gradient-norm read (4).
-constexpr double kOptimizerBytesPerParam = 24;
+
+// Optimizer HBM traffic per sharded parameter: the main gradient read twice (gradient norm,
+// then the update), the main parameter and both moments read and written (24 bytes with fp32
+// gradients and parameters and bf16 moments).
+double optimizer_bytes_per_param(const OptimizerPrecision& p) {
+    return 2 * p.main_grad_bytes + 2 * p.state_bytes();
+}
 
 void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelLayout& l,
                      const SimOptions& o) {
@@ -45,8 +50,12 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
 StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
                          const ParallelLayout& layout, const SimOptions& options) {
     StepResult r = simulate_step_unchecked(model, cluster, layout, options);
-    check_fits(r.memory, fmt::format("{} on {} x {} with {}", model.name, r.gpus, cluster.name,
-                                     layout.to_string()));
+    if (r.memory.total_bytes() > r.memory.capacity_bytes) {
+        check_fits(r.memory,
+                   fmt::format("{} on {} x {} with {}", model.name, r.gpus, cluster.name,
+                               layout.to_string()),
+                   describe_fit(find_cheapest_fit(model, cluster, layout, options)));
+    }
     return r;
 }
 
@@ -92,7 +101,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     const double f_sm = cluster.efficiency.comm_sm_fraction;
     for (BlockKind k : kinds) {
         blocks[k] = build_block_ops(ctx, k);
-        recomputed[k] = apply_recompute(blocks[k], o.recompute);
+        recomputed[k] = apply_recompute(blocks[k], o.recompute, o.memory.offload);
         OpList f, b;
         f.append(blocks[k].forward);
         b.append(recomputed[k].backward);
@@ -171,6 +180,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     struct ChunkCost {
         WalkResult fwd, bwd, fwd_deferred, bwd_deferred;
         double saved_bytes = 0;
+        double offloaded_bytes = 0;
+        double largest_offloaded_block_bytes = 0;
         BlockParams params;
     };
     std::vector<ChunkCost> cc(chunks);
@@ -181,6 +192,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         for (const ChunkBlock& it : groups[g]) {
             f.append(blocks[it.kind].forward);
             cc[g].saved_bytes += recomputed[it.kind].saved_bytes;
+            cc[g].offloaded_bytes += recomputed[it.kind].offloaded_bytes;
+            cc[g].largest_offloaded_block_bytes =
+                std::max(cc[g].largest_offloaded_block_bytes, recomputed[it.kind].offloaded_bytes);
             const BlockParams bp = block_params_per_gpu(model, it.kind, layout);
             cc[g].params.dense += bp.dense;
             cc[g].params.expert += bp.expert;
@@ -214,8 +228,11 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     r.schedule = run_schedule(si);
 
     // Gradient sync, optimizer and parameter gather per stage.
-    const double grad_reduce_bytes = o.memory.grad_bytes_per_param;
-    const double gather_bytes = o.precision == Precision::fp8 ? 1.0 : 2.0;
+    const bool sharded = o.memory.distributed_optimizer;
+    const double grad_reduce_bytes = o.memory.optimizer.main_grad_bytes;
+    // Megatron-LM gathers fp8 primary weights in fp8 (--fp8-param-gather), others in bf16.
+    const double gather_bytes =
+        o.precision == Precision::fp8 && o.memory.low_precision_primary_weights ? 1.0 : 2.0;
     std::vector<double> rs_end(pp), opt_s(pp), ag_exposed(pp), dp_interference(pp);
     // When each chunk's last backward starts and ends: its gradients become final layer by
     // layer in between, and Megatron-LM launches each bucket's reduce-scatter then, so only the
@@ -242,23 +259,27 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         std::sort(ready.begin(), ready.end());
         double free_at = 0, hidden = 0, shard = 0;
         for (const auto& [t, g] : ready) {
-            const double rs = reduce_scatter_cost(cluster, ctx.placement.dp,
-                                                  cc[g].params.dense * grad_reduce_bytes)
-                                  .time_s +
-                              reduce_scatter_cost(cluster, ctx.placement.edp,
-                                                  cc[g].params.expert * grad_reduce_bytes)
-                                  .time_s;
+            // The distributed optimizer reduce-scatters gradients; without it they are
+            // all-reduced and every rank updates all of its parameters.
+            auto grad_sync = [&](const GroupPlacement& group, double bytes) {
+                return sharded ? reduce_scatter_cost(cluster, group, bytes).time_s
+                               : all_reduce_cost(cluster, group, bytes).time_s;
+            };
+            const double rs = grad_sync(ctx.placement.dp, cc[g].params.dense * grad_reduce_bytes) +
+                              grad_sync(ctx.placement.edp, cc[g].params.expert * grad_reduce_bytes);
             const double start = std::max(free_at, t);
             const double last_bucket =
                 o.overlap_dp_grad ? last_bwd_end[g] + rs / layers_in(g) : start + rs;
             free_at = std::max(start + rs, last_bucket);
             hidden += std::max(0.0, std::min(free_at, r.schedule.end_s[s]) - start);
-            shard += cc[g].params.dense / static_cast<double>(layout.dp) +
-                     cc[g].params.expert / static_cast<double>(std::max<int64_t>(1, layout.edp()));
+            shard += sharded ? cc[g].params.dense / static_cast<double>(layout.dp) +
+                                   cc[g].params.expert /
+                                       static_cast<double>(std::max<int64_t>(1, layout.edp()))
+                             : cc[g].params.dense + cc[g].params.expert;
         }
         rs_end[s] = std::max(free_at, r.schedule.end_s[s]);
         dp_interference[s] = f_sm * hidden;
-        opt_s[s] = shard * kOptimizerBytesPerParam /
+        opt_s[s] = shard * optimizer_bytes_per_param(o.memory.optimizer) /
                        (cluster.gpu.hbm_bytes_per_s * cluster.efficiency.memory_bw) +
                    kOptimizerKernels * (cluster.efficiency.kernel_host_overhead_s +
                                         cluster.efficiency.kernel_gpu_overhead_s);
@@ -275,7 +296,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
             ag_total += ag;
             if (c == 0) ag_first = ag / layers_in(g);
         }
-        ag_exposed[s] = o.overlap_dp_param ? ag_first : ag_total;
+        ag_exposed[s] = !sharded ? 0.0 : o.overlap_dp_param ? ag_first : ag_total;
     }
     // The step waits for the last stage to finish its gradient sync; the breakdown describes
     // the busiest stage (the one the pipeline runs at the pace of).
@@ -328,15 +349,27 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         MemoryBreakdown mb =
             static_memory(sp, layout, o.precision, o.memory, cluster.gpu.hbm_bytes);
         mb.stage = s;
-        double cur = 0, peak = 0;
+        // Activations in flight follow the schedule's own task order; offloaded ones wait in
+        // host memory, but two blocks' worth is on the GPU at a time (one being copied out
+        // behind the forward, one copied back ahead of its backward).
+        double cur = 0, peak = 0, offloaded = 0, offloaded_at_peak = 0, staging = 0;
         for (const ScheduledTask& t : r.schedule.stages[s]) {
             if (t.kind != TaskKind::backward) {
                 cur += cc[t.chunk_f].saved_bytes;
-                peak = std::max(peak, cur);
+                offloaded += cc[t.chunk_f].offloaded_bytes;
+                staging = std::max(staging, 2 * cc[t.chunk_f].largest_offloaded_block_bytes);
+                if (cur >= peak) {
+                    peak = cur;
+                    offloaded_at_peak = offloaded;
+                }
             }
-            if (t.kind != TaskKind::forward) cur -= cc[t.chunk_b].saved_bytes;
+            if (t.kind != TaskKind::forward) {
+                cur -= cc[t.chunk_b].saved_bytes;
+                offloaded -= cc[t.chunk_b].offloaded_bytes;
+            }
         }
-        mb.activations_bytes = peak;
+        mb.activations_bytes = peak + staging;
+        mb.offloaded_bytes = offloaded_at_peak;
         const double tokens =
             static_cast<double>(o.micro_batch * o.seq_len) / static_cast<double>(layout.cp);
         const double d_model = static_cast<double>(model.hidden_size);

@@ -65,7 +65,7 @@ struct StepResult {
 };
 
 // Throws on impossible inputs (layout, precision, batch) and on out-of-memory, saying by how
-// much the fullest GPU is over its HBM.
+// much the fullest GPU is over its HBM and naming the cheapest change that fits (sim/fit.h).
 StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
                          const ParallelLayout& layout, const SimOptions& options);
 
