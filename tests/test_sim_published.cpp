@@ -129,8 +129,27 @@ TEST_F(Published, Gb300LaterSoftwareAndScaling) {
     SimOptions o = best.options;
     o.global_batch *= 4;
     const StepResult at_1024 = simulate_step(dsv3, gb300, wide, o);
-    record({"256 -> 1024 GB300, per-GPU throughput kept (gbs x4)", "%",
-            100 * at_1024.tflops_per_gpu / best.tflops_per_gpu, 98.5});
+    const double kept_1024 = 100 * at_1024.tflops_per_gpu / best.tflops_per_gpu;
+    record({"256 -> 1024 GB300, per-GPU throughput kept (gbs x4)", "%", kept_1024, 98.5});
+    EXPECT_NEAR(kept_1024, 98.5, 1.5);
+
+    // The curve bends: each doubling beyond 1,024 GPUs loses more than one below it.
+    std::vector<double> kept;
+    for (int64_t gpus : {256, 1024, 4096, 8192}) {
+        ParallelLayout l = best.layout;
+        l.dp = gpus / (l.tp * l.cp * l.pp);
+        SimOptions scaled = best.options;
+        scaled.global_batch = best.options.global_batch * gpus / 256;
+        kept.push_back(simulate_step(dsv3, gb300, l, scaled).tflops_per_gpu / best.tflops_per_gpu);
+    }
+    std::printf(
+        "  weak scaling kept at 256 / 1,024 / 4,096 / 8,192 GB300: %.1f%% %.1f%% %.1f%% "
+        "%.1f%%\n",
+        100 * kept[0], 100 * kept[1], 100 * kept[2], 100 * kept[3]);
+    const double per_doubling_low = (kept[0] - kept[1]) / 2,
+                 per_doubling_mid = (kept[1] - kept[2]) / 2;
+    EXPECT_GT(per_doubling_mid, per_doubling_low);
+    EXPECT_LT(kept[3], kept[2]);
 }
 
 // The planner ranks, not rejects, the layouts the published runs used: restricted to each

@@ -112,6 +112,7 @@ std::string explain_candidate(const PlanCandidate& c, const PlanCandidate& best,
         {b.dp_exposed_s, "exposed DP sync"},
         {b.pp_bubble_s, "pipeline bubble"},
         {b.optimizer_s, "optimizer"},
+        {b.ep_jitter_s + b.dp_jitter_s + b.straggler_s, "waiting for the slowest GPU"},
         {b.memory_bound_s, "memory-bound kernels"}};
     std::sort(costs.begin(), costs.end(),
               [](const auto& x, const auto& y) { return x.first > y.first; });
@@ -131,7 +132,10 @@ std::string explain_candidate(const PlanCandidate& c, const PlanCandidate& best,
             {b.tp_exposed_s - bb.tp_exposed_s, "TP"},
             {b.ep_exposed_s - bb.ep_exposed_s, "EP"},
             {b.dp_exposed_s - bb.dp_exposed_s, "DP"},
-            {b.pp_bubble_s - bb.pp_bubble_s, "bubble"}};
+            {b.pp_bubble_s - bb.pp_bubble_s, "bubble"},
+            {b.ep_jitter_s + b.dp_jitter_s + b.straggler_s - bb.ep_jitter_s - bb.dp_jitter_s -
+                 bb.straggler_s,
+             "slowest GPU"}};
         std::sort(deltas.begin(), deltas.end(),
                   [](const auto& x, const auto& y) { return x.first > y.first; });
         // Name the differences that matter (over 0.5% of the step), largest first.

@@ -67,6 +67,9 @@ std::string format_step_report(const StepResult& r) {
     s += line("exposed DP communication", b.dp_exposed_s, step);
     s += line("pipeline bubble", b.pp_bubble_s, step);
     s += line("optimizer", b.optimizer_s, step);
+    s += line("slowest of EP group (GPU spread)", b.ep_jitter_s, step);
+    s += line("slowest of all GPUs (DP sync)", b.dp_jitter_s, step);
+    s += line("straggler events", b.straggler_s, step);
     s += "\n";
     const MemoryBreakdown& m = r.memory;
     s += fmt::format("  memory per GPU (stage {} is the fullest): {:.1f} of {:.1f} GB\n", m.stage,
@@ -169,7 +172,10 @@ nlohmann::json step_report_json(const StepResult& r) {
           {"cp_exposed", b.cp_exposed_s},
           {"dp_exposed", b.dp_exposed_s},
           {"pp_bubble", b.pp_bubble_s},
-          {"optimizer", b.optimizer_s}}},
+          {"optimizer", b.optimizer_s},
+          {"ep_jitter", b.ep_jitter_s},
+          {"dp_jitter", b.dp_jitter_s},
+          {"stragglers", b.straggler_s}}},
         {"memory_per_stage", mem},
         {"stage_busy_s", r.schedule.busy_s},
         {"stage_end_s", r.schedule.end_s},

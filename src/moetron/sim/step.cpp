@@ -307,7 +307,11 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                              r.schedule.busy_s.begin();
     const double opt_max = *std::max_element(opt_s.begin(), opt_s.end());
     const double ag_max = *std::max_element(ag_exposed.begin(), ag_exposed.end());
-    r.step_time_s = compute_end + opt_max + ag_max;
+    // Every step synchronizes all GPUs (EP all-to-alls per layer, DP collectives per step), so
+    // it runs at the pace of the slowest GPU.
+    const double synchronized_s = compute_end + opt_max + ag_max;
+    const SlowestOfN slow = slowest_of_n(cluster.efficiency.variability, r.gpus, layout.ep);
+    r.step_time_s = synchronized_s * (1 + slow.total());
     r.dp_end_s = compute_end;
     r.optimizer_end_s = compute_end + opt_max;
     r.critical_stage = critical;
@@ -329,6 +333,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     bd.dp_exposed_s =
         (rs_end[critical] - r.schedule.end_s[critical]) + dp_interference[critical] + ag_max;
     bd.optimizer_s = opt_max;
+    bd.ep_jitter_s = synchronized_s * slow.ep_jitter;
+    bd.dp_jitter_s = synchronized_s * slow.dp_jitter;
+    bd.straggler_s = synchronized_s * slow.stragglers;
     bd.pp_bubble_s = std::max(0.0, r.step_time_s - bd.total_s());
     r.breakdown = bd;
 
