@@ -29,6 +29,7 @@ struct PlanFlags {
     int top = 5;
     bool count_mtp = true, low_precision_dispatch = false, overlap_ep = false, overlap_tp = false;
     sim::MemoryFlags memory;
+    std::string pipeline_schedule = "1f1b";
 };
 
 std::vector<int64_t> parse_counts(const std::string& text) {
@@ -67,6 +68,7 @@ void run_plan(const PlanFlags& f) {
     base.overlap_ep = f.overlap_ep;
     base.overlap_tp = f.overlap_tp;
     base.memory = sim::memory_options_from_flags(f.memory);
+    base.pipeline_schedule = sim::pipeline_schedule_from_name(f.pipeline_schedule);
 
     const sim::PlanResult plan = sim::plan_layouts(model, cluster, f.gpus, base);
     std::printf("moetron plan: %s on %lld x %s, global batch %lld x %lld tokens, %s\n",
@@ -145,6 +147,10 @@ void register_plan(CLI::App& app) {
         ->capture_default_str();
     cmd->add_flag("--overlap-ep", f->overlap_ep, "hide EP all-to-all behind another micro-batch");
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
+    cmd->add_option("--pp-schedule", f->pipeline_schedule,
+                    "pipeline schedule: 1f1b (interleaved with vpp > 1), zb-h1 (zero bubble), "
+                    "dualpipe")
+        ->capture_default_str();
     cmd->add_option("--main-grads-dtype", f->memory.main_grads,
                     "main gradients: fp32 or bf16 (precision-aware optimizer)")
         ->capture_default_str();

@@ -28,6 +28,7 @@ struct SimulateFlags {
     bool no_overlap_dp_param = false;
     bool layer_ops = false;
     sim::MemoryFlags memory;
+    std::string pipeline_schedule = "1f1b";
 };
 
 sim::SimOptions to_options(const SimulateFlags& f) {
@@ -53,6 +54,7 @@ sim::SimOptions to_options(const SimulateFlags& f) {
     o.overlap_dp_param = !f.no_overlap_dp_param;
     o.pipeline_layout = f.pipeline_layout;
     o.memory = sim::memory_options_from_flags(f.memory);
+    o.pipeline_schedule = sim::pipeline_schedule_from_name(f.pipeline_schedule);
     return o;
 }
 
@@ -118,6 +120,10 @@ void register_simulate(CLI::App& app) {
                   "run the parameter all-gather before the next forward pass");
     cmd->add_option("--pp-layout", f->pipeline_layout,
                     "Megatron-LM pipeline layout such as 'Et|(tt|)*30mL' (default: balanced)");
+    cmd->add_option("--pp-schedule", f->pipeline_schedule,
+                    "pipeline schedule: 1f1b (interleaved with vpp > 1), zb-h1 (zero bubble), "
+                    "dualpipe")
+        ->capture_default_str();
     cmd->add_option("--main-grads-dtype", f->memory.main_grads,
                     "main gradients: fp32 or bf16 (precision-aware optimizer)")
         ->capture_default_str();

@@ -155,6 +155,7 @@ class Builder {
         // Accumulates into the fp32 main gradient (read + write).
         wgrad.bytes = (m * n + m * k) * in_b + n * k * 8;
         wgrad.saved_bytes = 0;
+        wgrad.weight_gradient = true;
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -198,6 +199,7 @@ class Builder {
         wgrad.name = name + ".wgrad";
         wgrad.bytes = rows * (n + k) * in_b + groups * k * n * 8;
         wgrad.saved_bytes = 0;
+        wgrad.weight_gradient = true;
         b.push_back(wgrad);
         backward(std::move(b));
     }

@@ -61,9 +61,10 @@ struct Op {
     std::string name;
     OpKind kind = OpKind::memory;
     Module module = Module::none;
-    bool in_moe_block = false;  // recomputed by "moe" as well as by its own module
-    bool graphable = true;      // static shapes: a partial CUDA graph can capture it
-    bool is_recompute = false;  // a forward op rerun in backward
+    bool in_moe_block = false;     // recomputed by "moe" as well as by its own module
+    bool graphable = true;         // static shapes: a partial CUDA graph can capture it
+    bool is_recompute = false;     // a forward op rerun in backward
+    bool weight_gradient = false;  // a wgrad GEMM: the W pass of zero-bubble schedules
 
     double flops = 0;                        // executed
     double model_flops = 0;                  // counted by the Megatron-LM convention

@@ -27,8 +27,9 @@ std::string line(const char* label, double seconds, double step) {
 
 std::string describe_options(const StepResult& r) {
     const SimOptions& o = r.options;
-    return fmt::format("{} mbs{} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
-                       r.layout.to_string(), o.micro_batch, recompute_name(o.recompute),
+    return fmt::format("{} mbs{} {} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
+                       r.layout.to_string(), o.micro_batch,
+                       pipeline_schedule_name(o.pipeline_schedule), recompute_name(o.recompute),
                        cuda_graphs_name(o.cuda_graphs),
                        o.dispatcher == DispatchAlgo::two_tier ? "two-tier" : "flat",
                        o.low_precision_dispatch ? " (low-precision payload)" : "", overlaps(o));

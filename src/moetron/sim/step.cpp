@@ -39,6 +39,12 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
     MT_CHECK(o.seq_len % (l.tp * l.cp) == 0,
              "[sim] sequence length {} must be a multiple of tp*cp = {} (sequence parallel)",
              o.seq_len, l.tp * l.cp);
+    if (o.pipeline_schedule == PipelineSchedule::zero_bubble_h1 && (l.vpp > 1 || o.overlap_ep)) {
+        throw Error(fmt::format(
+            "the zb-h1 pipeline schedule runs without interleaving and without --overlap-ep "
+            "(got vpp {}{})",
+            l.vpp, o.overlap_ep ? " and --overlap-ep" : ""));
+    }
     MT_CHECK(o.micro_batch >= 1, "[sim] micro-batch size must be >= 1, got {}", o.micro_batch);
     MT_CHECK(o.global_batch >= 1 && o.global_batch % (l.dp * o.micro_batch) == 0,
              "[sim] global batch {} is not a multiple of dp {} x micro-batch {} = {}",
@@ -95,6 +101,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     if (with_mtp) kinds.push_back(BlockKind::mtp_extra);
     struct BlockWalks {
         WalkResult fwd, bwd, fwd_deferred, bwd_deferred;
+        WalkResult bwd_input, bwd_weight;  // the backward split into B and W (zero bubble)
     };
     std::map<BlockKind, BlockWalks> bw;
     std::map<BlockKind, double> block_cost;
@@ -110,6 +117,11 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         w.bwd = walk_ops(cluster, b, wo, false, false);
         w.fwd_deferred = walk_ops(cluster, f, wo, true, false);
         w.bwd_deferred = walk_ops(cluster, b, wo, true, false);
+        OpList bi, bwt;
+        bi.append_part(recomputed[k].backward, false);
+        bwt.append_part(recomputed[k].backward, true);
+        w.bwd_input = walk_ops(cluster, bi, wo, false, false);
+        w.bwd_weight = walk_ops(cluster, bwt, wo, false, false);
         const double comm = w.fwd_deferred.ep_comm_s + w.bwd_deferred.ep_comm_s;
         // With EP overlap a block mostly runs inside combined forward-backward tasks.
         block_cost[k] =
@@ -139,9 +151,10 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                              static_cast<double>(model.hidden_size) * 2;
     const double p2p_s = send_recv_cost(cluster, ctx.placement.pp.domains > 1, act_bytes).time_s;
     const bool merge = o.overlap_ep && model.n_routed_experts > 0 && layout.ep > 1;
+    const bool zero_bubble = o.pipeline_schedule == PipelineSchedule::zero_bubble_h1;
     auto approx_makespan = [&](const std::vector<std::vector<ChunkBlock>>& groups) {
         std::vector<double> f(chunks, 0), b(chunks, 0), fd(chunks, 0), bd(chunks, 0), af(chunks, 0),
-            ab(chunks, 0);
+            ab(chunks, 0), bi(chunks, 0), bw_(chunks, 0);
         for (int64_t g = 0; g < chunks; ++g) {
             for (const ChunkBlock& it : groups[g]) {
                 const BlockWalks& w = bw[it.kind];
@@ -151,6 +164,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                 bd[g] += w.bwd_deferred.time_s;
                 af[g] += w.fwd_deferred.ep_comm_s;
                 ab[g] += w.bwd_deferred.ep_comm_s;
+                bi[g] += w.bwd_input.time_s;
+                bw_[g] += w.bwd_weight.time_s;
             }
         }
         ScheduleInput in;
@@ -158,8 +173,10 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         in.vpp = vpp;
         in.micro_batches = r.micro_batches;
         in.merge_steady_state = merge;
+        in.schedule = o.pipeline_schedule;
         in.forward_s = [&](int64_t g) { return f[g]; };
-        in.backward_s = [&](int64_t g) { return b[g]; };
+        in.backward_s = [&](int64_t g) { return zero_bubble ? bi[g] : b[g]; };
+        in.weight_gradient_s = [&](int64_t g) { return bw_[g]; };
         in.forward_backward_s = [&](int64_t gf, int64_t gb) {
             return std::max(fd[gf] + bd[gb] + f_sm * (af[gf] + ab[gb]), af[gf] + ab[gb]);
         };
@@ -178,7 +195,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
 
     // Per chunk: op lists, walks (inline EP and deferred EP), activations, parameters.
     struct ChunkCost {
-        WalkResult fwd, bwd, fwd_deferred, bwd_deferred;
+        WalkResult fwd, bwd, fwd_deferred, bwd_deferred, bwd_input, bwd_weight;
         double saved_bytes = 0;
         double offloaded_bytes = 0;
         double largest_offloaded_block_bytes = 0;
@@ -201,9 +218,14 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
             if (it.layer >= 0) r.stage_layers[g].push_back(it.layer);
             r.chunk_block_times[g].push_back({bw[it.kind].fwd.time_s, bw[it.kind].bwd.time_s});
         }
+        OpList bi, bwt;
         for (auto it = groups[g].rbegin(); it != groups[g].rend(); ++it) {
             b.append(recomputed[it->kind].backward);
+            bi.append_part(recomputed[it->kind].backward, false);
+            bwt.append_part(recomputed[it->kind].backward, true);
         }
+        cc[g].bwd_input = walk_ops(cluster, bi, wo, false, false);
+        cc[g].bwd_weight = walk_ops(cluster, bwt, wo, false, false);
         cc[g].fwd = walk_ops(cluster, f, wo, false, false);
         cc[g].bwd = walk_ops(cluster, b, wo, false, false);
         cc[g].fwd_deferred = walk_ops(cluster, f, wo, true, false);
@@ -221,8 +243,12 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     si.vpp = vpp;
     si.micro_batches = r.micro_batches;
     si.merge_steady_state = merge;
+    si.schedule = o.pipeline_schedule;
     si.forward_s = [&](int64_t g) { return cc[g].fwd.time_s; };
-    si.backward_s = [&](int64_t g) { return cc[g].bwd.time_s; };
+    si.backward_s = [&](int64_t g) {
+        return zero_bubble ? cc[g].bwd_input.time_s : cc[g].bwd.time_s;
+    };
+    si.weight_gradient_s = [&](int64_t g) { return cc[g].bwd_weight.time_s; };
     si.forward_backward_s = merged;
     si.p2p_s = p2p_s;
     r.schedule = run_schedule(si);
@@ -322,7 +348,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         if (t.kind == TaskKind::forward) {
             bd.add(cc[t.chunk_f].fwd.parts);
         } else if (t.kind == TaskKind::backward) {
-            bd.add(cc[t.chunk_b].bwd.parts);
+            bd.add(zero_bubble ? cc[t.chunk_b].bwd_input.parts : cc[t.chunk_b].bwd.parts);
+        } else if (t.kind == TaskKind::weight_gradient) {
+            bd.add(cc[t.chunk_b].bwd_weight.parts);
         } else {
             bd.add(cc[t.chunk_f].fwd_deferred.parts);
             bd.add(cc[t.chunk_b].bwd_deferred.parts);
@@ -360,8 +388,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         // host memory, but two blocks' worth is on the GPU at a time (one being copied out
         // behind the forward, one copied back ahead of its backward).
         double cur = 0, peak = 0, offloaded = 0, offloaded_at_peak = 0, staging = 0;
+        // (With zero bubble, B frees them; W keeps only its GEMM inputs, not counted.)
         for (const ScheduledTask& t : r.schedule.stages[s]) {
-            if (t.kind != TaskKind::backward) {
+            if (t.kind == TaskKind::forward || t.kind == TaskKind::forward_backward) {
                 cur += cc[t.chunk_f].saved_bytes;
                 offloaded += cc[t.chunk_f].offloaded_bytes;
                 staging = std::max(staging, 2 * cc[t.chunk_f].largest_offloaded_block_bytes);
@@ -370,7 +399,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                     offloaded_at_peak = offloaded;
                 }
             }
-            if (t.kind != TaskKind::forward) {
+            if (t.kind == TaskKind::backward || t.kind == TaskKind::forward_backward) {
                 cur -= cc[t.chunk_b].saved_bytes;
                 offloaded -= cc[t.chunk_b].offloaded_bytes;
             }

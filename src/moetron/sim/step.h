@@ -32,6 +32,7 @@ struct SimOptions {
     bool overlap_tp = false;       // TP all-gather / reduce-scatter behind the adjacent GEMM
     bool overlap_dp_grad = true;   // gradient reduce-scatter behind the backward pass
     bool overlap_dp_param = true;  // parameter all-gather behind the next forward
+    PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
     // Megatron-LM pipeline layout ("Et|(tt|)*30mL"); empty: balanced by simulated time.
     std::string pipeline_layout;
     MemoryOptions memory;

@@ -72,6 +72,16 @@ struct OpList {
             block_start.push_back(i == 0);
         }
     }
+    // Only the weight-gradient ops (the W pass) or only the others (B, and the forward).
+    void append_part(const std::vector<Op>& list, bool weight_gradients) {
+        bool first = true;
+        for (const Op& op : list) {
+            if (op.weight_gradient != weight_gradients) continue;
+            ops.push_back(&op);
+            block_start.push_back(first);
+            first = false;
+        }
+    }
 };
 
 WalkResult walk_ops(const ClusterSpec& c, const OpList& list, const WalkOptions& o, bool defer_ep,
