@@ -172,3 +172,22 @@ TEST(SimSchedule, ZeroBubbleH1FillsTheCoolDownWithWeightGradients) {
 
 }  // namespace
 }  // namespace moetron::sim
+
+namespace moetron::sim {
+namespace {
+
+TEST(SimSchedule, DualPipeBubbleIsTheReportsFormula) {
+    // DeepSeek-V3 report, Table 2: (PP/2 - 1)(F&B + B - 3W) on top of m F&B chunks.
+    EXPECT_DOUBLE_EQ(dualpipe_makespan_s(8, 20, 3.0, 1.0, 0.5), 20 * 3.0 + 3 * (3.0 + 1.0 - 1.5));
+    EXPECT_DOUBLE_EQ(dualpipe_makespan_s(2, 4, 3.0, 1.0, 0.5), 12.0);  // no bubble at pp 2
+    // Against 1F1B's (p-1)(F+B) with F = 1, B = 1 + W, W = 1 and F&B = F + B + W = 3: a
+    // quarter of the bubble, plus the all-to-all hidden inside F&B in real runs.
+    const double one_f_one_b_bubble = 7 * 3.0;
+    const double dualpipe_bubble = dualpipe_makespan_s(8, 20, 3.0, 1.0, 1.0) - 20 * 3.0;
+    EXPECT_DOUBLE_EQ(dualpipe_bubble, 3 * 1.0);
+    EXPECT_LT(dualpipe_bubble, one_f_one_b_bubble / 4);
+    EXPECT_THROW(dualpipe_makespan_s(3, 8, 3.0, 1.0, 1.0), Error);
+}
+
+}  // namespace
+}  // namespace moetron::sim

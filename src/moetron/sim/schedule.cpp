@@ -47,6 +47,12 @@ const char* pipeline_schedule_name(PipelineSchedule s) {
     return "?";
 }
 
+double dualpipe_makespan_s(int64_t pp, int64_t m, double fb, double b, double w) {
+    MT_CHECK(pp >= 2 && pp % 2 == 0, "[sim] DualPipe needs an even pp >= 2, got {}", pp);
+    const double bubble = static_cast<double>(pp / 2 - 1) * std::max(0.0, fb + b - 3 * w);
+    return static_cast<double>(m) * fb + bubble;
+}
+
 std::vector<ScheduledTask> stage_order(int64_t stage, int64_t pp, int64_t vpp,
                                        int64_t micro_batches, bool merge_steady_state) {
     const int64_t total = micro_batches * vpp;

@@ -69,6 +69,16 @@ struct ScheduleResult {
 // of pp).
 ScheduleResult run_schedule(const ScheduleInput& in);
 
+// DualPipe (DeepSeek-V3 report, sec. 3.2.1 and Table 2): pp ranks (even), micro-batches fed
+// from both ends; rank s holds stage s of one direction and stage pp-1-s of the other (two
+// copies of the parameters). In the steady state a forward of one direction and a backward of
+// the other run as one overlapped chunk (F&B) that hides the all-to-all; the split W fills the
+// rest. Makespan of m micro-batches: m F&B + (pp/2 - 1)(F&B + B - 3W), where F&B is the paired
+// chunk's time, B the input-gradient and W the weight-gradient part of a backward. Activations
+// in flight: pp + 1 micro-batches of one stage on every rank.
+double dualpipe_makespan_s(int64_t pp, int64_t micro_batches, double forward_backward_s,
+                           double backward_input_s, double weight_gradient_s);
+
 // The task order of one stage without timing (used by the memory model too).
 std::vector<ScheduledTask> stage_order(int64_t stage, int64_t pp, int64_t vpp,
                                        int64_t micro_batches, bool merge_steady_state);

@@ -45,6 +45,15 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
             "(got vpp {}{})",
             l.vpp, o.overlap_ep ? " and --overlap-ep" : ""));
     }
+    if (o.pipeline_schedule == PipelineSchedule::dualpipe) {
+        const int64_t m = o.global_batch / std::max<int64_t>(1, l.dp * o.micro_batch);
+        if (l.vpp > 1 || l.pp < 2 || l.pp % 2 != 0 || m < l.pp || m % 2 != 0) {
+            throw Error(fmt::format(
+                "the dualpipe schedule needs an even pp >= 2 without vpp and an even number of "
+                "micro-batches, at least pp (got pp {}, vpp {}, {} micro-batches)",
+                l.pp, l.vpp, m));
+        }
+    }
     MT_CHECK(o.micro_batch >= 1, "[sim] micro-batch size must be >= 1, got {}", o.micro_batch);
     MT_CHECK(o.global_batch >= 1 && o.global_batch % (l.dp * o.micro_batch) == 0,
              "[sim] global batch {} is not a multiple of dp {} x micro-batch {} = {}",
@@ -152,6 +161,11 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     const double p2p_s = send_recv_cost(cluster, ctx.placement.pp.domains > 1, act_bytes).time_s;
     const bool merge = o.overlap_ep && model.n_routed_experts > 0 && layout.ep > 1;
     const bool zero_bubble = o.pipeline_schedule == PipelineSchedule::zero_bubble_h1;
+    const bool dualpipe = o.pipeline_schedule == PipelineSchedule::dualpipe;
+    // DualPipe's order is stood in for by the combined 1F1B (F&B pairs) for the event
+    // simulation; its makespan comes from dualpipe_makespan_s below.
+    const PipelineSchedule simulated_schedule =
+        dualpipe ? PipelineSchedule::one_f_one_b : o.pipeline_schedule;
     auto approx_makespan = [&](const std::vector<std::vector<ChunkBlock>>& groups) {
         std::vector<double> f(chunks, 0), b(chunks, 0), fd(chunks, 0), bd(chunks, 0), af(chunks, 0),
             ab(chunks, 0), bi(chunks, 0), bw_(chunks, 0);
@@ -172,8 +186,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         in.pp = pp;
         in.vpp = vpp;
         in.micro_batches = r.micro_batches;
-        in.merge_steady_state = merge;
-        in.schedule = o.pipeline_schedule;
+        in.merge_steady_state = merge || dualpipe;
+        in.schedule = simulated_schedule;
         in.forward_s = [&](int64_t g) { return f[g]; };
         in.backward_s = [&](int64_t g) { return zero_bubble ? bi[g] : b[g]; };
         in.weight_gradient_s = [&](int64_t g) { return bw_[g]; };
@@ -242,8 +256,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     si.pp = pp;
     si.vpp = vpp;
     si.micro_batches = r.micro_batches;
-    si.merge_steady_state = merge;
-    si.schedule = o.pipeline_schedule;
+    si.merge_steady_state = merge || dualpipe;
+    si.schedule = simulated_schedule;
     si.forward_s = [&](int64_t g) { return cc[g].fwd.time_s; };
     si.backward_s = [&](int64_t g) {
         return zero_bubble ? cc[g].bwd_input.time_s : cc[g].bwd.time_s;
@@ -252,6 +266,37 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     si.forward_backward_s = merged;
     si.p2p_s = p2p_s;
     r.schedule = run_schedule(si);
+    // The chunks a stage holds: its vpp chunks, and with DualPipe the mirrored stage too.
+    auto chunks_of_stage = [&](int64_t s) {
+        std::vector<int64_t> out;
+        for (int64_t c = 0; c < vpp; ++c) out.push_back(c * pp + s);
+        if (dualpipe) out.push_back(pp - 1 - s);
+        return out;
+    };
+    if (dualpipe) {
+        // Rank s pairs forwards of one direction with backwards of the other: F&B is the mean
+        // of its two chunks' pairings; B and W the means of their parts.
+        double makespan = 0;
+        for (int64_t s = 0; s < pp; ++s) {
+            const int64_t a = s, b = pp - 1 - s;
+            const double fb = (merged(a, b) + merged(b, a)) / 2;
+            const double bi = (cc[a].bwd_input.time_s + cc[b].bwd_input.time_s) / 2;
+            const double w = (cc[a].bwd_weight.time_s + cc[b].bwd_weight.time_s) / 2;
+            makespan = std::max(makespan, dualpipe_makespan_s(pp, r.micro_batches, fb, bi, w));
+        }
+        // Stretch the stand-in's timeline to DualPipe's makespan (DP overlap and the SVG read
+        // task times).
+        const double k = makespan / r.schedule.makespan_s;
+        for (auto& stage : r.schedule.stages) {
+            for (ScheduledTask& t : stage) {
+                t.start_s *= k;
+                t.end_s *= k;
+            }
+        }
+        for (double& e : r.schedule.end_s) e *= k;
+        for (double& e : r.schedule.chunk_grads_ready_s) e *= k;
+        r.schedule.makespan_s = makespan;
+    }
 
     // Gradient sync, optimizer and parameter gather per stage.
     const bool sharded = o.memory.distributed_optimizer;
@@ -278,8 +323,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     };
     for (int64_t s = 0; s < pp; ++s) {
         std::vector<std::pair<double, int64_t>> ready;
-        for (int64_t c = 0; c < vpp; ++c) {
-            const int64_t g = c * pp + s;
+        for (int64_t g : chunks_of_stage(s)) {
             ready.push_back({o.overlap_dp_grad ? last_bwd_start[g] : r.schedule.end_s[s], g});
         }
         std::sort(ready.begin(), ready.end());
@@ -303,6 +347,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                                        static_cast<double>(std::max<int64_t>(1, layout.edp()))
                              : cc[g].params.dense + cc[g].params.expert;
         }
+        if (dualpipe) shard /= 2;  // each stage's state is shared by its two copies
         rs_end[s] = std::max(free_at, r.schedule.end_s[s]);
         dp_interference[s] = f_sm * hidden;
         opt_s[s] = shard * optimizer_bytes_per_param(o.memory.optimizer) /
@@ -312,15 +357,14 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         // The next step's forward needs chunk s's first bucket gathered; with overlap the rest
         // arrives behind the forward of the layers before it.
         double ag_total = 0, ag_first = 0;
-        for (int64_t c = 0; c < vpp; ++c) {
-            const int64_t g = c * pp + s;
+        for (int64_t g : chunks_of_stage(s)) {
             const double ag =
                 all_gather_cost(cluster, ctx.placement.dp, cc[g].params.dense * gather_bytes)
                     .time_s +
                 all_gather_cost(cluster, ctx.placement.edp, cc[g].params.expert * gather_bytes)
                     .time_s;
+            if (ag_total == 0) ag_first = ag / layers_in(g);
             ag_total += ag;
-            if (c == 0) ag_first = ag / layers_in(g);
         }
         ag_exposed[s] = !sharded ? 0.0 : o.overlap_dp_param ? ag_first : ag_total;
     }
@@ -372,8 +416,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     for (int64_t s = 0; s < pp; ++s) {
         BlockParams sp;
         bool has_head = false, has_moe = false;
-        for (int64_t c = 0; c < vpp; ++c) {
-            const int64_t g = c * pp + s;
+        for (int64_t g : chunks_of_stage(s)) {
             sp.dense += cc[g].params.dense;
             sp.expert += cc[g].params.expert;
             for (const ChunkBlock& it : groups[g]) {
@@ -381,8 +424,11 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                 has_moe = has_moe || it.kind == BlockKind::moe_layer;
             }
         }
+        // DualPipe's two copies of each stage share its optimizer state: sharded over 2 dp.
+        ParallelLayout sharding = layout;
+        if (dualpipe) sharding.dp *= 2;
         MemoryBreakdown mb =
-            static_memory(sp, layout, o.precision, o.memory, cluster.gpu.hbm_bytes);
+            static_memory(sp, sharding, o.precision, o.memory, cluster.gpu.hbm_bytes);
         mb.stage = s;
         // Activations in flight follow the schedule's own task order; offloaded ones wait in
         // host memory, but two blocks' worth is on the GPU at a time (one being copied out
@@ -403,6 +449,12 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                 cur -= cc[t.chunk_b].saved_bytes;
                 offloaded -= cc[t.chunk_b].offloaded_bytes;
             }
+        }
+        if (dualpipe) {
+            // pp + 1 micro-batches of one stage in flight on every rank (the report's Table 2),
+            // half of each direction's chunk.
+            const double per_micro = (cc[s].saved_bytes + cc[pp - 1 - s].saved_bytes) / 2;
+            peak = static_cast<double>(pp + 1) * per_micro;
         }
         mb.activations_bytes = peak + staging;
         mb.offloaded_bytes = offloaded_at_peak;
