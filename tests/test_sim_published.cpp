@@ -35,17 +35,19 @@ struct Row {
     std::string unit;
     double predicted = 0;
     double published = 0;
+    bool fitted = false;  // a parameter was fitted to this point (else held out)
     double error() const { return predicted / published - 1; }
 };
 
 class Published : public ::testing::Test {
   protected:
     static void TearDownTestSuite() {
-        std::printf("\n  %-58s %-14s %10s %10s %8s\n", "DeepSeek-V3 671B, seq 4096", "",
-                    "predicted", "published", "error");
+        std::printf("\n  %-58s %-14s %10s %10s %8s  %s\n", "DeepSeek-V3 671B, seq 4096", "",
+                    "predicted", "published", "error", "");
         for (const Row& r : rows()) {
-            std::printf("  %-58s %-14s %10.1f %10.1f %+7.1f%%\n", r.what.c_str(), r.unit.c_str(),
-                        r.predicted, r.published, 100 * r.error());
+            std::printf("  %-58s %-14s %10.1f %10.1f %+7.1f%%  %s\n", r.what.c_str(),
+                        r.unit.c_str(), r.predicted, r.published, 100 * r.error(),
+                        r.fitted ? "fitted" : "held out");
         }
         std::printf("\n");
     }
@@ -96,8 +98,8 @@ TEST_F(Published, Gb300EarlierSoftware) {
     o.cuda_graphs = CudaGraphs::partial;
     const StepResult r = simulate_step(dsv3, gb300, parse_layout("tp1.pp2.vpp4.ep32", 256), o);
     record({"256 GB300 MXFP8 TP1 PP2 VPP4 EP32 gbs4096 (MTP not counted)", "tokens/s/GPU",
-            r.tokens_per_s_per_gpu, 4357});
-    record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 1088});
+            r.tokens_per_s_per_gpu, 4357, true});
+    record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 1088, true});
 }
 
 TEST_F(Published, H100) {
@@ -112,8 +114,8 @@ TEST_F(Published, H100) {
     o.pipeline_layout = "Et|(tt|)*30mL";
     const StepResult r = simulate_step(dsv3, h100, parse_layout("tp2.pp8.vpp4.ep64", 1024), o);
     record({"1024 H100 FP8 TP2 PP8 VPP4 EP64 gbs8192 (MTP counted)", "tokens/s/GPU",
-            r.tokens_per_s_per_gpu, 1297});
-    record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 338});
+            r.tokens_per_s_per_gpu, 1297, true});
+    record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 338, true});
 }
 
 TEST_F(Published, Gb300LaterSoftwareAndScaling) {
@@ -130,7 +132,7 @@ TEST_F(Published, Gb300LaterSoftwareAndScaling) {
     o.global_batch *= 4;
     const StepResult at_1024 = simulate_step(dsv3, gb300, wide, o);
     const double kept_1024 = 100 * at_1024.tflops_per_gpu / best.tflops_per_gpu;
-    record({"256 -> 1024 GB300, per-GPU throughput kept (gbs x4)", "%", kept_1024, 98.5});
+    record({"256 -> 1024 GB300, per-GPU throughput kept (gbs x4)", "%", kept_1024, 98.5, true});
     EXPECT_NEAR(kept_1024, 98.5, 1.5);
 
     // The curve bends: each doubling beyond 1,024 GPUs loses more than one below it.
@@ -150,6 +152,59 @@ TEST_F(Published, Gb300LaterSoftwareAndScaling) {
                  per_doubling_mid = (kept[1] - kept[2]) / 2;
     EXPECT_GT(per_doubling_mid, per_doubling_low);
     EXPECT_LT(kept[3], kept[2]);
+}
+
+// DeepSeek's own run (report sec. 3.1-3.3): 2,048 H800, PP16 EP64 over 8-GPU nodes, ZeRO-1 DP,
+// DualPipe with all-to-all overlap, FP8 GEMMs, recompute of the RMSNorms and MLA up-projections
+// and the SwiGLU output (its input cached, sec. 3.3.2), global batch 15,360, one MTP layer.
+// Published: 180K H800 GPU hours per trillion tokens (sec. 1), 1,543 tokens/s/GPU. Main
+// gradients in bf16: with fp32 ones the memory model puts rank 1 at 90.8 of 85.5 GB, where the
+// real run fit (the model over-counts something here; see docs/cluster-model.md).
+TEST_F(Published, DeepSeekOwnRunOnH800) {
+    const ClusterSpec h800 = load_cluster_spec(kRoot + "/configs/clusters/h800-hgx.toml");
+    SimOptions o;
+    o.precision = Precision::fp8;
+    o.global_batch = 15360;
+    o.recompute = parse_recompute("layernorm,mla_up_proj,moe_act");
+    o.overlap_ep = true;
+    o.pipeline_schedule = PipelineSchedule::dualpipe;
+    o.memory.optimizer.main_grad_bytes = 2;
+    const StepResult r = simulate_step(dsv3, h800, parse_layout("tp1.pp16.ep64", 2048), o);
+    record({"2048 H800 FP8 PP16 EP64 DualPipe gbs15360 (DeepSeek's run)", "tokens/s/GPU",
+            r.tokens_per_s_per_gpu, 1e12 / (180e3 * 3600)});
+}
+
+// MLPerf Training 6.0, DeepSeek-V3 671B (mlcommons/training, deepseek_v3 reference README):
+// warm-started checkpoint, C4, seq 4,096, global batch >= 15,360 (LR given for 16,384),
+// evaluation of 1,024 sequences after every step, target validation loss 3.60. The rules give
+// no token count; the reference run (256 GB300, tp1 pp4, "approximately 1 hour 30 minutes")
+// fixes it: steps = 5,400 s / its simulated step (+ evaluation). Published: 2.02 minutes on
+// 8,192 GB300 (CoreWeave, Spectrum-X). A sanity bound, not an accuracy claim: see the doc.
+TEST_F(Published, MlperfDeepSeekV3On8192Gb300) {
+    SimOptions o = later_software();
+    o.global_batch = 16384;
+    o.count_mtp = true;  // the benchmark trains with MTP
+    // Evaluation: 1,024 sequences forward only, against 16,384 forward and backward.
+    const double eval = 1024.0 / (3.0 * 16384.0);
+    const StepResult ref = simulate_step(dsv3, gb300, parse_layout("tp1.pp4.vpp4.ep64", 256), o);
+    const double steps = 5400 / (ref.step_time_s * (1 + eval));
+    PlanSpace space;
+    space.tp = {1};
+    space.pp = {1, 2, 4};
+    space.ep = {64, 128};
+    space.micro_batch = {1};
+    space.recompute = {"none"};
+    const PlanResult plan = plan_layouts(dsv3, gb300, 8192, o, space);
+    ASSERT_FALSE(plan.ranked.empty());
+    const StepResult& best = plan.ranked.front().result;
+    const double minutes = steps * best.step_time_s * (1 + eval) / 60;
+    std::printf(
+        "  MLPerf DeepSeek-V3: %.0f steps (%.1fB tokens) from the reference's %.1f s step; "
+        "8,192 GB300 %s step %.2f s: %.2f min (published 2.02)\n",
+        steps, steps * 16384 * 4096 / 1e9, ref.step_time_s, best.layout.to_string().c_str(),
+        best.step_time_s, minutes);
+    EXPECT_GT(minutes, 2.02 / 2.5);
+    EXPECT_LT(minutes, 2.02 * 2.5);
 }
 
 // The planner ranks, not rejects, the layouts the published runs used: restricted to each
