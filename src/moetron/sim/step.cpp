@@ -168,7 +168,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         dualpipe ? PipelineSchedule::one_f_one_b : o.pipeline_schedule;
     auto approx_makespan = [&](const std::vector<std::vector<ChunkBlock>>& groups) {
         std::vector<double> f(chunks, 0), b(chunks, 0), fd(chunks, 0), bd(chunks, 0), af(chunks, 0),
-            ab(chunks, 0), bi(chunks, 0), bw_(chunks, 0);
+            ab(chunks, 0), b_input(chunks, 0), w_grad(chunks, 0);
         for (int64_t g = 0; g < chunks; ++g) {
             for (const ChunkBlock& it : groups[g]) {
                 const BlockWalks& w = bw[it.kind];
@@ -178,8 +178,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                 bd[g] += w.bwd_deferred.time_s;
                 af[g] += w.fwd_deferred.ep_comm_s;
                 ab[g] += w.bwd_deferred.ep_comm_s;
-                bi[g] += w.bwd_input.time_s;
-                bw_[g] += w.bwd_weight.time_s;
+                b_input[g] += w.bwd_input.time_s;
+                w_grad[g] += w.bwd_weight.time_s;
             }
         }
         ScheduleInput in;
@@ -189,8 +189,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         in.merge_steady_state = merge || dualpipe;
         in.schedule = simulated_schedule;
         in.forward_s = [&](int64_t g) { return f[g]; };
-        in.backward_s = [&](int64_t g) { return zero_bubble ? bi[g] : b[g]; };
-        in.weight_gradient_s = [&](int64_t g) { return bw_[g]; };
+        in.backward_s = [&](int64_t g) { return zero_bubble ? b_input[g] : b[g]; };
+        in.weight_gradient_s = [&](int64_t g) { return w_grad[g]; };
         in.forward_backward_s = [&](int64_t gf, int64_t gb) {
             return std::max(fd[gf] + bd[gb] + f_sm * (af[gf] + ab[gb]), af[gf] + ab[gb]);
         };
