@@ -171,6 +171,20 @@ TEST(SimStep, DualPipeHoldsTwoStagesAndShrinksTheBubble) {
     EXPECT_NE(msg.find("dualpipe schedule needs an even pp"), std::string::npos) << msg;
 }
 
+TEST(SimStep, EpOverlapWithAPipelineNeedsInterleaving) {
+    // Megatron-LM refuses EP all-to-all overlap with pp > 1 and no vpp; simulated anyway, the
+    // combined 1F1B pairs chain stage to stage and halve the throughput.
+    Fixture f;
+    SimOptions o = f.gb300_options();
+    o.overlap_ep = true;
+    const std::string msg = error_of(
+        [&] { (void)simulate_step(f.dsv3, f.gb300, parse_layout("tp1.pp4.ep32", 256), o); });
+    EXPECT_NE(msg.find("--overlap-ep with pp 4 needs interleaving"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(".cpp:"), std::string::npos) << msg;
+    (void)simulate_step_unchecked(f.dsv3, f.gb300, parse_layout("tp1.pp4.vpp2.ep32", 256), o);
+    (void)simulate_step_unchecked(f.dsv3, f.gb300, parse_layout("tp1.pp1.ep32", 256), o);
+}
+
 TEST(SimStep, ReportsRender) {
     Fixture f;
     const StepResult r =

@@ -50,6 +50,11 @@ PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, in
                             // Cheap divisibility checks first; simulate_step checks them all.
                             if (o.global_batch % (l.dp * mbs) != 0) continue;
                             if (vpp > 1 && (pp == 1 || m % pp != 0 || m < pp)) continue;
+                            // EP overlap needs interleaving once there is a pipeline.
+                            if (o.overlap_ep && pp > 1 && vpp == 1 &&
+                                o.pipeline_schedule != PipelineSchedule::dualpipe) {
+                                continue;
+                            }
                             if (tp > cluster.scale_up.domain_gpus) continue;
                             if (model.n_routed_experts == 0 && ep > 1) continue;
                             if (model.n_routed_experts > 0 &&

@@ -45,6 +45,16 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
             "(got vpp {}{})",
             l.vpp, o.overlap_ep ? " and --overlap-ep" : ""));
     }
+    // Megatron-LM's combined 1F1B (EP all-to-all overlap) needs interleaving once there is a
+    // pipeline (TransformerConfig: "virtual_pipeline_model_parallel_size must be specified when
+    // pipeline_model_parallel_size > 1"); DualPipe brings its own overlap.
+    if (o.overlap_ep && l.pp > 1 && l.vpp == 1 &&
+        o.pipeline_schedule != PipelineSchedule::dualpipe) {
+        throw Error(fmt::format(
+            "--overlap-ep with pp {} needs interleaving (vpp > 1), as in Megatron-LM, or the "
+            "dualpipe schedule",
+            l.pp));
+    }
     if (o.pipeline_schedule == PipelineSchedule::dualpipe) {
         const int64_t m = o.global_batch / std::max<int64_t>(1, l.dp * o.micro_batch);
         if (l.vpp > 1 || l.pp < 2 || l.pp % 2 != 0 || m < l.pp || m % 2 != 0) {
