@@ -206,6 +206,25 @@ TEST(SimMemory, OffloadingMovesActivationsToTheHost) {
     EXPECT_EQ(simulate_step_unchecked(f.dsv3, f.gb300, l, o).memory.offloaded_bytes, 0);
 }
 
+TEST(SimMemory, Fp8SwigluInputCacheShrinksTheExpertActivations) {
+    // DeepSeek-V3 (sec. 3.3.2) keeps the MoE SwiGLU input in FP8 and recomputes its output:
+    // fc1's output, 8 rows x 2 x 2048 per token, costs 1 byte per element instead of 2.
+    Gb300 f;
+    SimOptions o = f.options();
+    o.precision = Precision::fp8;
+    o.recompute = parse_recompute("moe_act");
+    const ParallelLayout l = parse_layout("tp1.pp16.ep64", 2048);
+    const StepResult bf16_cache = simulate_step_unchecked(f.dsv3, f.h100, l, o);
+    o.memory.low_precision_swiglu_input = true;
+    const StepResult fp8_cache = simulate_step_unchecked(f.dsv3, f.h100, l, o);
+    const double saved_per_micro_batch_layer = 4096.0 * 8 * 2 * 2048;  // one byte less each
+    const double drop = bf16_cache.memory_per_stage[1].activations_bytes -
+                        fp8_cache.memory_per_stage[1].activations_bytes;
+    // Stage 1 of 16 holds 4 MoE layers of 16 micro-batches, rows inflated by routing noise.
+    EXPECT_GT(drop, 0.95 * 16 * 4 * saved_per_micro_batch_layer);
+    EXPECT_LT(drop, 1.10 * 16 * 4 * saved_per_micro_batch_layer);
+}
+
 TEST(SimMemory, InterleavingHoldsMoreMicroBatchesThanOneFOneB) {
     Gb300 f;
     const StepResult plain =

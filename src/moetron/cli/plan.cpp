@@ -166,6 +166,8 @@ void register_plan(CLI::App& app) {
                   "keep the whole optimizer state on every data-parallel rank");
     cmd->add_flag("--bf16-primary-weights", f->memory.bf16_primary_weights,
                   "low precision: keep bf16 weights beside the quantized copies");
+    cmd->add_flag("--low-precision-swiglu-input", f->memory.low_precision_swiglu_input,
+                  "keep the MoE SwiGLU input for backward in the GEMM format (DeepSeek-V3)");
     cmd->add_option("--offload-activations", f->memory.offload,
                     "modules whose saved activations go to host memory (as --recompute names "
                     "them)")

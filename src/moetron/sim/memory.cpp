@@ -59,6 +59,7 @@ MemoryOptions memory_options_from_flags(const MemoryFlags& f) {
     }
     o.distributed_optimizer = !f.no_distributed_optimizer;
     o.low_precision_primary_weights = !f.bf16_primary_weights;
+    o.low_precision_swiglu_input = f.low_precision_swiglu_input;
     return o;
 }
 

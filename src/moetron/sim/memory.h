@@ -44,6 +44,8 @@ struct MemoryOptions {
     bool low_precision_primary_weights = true;
     // Modules whose saved activations wait in host memory between forward and backward.
     Recompute offload;
+    // The MoE SwiGLU input cached in the GEMM format (DeepSeek-V3's FP8 activation caching).
+    bool low_precision_swiglu_input = false;
     double framework_reserve_bytes = 5e9;   // CUDA context, library workspaces, allocator slack
     double dp_bucket_bytes = 2 * 40e6 * 4;  // two in-flight 40M-element fp32 gradient buckets
 };
@@ -54,6 +56,7 @@ struct MemoryFlags {
     std::string offload = "none";  // module list, as --recompute names them
     bool no_distributed_optimizer = false;
     bool bf16_primary_weights = false;
+    bool low_precision_swiglu_input = false;
 };
 MemoryOptions memory_options_from_flags(const MemoryFlags& flags);
 

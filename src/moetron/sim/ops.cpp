@@ -429,7 +429,9 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     }
     b.grouped_gemm("moe.fc1", rows, 2 * d.F_expert, d.D, rows * d.D * low_or_act);
     // fc1's output is what the activation's backward (or its recompute) needs.
-    b.last_forward().saved_always_bytes = rows * 2 * d.F_expert * kActBytes;
+    const bool cache_low = low && ctx.settings.low_precision_swiglu_input;
+    b.last_forward().saved_always_bytes = rows * 2 * d.F_expert * (cache_low ? d.low : kActBytes);
+    if (cache_low) b.last_forward().bytes += rows * 2 * d.F_expert * d.low;  // the cached copy
     b.module = Module::moe_act;
     b.memory("moe.act", rows * 3 * d.F_expert * kActBytes + b.quant_bytes(rows, d.F_expert),
              rows * 5 * d.F_expert * kActBytes, low ? 2 : 1, 1, rows * d.F_expert * low_or_act, 0);

@@ -88,7 +88,10 @@ enum class BlockKind : uint8_t { dense_layer, moe_layer, embedding, output_head,
 struct OpSettings {
     Precision precision = Precision::bf16;  // linear layers; attention core and head stay bf16
     DispatchAlgo dispatcher = DispatchAlgo::two_tier;
-    bool low_precision_dispatch = false;    // dispatch payload in the GEMM format
+    bool low_precision_dispatch = false;  // dispatch payload in the GEMM format
+    // The MoE SwiGLU's input (fc1's output) kept for backward in the GEMM format, not bf16
+    // (DeepSeek-V3 report sec. 3.3.2: cached in FP8, the output recomputed).
+    bool low_precision_swiglu_input = false;
     bool cuda_graph_moe_sync_free = false;  // full CUDA graphs: no device-host sync in MoE
 };
 

@@ -88,10 +88,11 @@ std::string format_step_report(const StepResult& r) {
     const OptimizerPrecision& op = o.memory.optimizer;
     s += fmt::format(
         "    main grads {}, main params {}, exp_avg {}, exp_avg_sq {} bytes; optimizer {}; "
-        "offloaded activations (host memory): {}\n",
+        "offloaded activations (host memory): {}{}\n",
         op.main_grad_bytes, op.main_param_bytes, op.exp_avg_bytes, op.exp_avg_sq_bytes,
         o.memory.distributed_optimizer ? "sharded over dp and expert-dp" : "not sharded",
-        recompute_name(o.memory.offload));
+        recompute_name(o.memory.offload),
+        o.memory.low_precision_swiglu_input ? "; MoE SwiGLU input cached in the GEMM format" : "");
     return s;
 }
 

@@ -108,6 +108,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     ctx.settings.precision = o.precision;
     ctx.settings.dispatcher = o.dispatcher;
     ctx.settings.low_precision_dispatch = o.low_precision_dispatch;
+    ctx.settings.low_precision_swiglu_input = o.memory.low_precision_swiglu_input;
     ctx.settings.cuda_graph_moe_sync_free = o.cuda_graphs == CudaGraphs::full;
 
     // Blocks, their recomputed backward and their stand-alone cost (for the layout).
