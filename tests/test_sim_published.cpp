@@ -173,6 +173,35 @@ TEST_F(Published, DeepSeekOwnRunOnH800) {
             r.tokens_per_s_per_gpu, 1e12 / (180e3 * 3600)});
 }
 
+// Told DualPipe, the planner lands on DeepSeek's own layout (pipeline 16, experts over 64 GPUs
+// of 8 nodes), and it never offers a layout a schedule cannot run.
+TEST_F(Published, PlannerWithDualPipeFindsDeepSeeksLayout) {
+    const ClusterSpec h800 = load_cluster_spec(kRoot + "/configs/clusters/h800-hgx.toml");
+    SimOptions o;
+    o.precision = Precision::fp8;
+    o.global_batch = 15360;
+    o.overlap_ep = true;
+    o.pipeline_schedule = PipelineSchedule::dualpipe;
+    o.memory.low_precision_swiglu_input = true;
+    PlanSpace space;
+    space.tp = {1, 2};
+    space.pp = {4, 8, 16};
+    space.ep = {32, 64};
+    space.cp = {1};
+    space.micro_batch = {1};
+    const PlanResult plan = plan_layouts(dsv3, h800, 2048, o, space);
+    ASSERT_FALSE(plan.ranked.empty());
+    for (const PlanCandidate& c : plan.ranked) EXPECT_EQ(c.result.layout.vpp, 1);
+    const ParallelLayout& best = plan.ranked.front().result.layout;
+    std::printf("  DualPipe on 2,048 H800: the planner picks %s, recompute %s\n",
+                best.to_string().c_str(), plan.ranked.front().recompute.c_str());
+    EXPECT_EQ(best.tp, 1);
+    EXPECT_EQ(best.pp, 16);
+    EXPECT_EQ(best.ep, 64);
+    o.pipeline_schedule = PipelineSchedule::zero_bubble_h1;  // not with --overlap-ep
+    EXPECT_EQ(plan_layouts(dsv3, h800, 2048, o, space).considered, 0);
+}
+
 // MLPerf Training 6.0, DeepSeek-V3 671B (mlcommons/training, deepseek_v3 reference README):
 // warm-started checkpoint, C4, seq 4,096, global batch >= 15,360 (LR given for 16,384),
 // evaluation of 1,024 sequences after every step, target validation loss 3.60. The rules give
