@@ -17,6 +17,7 @@
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_root.h"
 
 namespace fs = std::filesystem;
 using namespace moetron;
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
         st.train_config = &train;
         st.entries = &table.entries();
         st.params = params.data();
+        st.run_id = new_run_id();
         st.m = m.data();
         st.v = v.data();
         std::printf("model %s: %.1fM parameters, checkpoint %.3f GB (params + m + v, fp32)\n",

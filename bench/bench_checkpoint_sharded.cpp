@@ -21,6 +21,7 @@
 #include "moetron/model/params.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_pieces.h"
+#include "moetron/train/checkpoint_root.h"
 
 namespace fs = std::filesystem;
 using namespace moetron;
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
             st.train_config = &train;
             st.entries = &entries;
             st.params = params.data();
+            st.run_id = new_run_id();
             st.m = m.data();
             st.v = v.data();
             st.step = 1;

@@ -1,5 +1,6 @@
-// train/atomic_dir and the checkpoint index (train/checksum): atomic directory commit, the
-// `latest` pointer, stale-entry cleanup, keep-K retention, index round trip and verification,
+// train/atomic_dir, train/atomic_file and the checkpoint index (train/checksum): atomic
+// directory commit, atomic file writes, the `latest` pointer, stale-entry cleanup (one writer's
+// leftovers only), index round trip and verification,
 // and crash safety: a child writing checkpoints in a loop is killed with SIGKILL at random
 // moments, and every time the checkpoint `latest` names (and every committed one) is complete.
 #include <gtest/gtest.h>
@@ -19,6 +20,8 @@
 
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_dir.h"
+#include "moetron/train/atomic_file.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checksum.h"
 #include "moetron/train/safetensors.h"
 #include "temp_dir.h"
@@ -33,6 +36,9 @@ namespace fs = std::filesystem;
 
 #define EXPECT_CONTAINS(haystack, needle) \
     EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// The writer of the checkpoints these tests save: a run id, as the trainer's.
+constexpr std::string_view kRun = "0123456789abcdef";
 
 void write_text(const fs::path& path, std::string_view text) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -73,8 +79,9 @@ float value_at(uint64_t step, int tensor, size_t i) {
 
 const char* const kFileNames[2] = {"model.safetensors", "optimizer.safetensors"};
 
-// Writes one checkpoint's files into dir.
+// Writes one checkpoint's files into dir, and a state.json that names the run (for retention).
 void write_checkpoint_files(const fs::path& dir, uint64_t step, size_t floats_per_tensor) {
+    write_text(dir / "state.json", "{\"run_id\": \"" + std::string(kRun) + "\"}");
     CheckpointIndex index;
     for (int f = 0; f < 2; ++f) {
         std::vector<float> a(floats_per_tensor), b(floats_per_tensor);
@@ -93,11 +100,11 @@ void write_checkpoint_files(const fs::path& dir, uint64_t step, size_t floats_pe
 
 // The trainer's sequence: stage, commit, point latest at it, apply retention.
 void save_checkpoint(const fs::path& root, uint64_t step, size_t floats_per_tensor) {
-    StagedDir staged(root / checkpoint_dir_name(step));
+    StagedDir staged(root / checkpoint_dir_name(step), kRun);
     write_checkpoint_files(staged.path(), step, floats_per_tensor);
     staged.commit();
-    write_latest_pointer(root, checkpoint_dir_name(step));
-    remove_old_checkpoints(root, 2);
+    write_latest_pointer(root, checkpoint_dir_name(step), kRun);
+    remove_old_checkpoints(root, 2, kRun, static_cast<int64_t>(step));
 }
 
 // Checks a checkpoint byte for byte: index, checksums, then every value.
@@ -139,8 +146,8 @@ class AtomicDir : public ::testing::Test {
 TEST_F(AtomicDir, CommitRenamesTheStagingDirectory) {
     const fs::path final_dir = root_ / "step-00000001";
     {
-        StagedDir staged(final_dir);
-        EXPECT_EQ(staged.path(), root_ / ("step-00000001.tmp-" + std::to_string(::getpid())));
+        StagedDir staged(final_dir, kRun);
+        EXPECT_EQ(staged.path(), root_ / "step-00000001.moetron-tmp-0123456789abcdef");
         EXPECT_TRUE(fs::is_directory(staged.path()));
         EXPECT_FALSE(fs::exists(final_dir));
         write_text(staged.path() / "a.txt", "hello");
@@ -157,21 +164,22 @@ TEST_F(AtomicDir, CommitRenamesTheStagingDirectory) {
 
 TEST_F(AtomicDir, UncommittedStagingIsRemovedAndExistingTargetsRefused) {
     {
-        StagedDir staged(root_ / "step-00000002/");  // a trailing separator names the same dir
+        StagedDir staged(root_ / "step-00000002/",
+                         kRun);  // a trailing separator names the same dir
         write_text(staged.path() / "a.txt", "partial");
         EXPECT_EQ(staged.final_path(), root_ / "step-00000002");
     }
     EXPECT_TRUE(names_in(root_).empty());
     fs::create_directory(root_ / "step-00000003");
-    EXPECT_CONTAINS(error_of([&] { StagedDir staged(root_ / "step-00000003"); }),
+    EXPECT_CONTAINS(error_of([&] { StagedDir staged(root_ / "step-00000003", kRun); }),
                     "already exists; a checkpoint directory is never overwritten");
-    StagedDir late(root_ / "step-00000004");
+    StagedDir late(root_ / "step-00000004", kRun);
     fs::create_directory(root_ / "step-00000004");  // appears while `late` is being written
     EXPECT_CONTAINS(error_of([&] { late.commit(); }), "appeared while it was being written");
 }
 
 TEST_F(AtomicDir, CreatesAMissingParent) {
-    StagedDir staged(root_ / "run" / "checkpoints" / "step-00000001");
+    StagedDir staged(root_ / "run" / "checkpoints" / "step-00000001", kRun);
     staged.commit();
     EXPECT_TRUE(fs::is_directory(root_ / "run" / "checkpoints" / "step-00000001"));
 }
@@ -200,15 +208,15 @@ TEST_F(AtomicDir, CheckpointNames) {
 
 TEST_F(AtomicDir, LatestPointer) {
     EXPECT_EQ(read_latest_pointer(root_), std::nullopt);
-    EXPECT_CONTAINS(error_of([&] { write_latest_pointer(root_, "step-00000001"); }),
+    EXPECT_CONTAINS(error_of([&] { write_latest_pointer(root_, "step-00000001", kRun); }),
                     "no such checkpoint directory");
-    EXPECT_CONTAINS(error_of([&] { write_latest_pointer(root_, "../elsewhere"); }),
+    EXPECT_CONTAINS(error_of([&] { write_latest_pointer(root_, "../elsewhere", kRun); }),
                     "is not a checkpoint directory name");
     fs::create_directory(root_ / "step-00000001");
     fs::create_directory(root_ / "step-00000002");
-    write_latest_pointer(root_, "step-00000001");
+    write_latest_pointer(root_, "step-00000001", kRun);
     EXPECT_EQ(read_latest_pointer(root_), "step-00000001");
-    write_latest_pointer(root_, "step-00000002");
+    write_latest_pointer(root_, "step-00000002", kRun);
     EXPECT_EQ(read_latest_pointer(root_), "step-00000002");
     EXPECT_EQ(names_in(root_),
               (std::vector<std::string>{"latest", "step-00000001", "step-00000002"}));
@@ -222,39 +230,73 @@ TEST_F(AtomicDir, LatestPointer) {
                     "names checkpoint 'step-00000009', which does not exist");
 }
 
-TEST_F(AtomicDir, RemovesStaleEntries) {
-    for (const char* name : {"step-00000001", "step-00000002.tmp-123", "step-00000003.deleting-4",
-                             "step-00000004.tmp-", "notes.tmp-12a"})
+// Only the writer's own leftovers go: not another run's staging (two runs may share a root), not
+// a user's files that merely look like leftovers (the names an older build removed).
+TEST_F(AtomicDir, RemovesOnlyTheWritersStaleEntries) {
+    for (const char* name : {"step-00000001", "step-00000002.moetron-tmp-0123456789abcdef",
+                             "step-00000003.moetron-deleting-0123456789abcdef",
+                             "step-00000004.tmp-123", "step-00000005.moetron-tmp-fedcba9876543210",
+                             "notes.deleting-1", ".moetron-tmp-0123456789abcdef"})
         fs::create_directory(root_ / name);
-    write_text(root_ / "step-00000002.tmp-123" / "model.safetensors", "half");
-    write_text(root_ / "latest.tmp-77", "step-0000");
+    write_text(root_ / "step-00000002.moetron-tmp-0123456789abcdef" / "model.safetensors", "half");
+    write_text(root_ / "latest.moetron-tmp-0123456789abcdef", "step-0000");
+    write_text(root_ / "report.tmp-2024", "a user's report");
     write_text(root_ / "keep.txt", "x");
-    EXPECT_EQ(remove_stale_entries(root_),
-              (std::vector<std::string>{"latest.tmp-77", "step-00000002.tmp-123",
-                                        "step-00000003.deleting-4"}));
-    EXPECT_EQ(names_in(root_), (std::vector<std::string>{"keep.txt", "notes.tmp-12a",
-                                                         "step-00000001", "step-00000004.tmp-"}));
-    EXPECT_TRUE(remove_stale_entries(root_).empty());
-    EXPECT_TRUE(remove_stale_entries(root_ / "missing").empty());
+    EXPECT_EQ(remove_stale_entries(root_, kRun),
+              (std::vector<std::string>{"latest.moetron-tmp-0123456789abcdef",
+                                        "step-00000002.moetron-tmp-0123456789abcdef",
+                                        "step-00000003.moetron-deleting-0123456789abcdef"}));
+    EXPECT_EQ(names_in(root_), (std::vector<std::string>{
+                                   ".moetron-tmp-0123456789abcdef", "keep.txt", "notes.deleting-1",
+                                   "report.tmp-2024", "step-00000001", "step-00000004.tmp-123",
+                                   "step-00000005.moetron-tmp-fedcba9876543210"}));
+    EXPECT_TRUE(remove_stale_entries(root_, kRun).empty());
+    EXPECT_TRUE(remove_stale_entries(root_ / "missing", kRun).empty());
+    EXPECT_CONTAINS(error_of([&] { remove_stale_entries(root_, "../x"); }), "not a writer name");
 }
 
-TEST_F(AtomicDir, RetentionKeepsTheNewestAndNeverTheLatestPointer) {
-    for (int step : {100, 200, 300, 400, 500})
-        fs::create_directory(root_ / checkpoint_dir_name(step));
-    write_latest_pointer(root_, checkpoint_dir_name(500));
-    EXPECT_EQ(remove_old_checkpoints(root_, 3),
-              (std::vector<std::string>{"step-00000100", "step-00000200"}));
-    EXPECT_EQ(names_in(root_), (std::vector<std::string>{"latest", "step-00000300", "step-00000400",
-                                                         "step-00000500"}));
-    // Resumed from an older checkpoint: `latest` names it, and it survives.
-    write_latest_pointer(root_, checkpoint_dir_name(300));
-    EXPECT_EQ(remove_old_checkpoints(root_, 1),
-              (std::vector<std::string>{"step-00000400", "step-00000500"}));
-    EXPECT_EQ(names_in(root_), (std::vector<std::string>{"latest", "step-00000300"}));
-    EXPECT_CONTAINS(error_of([&] { remove_old_checkpoints(root_, 0); }), "keeping 0");
-    write_text(root_ / "latest", "garbage");
-    EXPECT_CONTAINS(error_of([&] { remove_old_checkpoints(root_, 1); }), "corrupt");
-    EXPECT_TRUE(fs::exists(root_ / "step-00000300"));
+// ---- atomic files ----
+
+TEST_F(AtomicDir, WriteFileAtomicallyReplacesTheWholeFile) {
+    const fs::path path = root_ / "export.bin";
+    write_text(path, "old content");
+    write_file_atomically(path, [](const std::string& staging) {
+        EXPECT_NE(staging.find("export.bin.moetron-tmp-pid"), std::string::npos) << staging;
+        write_text(staging, "new content");
+    });
+    EXPECT_EQ(moetron::testing::read_file(path), "new content");
+    EXPECT_EQ(names_in(root_), std::vector<std::string>{"export.bin"});
+}
+
+// A write that fails half-way (a full disk, as far as the caller can tell) leaves the previous
+// file whole and no staging file behind.
+TEST_F(AtomicDir, FailedWriteLeavesThePreviousFile) {
+    const fs::path path = root_ / "export.bin";
+    write_text(path, "the previous export");
+    const std::string error = error_of([&] {
+        write_file_atomically(path, [](const std::string& staging) {
+            write_text(staging, "half of the");
+            MT_THROW("[io] writing '{}' failed: No space left on device", staging);
+        });
+    });
+    EXPECT_CONTAINS(error, "No space left on device");
+    EXPECT_EQ(moetron::testing::read_file(path), "the previous export");
+    EXPECT_EQ(names_in(root_), std::vector<std::string>{"export.bin"});
+}
+
+// The final rename is impossible (a directory holds the name): the error says so, and the
+// staging file is gone.
+TEST_F(AtomicDir, FailedRenameLeavesNoStagingFile) {
+    fs::create_directory(root_ / "taken");
+    write_text(root_ / "taken" / "inside", "x");
+    EXPECT_CONTAINS(error_of([&] {
+                        write_file_atomically(root_ / "taken", [](const std::string& staging) {
+                            write_text(staging, "content");
+                        });
+                    }),
+                    "renaming");
+    EXPECT_EQ(names_in(root_), std::vector<std::string>{"taken"});
+    EXPECT_EQ(moetron::testing::read_file(root_ / "taken" / "inside"), "x");
 }
 
 // ---- the checkpoint index ----
@@ -331,7 +373,7 @@ constexpr size_t kFloatsPerTensor = size_t{1} << 19;  // 2 MiB per tensor, 8 MiB
 TEST_F(AtomicDir, CrashBeforeCommitLeavesThePreviousCheckpoint) {
     save_checkpoint(root_, 1, 4096);
     const int status = run_in_child([&] {
-        StagedDir staged(root_ / checkpoint_dir_name(2));
+        StagedDir staged(root_ / checkpoint_dir_name(2), kRun);
         write_checkpoint_files(staged.path(), 2, 4096);
         ::_exit(0);  // dies before commit
     });
@@ -339,13 +381,13 @@ TEST_F(AtomicDir, CrashBeforeCommitLeavesThePreviousCheckpoint) {
     EXPECT_EQ(read_latest_pointer(root_), "step-00000001");
     expect_complete(root_, "step-00000001", 4096);
     EXPECT_EQ(list_checkpoint_dirs(root_).size(), 1u);
-    EXPECT_EQ(remove_stale_entries(root_).size(), 1u);
+    EXPECT_EQ(remove_stale_entries(root_, kRun).size(), 1u);
 }
 
 TEST_F(AtomicDir, CrashBetweenCommitAndPointerLeavesTwoCompleteCheckpoints) {
     save_checkpoint(root_, 1, 4096);
     const int status = run_in_child([&] {
-        StagedDir staged(root_ / checkpoint_dir_name(2));
+        StagedDir staged(root_ / checkpoint_dir_name(2), kRun);
         write_checkpoint_files(staged.path(), 2, 4096);
         staged.commit();
         ::_exit(0);  // dies before `latest` moves
@@ -353,7 +395,7 @@ TEST_F(AtomicDir, CrashBetweenCommitAndPointerLeavesTwoCompleteCheckpoints) {
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     EXPECT_EQ(read_latest_pointer(root_), "step-00000001");
     for (const CheckpointDir& d : list_checkpoint_dirs(root_)) expect_complete(root_, d.name, 4096);
-    EXPECT_TRUE(remove_stale_entries(root_).empty());
+    EXPECT_TRUE(remove_stale_entries(root_, kRun).empty());
 }
 
 // A child saves checkpoints in a loop until SIGKILL lands at a random moment (staging, fsync,
@@ -394,7 +436,7 @@ TEST_F(AtomicDir, SigkillAtRandomMomentsNeverLeavesAPartialCheckpoint) {
         for (const CheckpointDir& d : list_checkpoint_dirs(root_))
             expect_complete(root_, d.name, kFloatsPerTensor);
         if (HasFatalFailure()) return;
-        if (!remove_stale_entries(root_).empty()) ++num_mid_write;
+        if (!remove_stale_entries(root_, kRun).empty()) ++num_mid_write;
     }
     std::printf("[crash] one save %.1f ms; %d kills, %d mid-write, reached %s\n",
                 static_cast<double>(one_save_us) / 1000, num_kills, num_mid_write,

@@ -19,6 +19,7 @@
 #include "moetron/model/config.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checksum.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/trainer.h"
@@ -260,6 +261,7 @@ TEST_F(BadCheckpoint, WrongTensorShapeNamesFileAndTensor) {
     st.train_config = &trainer_->config();
     st.entries = &entries;
     st.params = params.data();
+    st.run_id = new_run_id();
     st.step = 42;
     const fs::path bad = save_training_state(dir_->path() / "bad", st, 0);
     auto fresh = make_trainer(tiny_config(), small_run());

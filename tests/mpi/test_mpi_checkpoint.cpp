@@ -9,6 +9,7 @@
 //    run's and the final parameters within 1e-4 relative (per tensor L2, as
 //    test_mpi_training.cpp), since the reduction order changes with the layout;
 //  - a tp2.ep2 checkpoint exports to Hugging Face with every tensor whole and exact;
+//  - every rank holds the run's id (rank 0's), the checkpoint records it, a resume continues it;
 //  - a stop signal on one rank stops every rank after the same step, and that step is saved;
 //  - a failure on one rank aborts the save on every rank and leaves the previous checkpoint;
 //  - a missing shard, a shard of another checkpoint and a checkpoint of another model are errors
@@ -43,6 +44,7 @@
 #include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/hf_export.h"
@@ -274,6 +276,26 @@ TEST(MpiCheckpoint, ResumeInTheSameLayoutIsBitExact) {
         for (int r = 0; r < world.size(); ++r)
             EXPECT_TRUE(fs::exists(saved / checkpoint_shard_file_name(r, world.size())));
     }
+}
+
+// One run, one identity (train/checkpoint_root.h): every rank holds rank 0's run id, the
+// checkpoint records it, and a trainer that resumes continues it.
+TEST(MpiCheckpoint, EveryRankSharesTheRunIdAndAResumeContinuesIt) {
+    parallel::Communicator& world = mpi_world();
+    SharedTempDir dir(world);
+    auto first = make_trainer(&world, {});
+    const std::string id = first->run_id();
+    ASSERT_TRUE(is_run_id(id)) << id;
+    std::string rank0_id = id;
+    world.broadcast(rank0_id.data(), rank0_id.size(), DType::u8, 0);
+    EXPECT_EQ(id, rank0_id) << "rank " << world.rank();
+    run_steps(*first, 1);
+    const fs::path saved = save_checkpoint(*first, dir.path() / "root", 0);
+    EXPECT_EQ(checkpoint_run_id(saved), id);
+    auto resumed = make_trainer(&world, {});
+    EXPECT_NE(resumed->run_id(), id);
+    load_checkpoint(*resumed, saved);
+    EXPECT_EQ(resumed->run_id(), id);
 }
 
 // ---- resharding ----

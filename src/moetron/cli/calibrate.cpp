@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -22,6 +21,8 @@
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
 #include "moetron/parallel/communicator.h"
+#include "moetron/train/atomic_dir.h"
+#include "moetron/train/output_paths.h"
 
 namespace moetron::cli {
 
@@ -50,19 +51,19 @@ int ranks_on_node(int world_size) {
     return local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : world_size;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-    const auto parent = std::filesystem::path(path).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
-    std::ofstream out(path, std::ios::binary);
-    MT_CHECK(out.good(), "[calibrate] cannot create '{}'", path);
-    out << text;
-    MT_CHECK(out.good(), "[calibrate] cannot write '{}'", path);
+// The cluster file can be written (its directory created if needed): checked before the
+// measurements, so that a bad --out does not cost them.
+void check_out_path(const std::string& path) {
+    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) prepare_output_dir({"--out", parent});
+    check_output_file({"--out", path});
 }
 
 void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
     if (f.threads > 0) omp_set_num_threads(f.threads);
     const bool root = world == nullptr || world->rank() == 0;
     const int size = world == nullptr ? 1 : world->size();
+    if (root) check_out_path(f.out_path);
     calibrate::CalibrateOptions o;
     o.seconds_per_point = f.seconds_per_point;
     o.quick = f.quick;
@@ -87,7 +88,9 @@ void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
         f.name.empty() ? std::filesystem::path(f.out_path).stem().string() : f.name;
     const calibrate::MachineInfo machine =
         calibrate::detect_machine(size > 1 ? ranks_on_node(size) : 1, f.command);
-    write_file(f.out_path, calibrate::format_cluster_toml(name, machine, compute, coll, fit));
+    replace_file_durably(f.out_path,
+                         calibrate::format_cluster_toml(name, machine, compute, coll, fit),
+                         this_process_writer());
     std::printf(
         "  sgemm asymptote %.1f GFLOP/s (half-saturation dim %.0f), grouped ratio %.2f "
         "(half %.0f tokens/expert), attention fwd %.2f bwd %.2f of peak, stream %.1f GB/s\n",

@@ -8,7 +8,9 @@
 
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/data_source.h"
+#include "moetron/train/output_paths.h"
 #include "moetron/train/token_shard.h"
 #include "moetron/train/tokenizer.h"
 
@@ -22,6 +24,10 @@ struct PrepareOptions {
 };
 
 void run_prepare(const PrepareOptions& o) {
+    const PathOption output{"--out", o.out_path};
+    check_output_file(output);
+    refuse_output_in_checkpoint(output);
+    refuse_same_file(output, {{"--text", o.text_path}});
     const TokenData data = load_text_file_data(o.text_path, kByteVocabSize);
     write_token_shard(o.out_path, data.tokens.data(), static_cast<int64_t>(data.tokens.size()),
                       kByteVocabSize);
@@ -42,7 +48,9 @@ void register_prepare(CLI::App& app) {
     CLI::App* cmd =
         app.add_subcommand("prepare", "Tokenize a text file (byte-level) into a token shard");
     cmd->add_option("--text", o->text_path, "input text file")->required();
-    cmd->add_option("--out", o->out_path, "output token shard")->required();
+    cmd->add_option("--out", o->out_path,
+                    "output token shard (written to a temporary name, then renamed into place)")
+        ->required();
     cmd->callback([o] { run_prepare(*o); });
 }
 

@@ -15,6 +15,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
@@ -23,11 +24,12 @@
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/parallel/communicator.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/metrics.h"
+#include "moetron/train/output_paths.h"
 #include "moetron/train/preset_path.h"
 #include "moetron/train/threads.h"
 #include "moetron/train/train_config.h"
@@ -49,6 +51,7 @@ struct TrainOptions {
     std::string resume_dir;
     int64_t save_every = 0;
     int64_t keep = 0;
+    bool share_save_root = false;
     int64_t max_skipped_steps = 5;
     int threads = 0;
     std::string trace_path;
@@ -102,6 +105,25 @@ class RankOutput {
     std::FILE* out_;
 };
 
+// Every file the run will write (rank 0 writes them) can be written, and none is an input or
+// another output: checked before anything is loaded, so that no compute is lost to a bad path.
+// The --save root is claimed once the run's identity is known (after --resume).
+void check_output_files(const TrainOptions& o, const std::string& config_path) {
+    const std::vector<PathOption> inputs = {
+        {"--config", config_path}, {"--data", o.data_path}, {"--text", o.text_path}};
+    const std::vector<PathOption> outputs = {{"--save-final", o.save_final_path},
+                                             {"--log-jsonl", o.log_jsonl_path},
+                                             {"--trace", o.trace_path}};
+    for (size_t i = 0; i < outputs.size(); ++i) {
+        if (outputs[i].path.empty()) continue;
+        check_output_file(outputs[i]);
+        refuse_output_in_checkpoint(outputs[i]);
+        refuse_same_file(outputs[i], inputs);
+        refuse_same_file(outputs[i],
+                         {outputs.begin() + static_cast<std::ptrdiff_t>(i) + 1, outputs.end()});
+    }
+}
+
 // world: every rank of the job, or null for one process.
 void run_train(const TrainOptions& o, parallel::Communicator* world) {
     const Timer wall;
@@ -109,6 +131,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     const RankOutput rank_output(root);
     std::FILE* out = rank_output.get();
     const std::string config_path = o.config_path.empty() ? find_preset("tiny") : o.config_path;
+    if (root) check_output_files(o, config_path);
     const ModelConfig model_config = load_model_config(config_path);
     TrainConfig config = load_train_config(config_path);
     if (o.steps_opt->count()) config.steps = o.steps;
@@ -169,13 +192,13 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
             std::fprintf(out, "note    the checkpoint's run had other settings: %s\n",
                          line.c_str());
     }
-    if (!o.save_dir.empty()) {
-        // A fresh run must not mix its checkpoints (and `latest`) with another run's.
-        MT_CHECK(!o.resume_dir.empty() || list_checkpoint_dirs(o.save_dir).empty(),
-                 "[train] --save root '{}' already holds checkpoints of another run; continue it "
-                 "with --resume {} or save into another root",
-                 o.save_dir, o.save_dir);
-        if (root) remove_stale_entries(o.save_dir);  // one writer; the others only read it
+    if (!o.save_dir.empty() && root) {  // one writer; the others only read the root
+        SaveRootRequest request;
+        request.run_id = trainer.run_id();
+        request.start_step = trainer.steps_done();
+        request.share = o.share_save_root;
+        request.override_flag = "--share-save-root";
+        claim_save_root(o.save_dir, request);
     }
     RunControl control({o.save_dir, o.save_every, static_cast<size_t>(o.keep), out});
     install_stop_signal_handlers();
@@ -306,13 +329,23 @@ void register_train(CLI::App& app) {
                                         "validate every N steps (0: only after the last)")
                             ->check(CLI::NonNegativeNumber);
     cmd->add_option("--log-jsonl", o->log_jsonl_path, "write one JSON object per step here");
-    cmd->add_option("--save", o->save_dir,
-                    "checkpoint root: step-XXXXXXXX directories and a `latest` pointer; saves at "
-                    "the last step, every --save-every steps and on SIGTERM/SIGINT");
+    CLI::Option* save =
+        cmd->add_option("--save", o->save_dir,
+                        "checkpoint root: step-XXXXXXXX directories and a `latest` pointer; saves "
+                        "at the last step, every --save-every steps and on SIGTERM/SIGINT. It "
+                        "belongs to this run: another run's root is refused");
     cmd->add_option("--save-every", o->save_every, "save a checkpoint every N steps (0: never)")
-        ->check(CLI::NonNegativeNumber);
-    cmd->add_option("--keep", o->keep, "keep the newest K checkpoints (0: all)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::NonNegativeNumber)
+        ->needs(save);
+    cmd->add_option("--keep", o->keep,
+                    "keep the newest K of this run's checkpoints (0: all); never deletes another "
+                    "run's or a newer one")
+        ->check(CLI::NonNegativeNumber)
+        ->needs(save);
+    cmd->add_flag("--share-save-root", o->share_save_root,
+                  "save into a --save root that holds another run's checkpoints, beside them "
+                  "(they are never deleted)")
+        ->needs(save);
     cmd->add_option("--resume", o->resume_dir,
                     "continue from a checkpoint directory, or a checkpoint root (its `latest`)");
     cmd->add_option("--max-skipped-steps", o->max_skipped_steps,

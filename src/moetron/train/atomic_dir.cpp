@@ -130,19 +130,6 @@ void fsync_tree(const fs::path& root) {
     fsync_directory(root);
 }
 
-void replace_file_durably(const fs::path& path, std::string_view content) {
-    const fs::path temp = staging_path_for(path);
-    {
-        UniqueFd fd = create_for_writing(temp.string());
-        write_all(fd.get(), content.data(), content.size(), temp.string());
-        fsync_fd(fd.get(), temp.string());
-        fd.close(temp.string());
-    }
-    MT_CHECK(::rename(temp.c_str(), path.c_str()) == 0, "[io] renaming '{}' to '{}' failed: {}",
-             temp.string(), path.string(), detail::errno_message());
-    fsync_directory(path.parent_path());
-}
-
 // ---- atomic directories ----
 
 namespace {
@@ -159,31 +146,85 @@ bool exists_no_follow(const fs::path& p) {
     return fs::exists(fs::symlink_status(p, ec));
 }
 
-// NAME<marker><digits>, the names that crashed writers and deleters leave behind.
-bool has_pid_suffix(std::string_view name, std::string_view marker) {
-    const size_t at = name.rfind(marker);
-    if (at == std::string_view::npos || at == 0) return false;
-    const std::string_view digits = name.substr(at + marker.size());
-    return !digits.empty() &&
-           std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+constexpr std::string_view kStagingMarker = ".moetron-tmp-";
+constexpr std::string_view kDeletingMarker = ".moetron-deleting-";
+
+bool is_writer_token(std::string_view writer) {
+    return !writer.empty() && std::all_of(writer.begin(), writer.end(), [](char c) {
+        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z');
+    });
 }
 
-constexpr std::string_view kStagingMarker = ".tmp-";
-constexpr std::string_view kDeletingMarker = ".deleting-";
+fs::path with_marker(const fs::path& final_path, std::string_view marker, std::string_view writer) {
+    MT_CHECK(is_writer_token(writer), "[io] '{}' is not a writer name (lower-case letters, digits)",
+             writer);
+    const fs::path clean = without_trailing_separator(final_path);
+    MT_CHECK(!clean.filename().empty(), "[io] '{}' names no file or directory",
+             final_path.string());
+    fs::path marked = clean;
+    marked.replace_filename(clean.filename().string() + std::string(marker) + std::string(writer));
+    return marked;
+}
+
+// NAME<marker><writer> with a non-empty NAME.
+bool is_entry_of(std::string_view name, std::string_view marker, std::string_view writer) {
+    const std::string suffix = std::string(marker) + std::string(writer);
+    return name.size() > suffix.size() && name.ends_with(suffix);
+}
 
 }  // namespace
 
-fs::path staging_path_for(const fs::path& final_path) {
-    const fs::path clean = without_trailing_separator(final_path);
-    fs::path staging = clean;
-    staging.replace_filename(clean.filename().string() + std::string(kStagingMarker) +
-                             std::to_string(::getpid()));
-    return staging;
+std::string this_process_writer() {
+    return "pid" + std::to_string(::getpid());
 }
 
-StagedDir::StagedDir(fs::path final_dir)
+fs::path staging_path_for(const fs::path& final_path, std::string_view writer) {
+    return with_marker(final_path, kStagingMarker, writer);
+}
+
+fs::path deleting_path_for(const fs::path& final_path, std::string_view writer) {
+    return with_marker(final_path, kDeletingMarker, writer);
+}
+
+// ---- atomic files ----
+
+void write_file_atomically(const fs::path& path,
+                           const std::function<void(const std::string& staging_path)>& write,
+                           std::string_view writer) {
+    const fs::path staging =
+        staging_path_for(path, writer.empty() ? this_process_writer() : std::string(writer));
+    const std::string name = staging.string();
+    try {
+        write(name);
+        UniqueFd fd = open_for_reading(name);  // write need not have fsync'ed
+        fsync_fd(fd.get(), name);
+        fd.close(name);
+        MT_CHECK(::rename(name.c_str(), path.c_str()) == 0, "[io] renaming '{}' to '{}' failed: {}",
+                 name, path.string(), detail::errno_message());
+    } catch (...) {
+        std::error_code ignored;  // the first error is the one to report
+        fs::remove(staging, ignored);
+        throw;
+    }
+    fsync_directory(path.parent_path());
+}
+
+void replace_file_durably(const fs::path& path, std::string_view content, std::string_view writer) {
+    write_file_atomically(
+        path,
+        [&](const std::string& staging) {
+            UniqueFd fd = create_for_writing(staging);
+            write_all(fd.get(), content.data(), content.size(), staging);
+            fd.close(staging);
+        },
+        writer);
+}
+
+// ---- atomic directories ----
+
+StagedDir::StagedDir(fs::path final_dir, std::string_view writer)
     : final_dir_(without_trailing_separator(final_dir)),
-      staging_dir_(staging_path_for(final_dir_)) {
+      staging_dir_(staging_path_for(final_dir_, writer)) {
     MT_CHECK(!final_dir_.filename().empty(), "[checkpoint] '{}' is not a directory name",
              final_dir.string());
     MT_CHECK(!exists_no_follow(final_dir_),
@@ -256,7 +297,8 @@ std::vector<CheckpointDir> list_checkpoint_dirs(const fs::path& root) {
     return dirs;
 }
 
-void write_latest_pointer(const fs::path& root, std::string_view checkpoint_name) {
+void write_latest_pointer(const fs::path& root, std::string_view checkpoint_name,
+                          std::string_view writer) {
     MT_CHECK(parse_checkpoint_dir_name(checkpoint_name).has_value(),
              "[checkpoint] '{}' is not a checkpoint directory name (step-<digits>)",
              checkpoint_name);
@@ -265,7 +307,7 @@ void write_latest_pointer(const fs::path& root, std::string_view checkpoint_name
     MT_CHECK(fs::is_directory(target, ec),
              "[checkpoint] cannot point '{}' at '{}': no such checkpoint directory",
              (root / kLatestPointerName).string(), target.string());
-    replace_file_durably(root / kLatestPointerName, std::string(checkpoint_name) + "\n");
+    replace_file_durably(root / kLatestPointerName, std::string(checkpoint_name) + "\n", writer);
 }
 
 std::optional<std::string> read_latest_pointer(const fs::path& root) {
@@ -291,7 +333,8 @@ std::optional<std::string> read_latest_pointer(const fs::path& root) {
     return content;
 }
 
-std::vector<std::string> remove_stale_entries(const fs::path& root) {
+std::vector<std::string> remove_stale_entries(const fs::path& root, std::string_view writer) {
+    MT_CHECK(is_writer_token(writer), "[io] '{}' is not a writer name", writer);
     std::vector<std::string> removed;
     std::error_code ec;
     if (!fs::exists(root, ec)) return removed;
@@ -299,7 +342,7 @@ std::vector<std::string> remove_stale_entries(const fs::path& root) {
     for (fs::directory_iterator it(root, ec), end; it != end; it.increment(ec)) {
         MT_CHECK(!ec, "[checkpoint] cannot list '{}': {}", root.string(), ec.message());
         const std::string name = it->path().filename().string();
-        if (has_pid_suffix(name, kStagingMarker) || has_pid_suffix(name, kDeletingMarker))
+        if (is_entry_of(name, kStagingMarker, writer) || is_entry_of(name, kDeletingMarker, writer))
             stale.push_back(it->path());
     }
     MT_CHECK(!ec, "[checkpoint] cannot list '{}': {}", root.string(), ec.message());
@@ -313,30 +356,16 @@ std::vector<std::string> remove_stale_entries(const fs::path& root) {
     return removed;
 }
 
-std::vector<std::string> remove_old_checkpoints(const fs::path& root, size_t keep) {
-    MT_CHECK(keep >= 1, "[checkpoint] keeping {} checkpoints would delete the latest one", keep);
-    // Reading the pointer first: a broken pointer stops retention before anything is deleted.
-    const std::optional<std::string> latest = read_latest_pointer(root);
-    const std::vector<CheckpointDir> dirs = list_checkpoint_dirs(root);
-    std::vector<std::string> deleted;
-    size_t remaining = dirs.size();
-    for (const CheckpointDir& dir : dirs) {
-        if (remaining <= keep) break;
-        if (latest && dir.name == *latest) continue;
-        const fs::path victim = root / dir.name;
-        const fs::path dying =
-            root / (dir.name + std::string(kDeletingMarker) + std::to_string(::getpid()));
-        MT_CHECK(::rename(victim.c_str(), dying.c_str()) == 0,
-                 "[checkpoint] renaming '{}' to '{}' for deletion failed: {}", victim.string(),
-                 dying.string(), detail::errno_message());
-        fsync_directory(root);
-        std::error_code ec;
-        fs::remove_all(dying, ec);
-        MT_CHECK(!ec, "[checkpoint] cannot delete '{}': {}", dying.string(), ec.message());
-        deleted.push_back(dir.name);
-        --remaining;
-    }
-    return deleted;
+void delete_checkpoint_dir(const fs::path& root, const std::string& name, std::string_view writer) {
+    const fs::path victim = root / name;
+    const fs::path dying = deleting_path_for(victim, writer);
+    MT_CHECK(::rename(victim.c_str(), dying.c_str()) == 0,
+             "[checkpoint] renaming '{}' to '{}' for deletion failed: {}", victim.string(),
+             dying.string(), detail::errno_message());
+    fsync_directory(root);
+    std::error_code ec;
+    fs::remove_all(dying, ec);
+    MT_CHECK(!ec, "[checkpoint] cannot delete '{}': {}", dying.string(), ec.message());
 }
 
 }  // namespace moetron

@@ -1,14 +1,19 @@
 // Durable, crash-safe file-system operations for checkpoints.
 //
-// A checkpoint directory appears all at once or not at all: it is written as DIR.tmp-<pid>,
-// every file and directory in it is fsync'ed, it is renamed to DIR, and the parent is fsync'ed.
-// The `latest` pointer file names the newest committed checkpoint and is replaced last (write a
-// temporary, fsync, rename, fsync the parent), so after a crash at any moment `latest` names a
-// complete checkpoint. Leftovers of a crash (DIR.tmp-<pid>, DIR.deleting-<pid>, latest.tmp-<pid>)
-// are invisible to readers and removed by remove_stale_entries().
+// A checkpoint directory appears all at once or not at all: it is written as
+// DIR.moetron-tmp-<writer>, every file and directory in it is fsync'ed, it is renamed to DIR, and
+// the parent is fsync'ed. The `latest` pointer file names the newest committed checkpoint and is
+// replaced last (write a temporary, fsync, rename, fsync the parent), so after a crash at any
+// moment `latest` names a complete checkpoint. Any other output file is written the same way
+// (write_file_atomically): it holds its old content or its new one, never a part.
 //
-// Checkpoint directories are named step-<digits> (checkpoint_dir_name). One process writes into
-// a checkpoint root at a time; the trainer calls remove_stale_entries() once at start.
+// <writer> names who writes: in a checkpoint root the run's id (train/checkpoint_root.h), anywhere
+// else this process (this_process_writer). Leftovers of a crash (NAME.moetron-tmp-<writer>,
+// NAME.moetron-deleting-<writer>) are invisible to readers; remove_stale_entries() removes those
+// of one writer only, so neither a user's file that merely looks similar (report.tmp-2024) nor
+// another run's staging is ever touched.
+//
+// Checkpoint directories are named step-<digits> (checkpoint_dir_name).
 //
 // The UniqueFd helpers at the top are the POSIX IO that the checkpoint files share: every call
 // is checked, and errors name the file ("[io] ...").
@@ -20,6 +25,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "moetron/train/atomic_file.h"
 
 namespace moetron {
 
@@ -60,18 +67,33 @@ void fsync_fd(int fd, const std::string& path);
 void fsync_directory(const std::filesystem::path& dir);
 // fsyncs every regular file and directory under root, root included.
 void fsync_tree(const std::filesystem::path& root);
-// Replaces path's content atomically: writes path.tmp-<pid>, fsyncs it, renames it over path,
-// fsyncs the parent directory.
-void replace_file_durably(const std::filesystem::path& path, std::string_view content);
+
+// ---- staging names ----
+
+// This process as a writer ("pid<digits>"), for files outside checkpoint roots.
+std::string this_process_writer();
+// The staging name of a directory or file: NAME.moetron-tmp-<writer>, in the same directory.
+// writer: lower-case letters and digits.
+std::filesystem::path staging_path_for(const std::filesystem::path& final_path,
+                                       std::string_view writer);
+// The name a directory takes while it is deleted: NAME.moetron-deleting-<writer>.
+std::filesystem::path deleting_path_for(const std::filesystem::path& final_path,
+                                        std::string_view writer);
+
+// ---- atomic files ----
+
+// write_file_atomically (atomic_file.h) of content as the whole file.
+void replace_file_durably(const std::filesystem::path& path, std::string_view content,
+                          std::string_view writer);
 
 // ---- atomic directories ----
 
-// A directory under construction. The constructor creates final_dir.tmp-<pid> (removing a
-// leftover of the same name); commit() makes it final_dir. Destroyed uncommitted (an exception
-// while writing), it removes the staging directory.
+// A directory under construction. The constructor creates final_dir's staging name (removing a
+// leftover of the same name: the same writer's); commit() makes it final_dir. Destroyed
+// uncommitted (an exception while writing), it removes the staging directory.
 class StagedDir {
   public:
-    explicit StagedDir(std::filesystem::path final_dir);
+    StagedDir(std::filesystem::path final_dir, std::string_view writer);
     StagedDir(const StagedDir&) = delete;
     StagedDir& operator=(const StagedDir&) = delete;
     ~StagedDir();
@@ -89,9 +111,6 @@ class StagedDir {
     std::filesystem::path staging_dir_;
     bool committed_ = false;
 };
-
-// The staging name of a directory or file: NAME.tmp-<pid>.
-std::filesystem::path staging_path_for(const std::filesystem::path& final_path);
 
 // ---- checkpoint roots: naming, the latest pointer, retention ----
 
@@ -111,19 +130,22 @@ struct CheckpointDir {
 std::vector<CheckpointDir> list_checkpoint_dirs(const std::filesystem::path& root);
 
 // Points root/latest at root/<checkpoint_name> (which must exist), durably and atomically.
-void write_latest_pointer(const std::filesystem::path& root, std::string_view checkpoint_name);
+void write_latest_pointer(const std::filesystem::path& root, std::string_view checkpoint_name,
+                          std::string_view writer);
 // The checkpoint root/latest names; nullopt when there is no pointer yet. Throws when the pointer
 // is malformed or names a directory that does not exist.
 std::optional<std::string> read_latest_pointer(const std::filesystem::path& root);
 
-// Removes what a crash leaves behind under root: staging directories and files (*.tmp-<pid>)
-// and half-deleted checkpoints (*.deleting-<pid>). Returns the names removed. Only for the one
-// process that writes into root, before it writes.
-std::vector<std::string> remove_stale_entries(const std::filesystem::path& root);
+// Removes what a crash of writer left behind under root: its staging directories and files
+// (NAME.moetron-tmp-<writer>) and half-deleted checkpoints (NAME.moetron-deleting-<writer>).
+// Nothing else: no other writer's entries, no name that only resembles these. Returns the names
+// removed. For the writer, before it writes into root.
+std::vector<std::string> remove_stale_entries(const std::filesystem::path& root,
+                                              std::string_view writer);
 
-// Deletes the oldest checkpoints so that at most keep remain, never the one `latest` names.
-// Each is first renamed to NAME.deleting-<pid> (atomic), so a crash mid-delete never leaves a
-// partial directory under a checkpoint name. Returns the names deleted, oldest first.
-std::vector<std::string> remove_old_checkpoints(const std::filesystem::path& root, size_t keep);
+// Deletes root/name: renames it to its deleting name first (atomic), so a crash mid-delete never
+// leaves a partial directory under a checkpoint name, then removes it.
+void delete_checkpoint_dir(const std::filesystem::path& root, const std::string& name,
+                           std::string_view writer);
 
 }  // namespace moetron

@@ -11,6 +11,7 @@
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint_pieces.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/checksum.h"
 #include "moetron/train/safetensors.h"
@@ -131,6 +132,7 @@ std::vector<std::string> train_config_differences(const fs::path& dir, const Tra
 json training_state_json(const TrainingStateView& st) {
     json state{{"format", kStateFormat},
                {"version", kStateVersion},
+               {"run_id", st.run_id},
                {"layout", "single"},
                {"step", st.step},
                {"optimizer_step", st.optimizer_step},
@@ -148,6 +150,7 @@ fs::path save_training_state(const fs::path& root, const TrainingStateView& st, 
     MT_CHECK(st.model_config && st.train_config && st.entries && st.params,
              "[checkpoint] incomplete training state for '{}'", root.string());
     MT_CHECK(st.step >= 0, "[checkpoint] negative step {}", st.step);
+    MT_CHECK(is_run_id(st.run_id), "[checkpoint] saving into '{}' without a run id", root.string());
     std::error_code ec;
     fs::create_directories(root, ec);
     MT_CHECK(!ec, "[checkpoint] cannot create the checkpoint root '{}': {}", root.string(),
@@ -181,15 +184,15 @@ fs::path save_training_state(const fs::path& root, const TrainingStateView& st, 
 
     const json state = training_state_json(st);
 
-    StagedDir staged(final_dir);
+    StagedDir staged(final_dir, st.run_id);
     CheckpointIndex index;
     index.add(kCheckpointModelFile, writer.write((staged.path() / kCheckpointModelFile).string()));
     write_text_file(staged.path() / kCheckpointStateFile, state.dump(2) + "\n");
     index.add_file(staged.path().string(), kCheckpointStateFile);
     index.write((staged.path() / kCheckpointIndexName).string());
     staged.commit();
-    write_latest_pointer(root, name);
-    if (keep > 0) remove_old_checkpoints(root, keep);
+    write_latest_pointer(root, name, st.run_id);
+    if (keep > 0) remove_old_checkpoints(root, keep, st.run_id, st.step);
     return final_dir;
 }
 
@@ -280,6 +283,12 @@ CheckpointCounters checkpoint_counters(const fs::path& dir, const json& state,
         c.step >= 0 && c.optimizer_step >= 0 && c.optimizer_step <= c.step && c.skipped_steps >= 0,
         "[checkpoint] '{}': inconsistent counters (step {}, optimizer_step {}, skipped {})",
         state_path.string(), c.step, c.optimizer_step, c.skipped_steps);
+    if (state.contains("run_id")) {
+        const std::string id = state_field<std::string>(state, "run_id", state_path);
+        MT_CHECK(is_run_id(id), "[checkpoint] '{}': \"run_id\" '{}' is not 16 hex digits",
+                 state_path.string(), id);
+        c.run_id = id;
+    }
     const json data_rng = state_field<json>(state, "data_rng", state_path);
     if (!data_rng.is_null()) {
         c.data_rng = RngStream::State{state_field<uint64_t>(data_rng, "key", state_path),
@@ -325,6 +334,7 @@ fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
     st.skipped_steps = trainer.skipped_steps();
     st.data_rng = trainer.loader().state();
     st.data_source = trainer.loader().source_name();
+    st.run_id = trainer.run_id();
     const fs::path dir = save_training_state(root, st, keep);
     trainer.set_last_checkpoint(dir.string());
     return dir;
@@ -343,6 +353,7 @@ fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
     trainer.set_steps_done(c.step);
     trainer.set_skipped_steps(c.skipped_steps);
     if (c.data_rng) trainer.loader().restore(*c.data_rng);
+    if (c.run_id) trainer.set_run_id(*c.run_id);
     trainer.set_last_checkpoint(dir.string());
     return dir;
 }

@@ -2,7 +2,8 @@
 // process or on every rank of an MPI job, and to continue under another parallel layout.
 //
 // A checkpoint root holds step-XXXXXXXX directories (atomic_dir.h: written as a staging
-// directory, fsync'ed, renamed; `latest` names the newest; old ones removed by retention).
+// directory, fsync'ed, renamed; `latest` names the newest; old ones removed by retention) and
+// belongs to one run (checkpoint_root.h: which runs may save there, what retention may delete).
 // One checkpoint directory holds:
 //   model.safetensors  (one process) fp32 master parameters under their moetron names (the router
 //                      correction biases are parameters), and AdamW's moments as
@@ -11,6 +12,7 @@
 //                      the pieces of those tensors the rank was responsible for, each described
 //                      by its global name, global shape and element range (checkpoint_pieces.h)
 //   state.json         {"format": "moetron-checkpoint", "version": 1 (one process) or 2 (sharded),
+//                       "run_id": the run that wrote it (train/checkpoint_root.h),
 //                       "layout": "single", or the run's "dpD.epE" with "world_size",
 //                       "topology" and "shard_files" (version 2),
 //                       "step": optimizer steps done (the lr schedule's position),
@@ -75,11 +77,13 @@ struct TrainingStateView {
     int64_t skipped_steps = 0;
     std::optional<RngStream::State> data_rng;
     std::string data_source;
+    std::string run_id;  // the run saving (checkpoint_root.h)
 };
 
 // Writes root/step-<step> atomically, points root/latest at it and, with keep > 0, deletes the
-// oldest so that keep remain. Returns the checkpoint directory. Throws when root already holds a
-// checkpoint of that step.
+// run's oldest so that keep of its checkpoints remain (checkpoint_root.h: never another run's,
+// never a newer one). Returns the checkpoint directory. Throws when root already holds a
+// checkpoint of that step. The caller has claimed root for the run (claim_save_root).
 std::filesystem::path save_training_state(const std::filesystem::path& root,
                                           const TrainingStateView& state, size_t keep);
 
@@ -103,6 +107,7 @@ struct CheckpointCounters {
     int64_t optimizer_step = 0;
     int64_t skipped_steps = 0;
     std::optional<RngStream::State> data_rng;  // null: the loader keeps its own
+    std::optional<std::string> run_id;         // null: written before run ids
 };
 CheckpointCounters checkpoint_counters(const std::filesystem::path& dir,
                                        const nlohmann::json& state, const ModelConfig& model);

@@ -20,6 +20,7 @@
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_pieces.h"
+#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 
@@ -262,7 +263,7 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
                      "[checkpoint] '{}' already exists (an earlier run's?); resume from it with "
                      "--resume or save into another root",
                      final_dir.string());
-            staged = std::make_unique<StagedDir>(final_dir);
+            staged = std::make_unique<StagedDir>(final_dir, trainer.run_id());
             staging = staged->path().string();
         } catch (const std::exception& e) {
             error = what_failed(e);
@@ -309,6 +310,7 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
             st.skipped_steps = trainer.skipped_steps();
             st.data_rng = trainer.loader().state();  // every rank draws the same batches
             st.data_source = trainer.loader().source_name();
+            st.run_id = trainer.run_id();
             json state = training_state_json(st);
             state["version"] = kShardedCheckpointVersion;
             state["layout"] = layout_name(trainer.topology());
@@ -324,8 +326,8 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
             index.add_file(staged->path().string(), kCheckpointStateFile);
             index.write((staged->path() / kCheckpointIndexName).string());
             staged->commit();
-            write_latest_pointer(root, name);
-            if (keep > 0) remove_old_checkpoints(root, keep);
+            write_latest_pointer(root, name, trainer.run_id());
+            if (keep > 0) remove_old_checkpoints(root, keep, trainer.run_id(), st.step);
         } catch (const std::exception& e) {
             error = what_failed(e);
         }
@@ -392,6 +394,7 @@ fs::path load_sharded_checkpoint(Trainer& trainer, const fs::path& dir_or_root) 
     trainer.set_steps_done(counters.step);
     trainer.set_skipped_steps(counters.skipped_steps);
     if (counters.data_rng) trainer.loader().restore(*counters.data_rng);
+    if (counters.run_id) trainer.set_run_id(*counters.run_id);
     trainer.set_last_checkpoint(dir.string());
     return dir;
 }

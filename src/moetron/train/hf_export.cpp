@@ -10,10 +10,14 @@
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/hf_names.h"
 #include "moetron/model/params.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_root.h"
+#include "moetron/train/checksum.h"
+#include "moetron/train/output_paths.h"
 #include "moetron/train/safetensors.h"
 
 namespace moetron {
@@ -25,13 +29,6 @@ namespace {
 
 // Index files of the largest published checkpoints are a few MB.
 constexpr uint64_t kMaxIndexJsonBytes = 64ull << 20;
-
-void write_text(const fs::path& path, const std::string& text) {
-    UniqueFd fd = create_for_writing(path.string());
-    write_all(fd.get(), text.data(), text.size(), path.string());
-    fsync_fd(fd.get(), path.string());
-    fd.close(path.string());
-}
 
 std::string read_text(const fs::path& path) {
     UniqueFd fd = open_for_reading(path.string());
@@ -95,10 +92,22 @@ json hf_config_json(const ModelConfig& config, DType dtype) {
     return j;
 }
 
+void prepare_hf_export_dir(const fs::path& out_dir) {
+    // Writing model.safetensors into a checkpoint directory would replace the checkpoint's own
+    // (or break its index): the checkpoint exported from, or any other.
+    std::error_code ec;
+    MT_USER_CHECK(!fs::exists(out_dir / kCheckpointIndexName, ec),
+                  "--out '{}' is a moetron checkpoint directory: the export would overwrite its "
+                  "files. Export into a directory of its own",
+                  out_dir.string());
+    prepare_output_dir({"--out", out_dir});
+}
+
 HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DType dtype) {
     MT_CHECK(dtype == DType::f32 || dtype == DType::bf16,
              "[hf] export dtype must be f32 or bf16, got {}", dtype_name(dtype));
     const fs::path dir = resolve_checkpoint_dir(checkpoint);
+    prepare_hf_export_dir(out_dir);
     const json state = read_verified_checkpoint_state(dir);
     const ModelConfig config =
         model_config_from_json(state.at("model_config"), (dir / kCheckpointStateFile).string());
@@ -127,21 +136,28 @@ HfExportStats export_hf(const fs::path& checkpoint, const fs::path& out_dir, DTy
         at += t.numel();
         weight_map[t.hf_name] = kHfWeightsFile;
     }
-    std::error_code ec;
-    fs::create_directories(out_dir, ec);
-    MT_CHECK(!ec, "[hf] cannot create '{}': {}", out_dir.string(), ec.message());
-    const FileDigest digest = writer.write((out_dir / kHfWeightsFile).string());
+    // Each file replaces the previous export's atomically: a failure (a full disk) leaves that
+    // file whole, old or new.
+    FileDigest digest;
+    write_file_atomically(out_dir / kHfWeightsFile,
+                          [&](const std::string& staging) { digest = writer.write(staging); });
     const uint64_t data_bytes = static_cast<uint64_t>(total) * (dtype == DType::bf16 ? 2u : 4u);
-    write_text(
+    replace_file_durably(
         out_dir / kHfWeightsIndexFile,
-        json{{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}}.dump(2) +
-            "\n");
-    write_text(out_dir / "config.json", hf_config_json(config, dtype).dump(2) + "\n");
-    fsync_directory(out_dir);
+        json{{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}}.dump(2) + "\n",
+        this_process_writer());
+    replace_file_durably(out_dir / "config.json", hf_config_json(config, dtype).dump(2) + "\n",
+                         this_process_writer());
     return {static_cast<int64_t>(names.tensors().size()), digest.num_bytes};
 }
 
 fs::path import_hf(const fs::path& hf_dir, const fs::path& out_root) {
+    // An import starts a run of its own: its root must be new (or empty), checked before any
+    // tensor is read.
+    SaveRootRequest request;
+    request.run_id = new_run_id();
+    request.flag = "--out";
+    claim_save_root(out_root, request);
     const ModelConfig config = load_model_config(hf_dir.string());
     const ParamTable table(model_param_specs(config));
     std::vector<float> params(static_cast<size_t>(table.total_numel()));
@@ -201,6 +217,7 @@ fs::path import_hf(const fs::path& hf_dir, const fs::path& out_root) {
     st.entries = &table.entries();
     st.params = params.data();
     st.data_source = "imported from " + hf_dir.string();
+    st.run_id = request.run_id;
     return save_training_state(out_root, st, 0);
 }
 

@@ -28,13 +28,19 @@ struct HfExportStats {
     uint64_t num_bytes = 0;  // of model.safetensors
 };
 
-// checkpoint: a checkpoint directory or root (its `latest`). dtype: f32 or bf16. Creates out_dir
-// if needed; overwrites the three files there.
+// Before an export reads anything: creates out_dir if needed and checks that it takes files; a
+// UserError when out_dir is a moetron checkpoint directory (the export would overwrite its files).
+void prepare_hf_export_dir(const std::filesystem::path& out_dir);
+
+// checkpoint: a checkpoint directory or root (its `latest`). dtype: f32 or bf16. Prepares out_dir
+// (prepare_hf_export_dir) and replaces the three files there, each atomically (atomic_file.h).
 HfExportStats export_hf(const std::filesystem::path& checkpoint,
                         const std::filesystem::path& out_dir, DType dtype);
 
-// Writes out_root/step-00000000 (and `latest`); returns that directory. Errors name the file and
-// tensor: an unknown tensor, a wrong shape or dtype, a tensor given twice, a parameter missing.
+// Writes out_root/step-00000000 (and `latest`) as a new run (checkpoint_root.h: a root holding
+// checkpoints is refused before any tensor is read); returns that directory. Errors name the
+// file and tensor: an unknown tensor, a wrong shape or dtype, a tensor given twice, a parameter
+// missing.
 std::filesystem::path import_hf(const std::filesystem::path& hf_dir,
                                 const std::filesystem::path& out_root);
 

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "moetron/core/error.h"
+#include "moetron/train/atomic_file.h"
 
 namespace moetron {
 
@@ -153,11 +154,11 @@ TokenFile read_token_file(const std::string& path, int64_t vocab_size) {
     return result;
 }
 
-void write_token_shard(const std::string& path, const int32_t* tokens, int64_t num_tokens,
-                       int64_t vocab_size) {
-    MT_CHECK(vocab_size > 0 && vocab_size <= INT32_MAX,
-             "[data] vocab_size {} does not fit a token shard", vocab_size);
-    check_token_ids(tokens, num_tokens, vocab_size, path);
+namespace {
+
+// The shard's bytes into a new file at path (write_token_shard stages and renames it).
+void write_token_shard_file(const std::string& path, const int32_t* tokens, int64_t num_tokens,
+                            int64_t vocab_size) {
     FilePtr f(std::fopen(path.c_str(), "wb"));
     MT_CHECK(f != nullptr, "[data] cannot create token shard '{}': {}", path,
              detail::errno_message());
@@ -179,6 +180,18 @@ void write_token_shard(const std::string& path, const int32_t* tokens, int64_t n
              detail::errno_message());
     MT_CHECK(std::fclose(f.release()) == 0, "[data] closing '{}' failed: {}", path,
              detail::errno_message());
+}
+
+}  // namespace
+
+void write_token_shard(const std::string& path, const int32_t* tokens, int64_t num_tokens,
+                       int64_t vocab_size) {
+    MT_CHECK(vocab_size > 0 && vocab_size <= INT32_MAX,
+             "[data] vocab_size {} does not fit a token shard", vocab_size);
+    check_token_ids(tokens, num_tokens, vocab_size, path);
+    write_file_atomically(path, [&](const std::string& staging) {
+        write_token_shard_file(staging, tokens, num_tokens, vocab_size);
+    });
 }
 
 }  // namespace moetron

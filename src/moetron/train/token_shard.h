@@ -40,6 +40,7 @@ struct TokenFile {
 TokenFile read_token_file(const std::string& path, int64_t vocab_size);
 
 // Writes a moetron shard; token ids must lie in [0, vocab_size). Throws on any IO failure.
+// Written atomically (atomic_file.h): path holds the old file or the whole new one.
 void write_token_shard(const std::string& path, const int32_t* tokens, int64_t num_tokens,
                        int64_t vocab_size);
 

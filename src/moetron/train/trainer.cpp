@@ -13,7 +13,9 @@
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 #include "moetron/model/flops.h"
+#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_root.h"
 
 namespace moetron {
 
@@ -150,6 +152,9 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
+    run_id_ = new_run_id();
+    if (world_ != nullptr)  // one run, one identity: rank 0's
+        world_->broadcast(run_id_.data(), run_id_.size(), DType::u8, 0);
 }
 
 const AdamW& Trainer::optimizer() const {
@@ -399,15 +404,7 @@ void Trainer::write_trace() {
     }
     if (rank() != 0) return;
     const std::string document = chrome_trace_document(fragments);
-    const std::string tmp = trace_path_ + ".tmp";
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    MT_CHECK(f != nullptr, "[train] cannot create the trace file '{}': {}", tmp,
-             detail::errno_message());
-    const bool written = std::fwrite(document.data(), 1, document.size(), f) == document.size();
-    MT_CHECK(std::fclose(f) == 0 && written, "[train] writing the trace file '{}' failed: {}", tmp,
-             detail::errno_message());
-    MT_CHECK(std::rename(tmp.c_str(), trace_path_.c_str()) == 0,
-             "[train] renaming '{}' to '{}' failed: {}", tmp, trace_path_, detail::errno_message());
+    replace_file_durably(trace_path_, document, this_process_writer());
     std::fprintf(stderr, "moetron: wrote the timeline of step %lld (%d rank(s)) to %s%s\n",
                  static_cast<long long>(steps_done_), world_size(), trace_path_.c_str(),
                  trace_.dropped() > 0 ? " (some events dropped: buffer full)" : "");

@@ -105,6 +105,10 @@ class Trainer {
     bool last_step_skipped() const { return last_step_skipped_; }
     void set_max_skipped_steps(int64_t n) { max_skipped_steps_ = n; }
     void set_last_checkpoint(std::string path) { last_checkpoint_ = std::move(path); }
+    // The run's identity (train/checkpoint_root.h): drawn at construction (the same on every
+    // rank), replaced by the checkpoint's when the run resumes.
+    const std::string& run_id() const { return run_id_; }
+    void set_run_id(std::string id) { run_id_ = std::move(id); }
     // Test hook: sees the step's gradients after the backward, before clipping (e.g. to poison
     // one with a NaN). Null (the default) for none.
     void set_grad_hook(std::function<void(int64_t step, float* grads)> hook) {
@@ -165,6 +169,7 @@ class Trainer {
     int64_t max_skipped_steps_ = 5;
     bool last_step_skipped_ = false;
     std::string last_checkpoint_;
+    std::string run_id_;
     std::function<void(int64_t, float*)> grad_hook_;
     RunControl* run_control_ = nullptr;
     std::string trace_path_;

@@ -8,6 +8,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
+#include "moetron/train/atomic_file.h"
 
 namespace moetron {
 
@@ -56,10 +57,9 @@ std::string shape_of(const std::vector<int64_t>& dims) {
     return s + (dims.size() == 1 ? ",)" : ")");
 }
 
-}  // namespace
-
-void save_weights(const std::string& path, const std::vector<ParamEntry>& entries,
-                  const float* params, std::string_view model_description) {
+// The weights into a new file at path (save_weights stages and renames it).
+void write_weights_file(const std::string& path, const std::vector<ParamEntry>& entries,
+                        const float* params, std::string_view model_description) {
     FilePtr f(std::fopen(path.c_str(), "wb"));
     MT_CHECK(f != nullptr, "[weights] cannot create '{}': {}", path, detail::errno_message());
     auto write = [&](const void* data, size_t bytes) {
@@ -91,6 +91,15 @@ void save_weights(const std::string& path, const std::vector<ParamEntry>& entrie
              detail::errno_message());
     MT_CHECK(std::fclose(f.release()) == 0, "[weights] closing '{}' failed: {}", path,
              detail::errno_message());
+}
+
+}  // namespace
+
+void save_weights(const std::string& path, const std::vector<ParamEntry>& entries,
+                  const float* params, std::string_view model_description) {
+    write_file_atomically(path, [&](const std::string& staging) {
+        write_weights_file(staging, entries, params, model_description);
+    });
 }
 
 void load_weights(const std::string& path, const std::vector<ParamEntry>& entries, float* params,

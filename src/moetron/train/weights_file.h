@@ -26,7 +26,8 @@ namespace moetron {
 inline constexpr char kWeightsMagic[8] = {'M', 'T', 'W', 'E', 'I', 'G', 'H', 'T'};
 inline constexpr uint32_t kWeightsVersion = 1;
 
-// entries index the flat buffer params (Model::param_entries(), Model::params()).
+// entries index the flat buffer params (Model::param_entries(), Model::params()). Written
+// atomically (atomic_file.h): path holds the old file or the whole new one.
 void save_weights(const std::string& path, const std::vector<ParamEntry>& entries,
                   const float* params, std::string_view model_description);
 // Throws naming the file and the problem (missing, not a weights file, another model's
