@@ -11,6 +11,7 @@
 
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/planner.h"
@@ -79,18 +80,16 @@ void run_plan(const PlanFlags& f) {
                 static_cast<long long>(plan.considered),
                 static_cast<long long>(plan.rejected_memory), cluster.gpu.hbm_bytes / 1e9);
     if (plan.considered == 0) {
-        throw Error(fmt::format(
+        MT_USER_THROW(
             "[plan] no layout of {} on {} GPUs suits global batch {} with the {} schedule{} "
             "(zb-h1 and dualpipe run without vpp, zb-h1 without --overlap-ep; dualpipe needs an "
             "even pp and micro-batch count)",
             model.name, f.gpus, f.global_batch, f.pipeline_schedule,
-            base.overlap_ep ? " and --overlap-ep" : ""));
+            base.overlap_ep ? " and --overlap-ep" : "");
     }
     if (plan.ranked.empty()) {
-        throw Error(
-            fmt::format("[plan] no layout of {} on {} x {} fits in memory with global "
-                        "batch {}",
-                        model.name, f.gpus, cluster.name, f.global_batch));
+        MT_USER_THROW("[plan] no layout of {} on {} x {} fits in memory with global batch {}",
+                      model.name, f.gpus, cluster.name, f.global_batch);
     }
     for (int i = 0; i < f.top && i < static_cast<int>(plan.ranked.size()); ++i) {
         std::printf("%s", sim::explain_candidate(plan.ranked[i], plan.ranked[0], i + 1).c_str());

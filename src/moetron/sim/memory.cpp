@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/flops.h"
 
 namespace moetron::sim {
@@ -41,7 +42,7 @@ double optimizer_dtype_bytes(const std::string& name, const std::string& option)
     if (name == "fp32") return 4;
     if (name == "bf16" || name == "fp16") return 2;
     if (name == "fp8") return 1;
-    throw Error(fmt::format("{} must be fp32, bf16, fp16 or fp8, got '{}'", option, name));
+    MT_USER_THROW("{} must be fp32, bf16, fp16 or fp8, got '{}'", option, name);
 }
 
 MemoryOptions memory_options_from_flags(const MemoryFlags& f) {
@@ -51,11 +52,11 @@ MemoryOptions memory_options_from_flags(const MemoryFlags& f) {
     o.optimizer.exp_avg_bytes = optimizer_dtype_bytes(f.exp_avg, "--exp-avg-dtype");
     o.optimizer.exp_avg_sq_bytes = optimizer_dtype_bytes(f.exp_avg_sq, "--exp-avg-sq-dtype");
     if (o.optimizer.main_grad_bytes < 2 || o.optimizer.main_param_bytes < 2) {
-        throw Error("--main-grads-dtype and --main-params-dtype must be fp32, bf16 or fp16");
+        MT_USER_THROW("--main-grads-dtype and --main-params-dtype must be fp32, bf16 or fp16");
     }
     o.offload = parse_recompute(f.offload);
     if (o.offload.full) {
-        throw Error("--offload-activations takes modules (such as moe,mlp), not 'full'");
+        MT_USER_THROW("--offload-activations takes modules (such as moe,mlp), not 'full'");
     }
     o.distributed_optimizer = !f.no_distributed_optimizer;
     o.low_precision_primary_weights = !f.bf16_primary_weights;
@@ -90,14 +91,14 @@ void check_fits(const MemoryBreakdown& m, const std::string& what, const std::st
     const double total = m.total_bytes();
     if (total <= m.capacity_bytes) return;
     // A layout that does not fit is the user's choice, not an internal error: no source location.
-    throw Error(fmt::format(
+    MT_USER_THROW(
         "[sim] out of memory: {} needs {:.1f} GB per GPU on pipeline stage {} but the GPU has "
         "{:.1f} GB ({:.1f} GB over): weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, "
         "activations {:.1f}, buffers {:.1f}, reserve {:.1f} GB. {}",
         what, total / 1e9, m.stage, m.capacity_bytes / 1e9, (total - m.capacity_bytes) / 1e9,
         m.weights_bytes / 1e9, m.grads_bytes / 1e9, m.optimizer_bytes / 1e9,
         m.activations_bytes / 1e9, m.comm_buffers_bytes / 1e9, m.reserve_bytes / 1e9,
-        remedy.empty() ? "Try more pp or ep, recompute, or a smaller micro-batch" : remedy));
+        remedy.empty() ? "Try more pp or ep, recompute, or a smaller micro-batch" : remedy);
 }
 
 }  // namespace moetron::sim

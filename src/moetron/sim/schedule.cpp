@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 
 namespace moetron::sim {
 
@@ -32,7 +33,7 @@ PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
     if (name == "1f1b") return PipelineSchedule::one_f_one_b;
     if (name == "zb-h1") return PipelineSchedule::zero_bubble_h1;
     if (name == "dualpipe") return PipelineSchedule::dualpipe;
-    throw Error(fmt::format("unknown pipeline schedule '{}' (known: 1f1b, zb-h1, dualpipe)", name));
+    MT_USER_THROW("unknown pipeline schedule '{}' (known: 1f1b, zb-h1, dualpipe)", name);
 }
 
 const char* pipeline_schedule_name(PipelineSchedule s) {

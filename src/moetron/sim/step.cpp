@@ -4,6 +4,7 @@
 #include <map>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/flops.h"
 #include "moetron/sim/chunks.h"
 #include "moetron/sim/collectives.h"
@@ -40,28 +41,28 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
              "[sim] sequence length {} must be a multiple of tp*cp = {} (sequence parallel)",
              o.seq_len, l.tp * l.cp);
     if (o.pipeline_schedule == PipelineSchedule::zero_bubble_h1 && (l.vpp > 1 || o.overlap_ep)) {
-        throw Error(fmt::format(
+        MT_USER_THROW(
             "the zb-h1 pipeline schedule runs without interleaving and without --overlap-ep "
             "(got vpp {}{})",
-            l.vpp, o.overlap_ep ? " and --overlap-ep" : ""));
+            l.vpp, o.overlap_ep ? " and --overlap-ep" : "");
     }
     // Megatron-LM's combined 1F1B (EP all-to-all overlap) needs interleaving once there is a
     // pipeline (TransformerConfig: "virtual_pipeline_model_parallel_size must be specified when
     // pipeline_model_parallel_size > 1"); DualPipe brings its own overlap.
     if (o.overlap_ep && l.pp > 1 && l.vpp == 1 &&
         o.pipeline_schedule != PipelineSchedule::dualpipe) {
-        throw Error(fmt::format(
+        MT_USER_THROW(
             "--overlap-ep with pp {} needs interleaving (vpp > 1), as in Megatron-LM, or the "
             "dualpipe schedule",
-            l.pp));
+            l.pp);
     }
     if (o.pipeline_schedule == PipelineSchedule::dualpipe) {
         const int64_t m = o.global_batch / std::max<int64_t>(1, l.dp * o.micro_batch);
         if (l.vpp > 1 || l.pp < 2 || l.pp % 2 != 0 || m < l.pp || m % 2 != 0) {
-            throw Error(fmt::format(
+            MT_USER_THROW(
                 "the dualpipe schedule needs an even pp >= 2 without vpp and an even number of "
                 "micro-batches, at least pp (got pp {}, vpp {}, {} micro-batches)",
-                l.pp, l.vpp, m));
+                l.pp, l.vpp, m);
         }
     }
     MT_CHECK(o.micro_batch >= 1, "[sim] micro-batch size must be >= 1, got {}", o.micro_batch);
