@@ -10,7 +10,10 @@
 # kernels are measured with the same number of ranks competing for the cores), then each model
 # trains with the default distributed layout (all data parallel, dpN) and is simulated with the
 # same global batch, micro-batch (batch / N per rank), sequence length and precision fp32.
-# The measured step time is the median over the steps after the first two (warm-up).
+# The measured step time is the median over the steps after the first two (warm-up); the table
+# also gives their spread (min-max) and the machine's load average, since a shared machine
+# makes both the calibration and the measured steps noisy (a spread of more than a few percent,
+# or a load above the core count, means the row says little).
 set -euo pipefail
 build_dir=${1:-build}
 ranks_list=${2:-"1 2 4"}
@@ -43,6 +46,18 @@ print(f"{ms[len(ms) // 2]:.3f}")
 EOF
 }
 
+step_spread() {  # "min-max" of the same steps, in ms
+    python3 -c '
+import json, sys
+ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if l.strip()]
+ms = ms[2:] if len(ms) > 2 else ms
+print(f"{min(ms):.0f}-{max(ms):.0f}")' "$1"
+}
+
+load_average() {  # the 1-minute load average
+    cut -d' ' -f1 /proc/loadavg
+}
+
 rows=()
 for n in $ranks_list; do
     threads=${THREADS:-$(( cores / n > 0 ? cores / n : 1 ))}
@@ -71,17 +86,20 @@ for n in $ranks_list; do
             --seq-len "$seq" --eval-every 0 --threads "$threads" "${layout_flag[@]}" \
             --log-jsonl "$log" > "$out/$model-np$n.train.txt"
         measured=$(median_step_ms "$log")
+        spread=$(step_spread "$log")
+        load=$(load_average)
         sim_json="$out/$model-np$n.sim.json"
         "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$n" --layout tp1 \
             --gbs "$batch" --mbs $(( batch / n )) --seq-len "$seq" --precision fp32 --json > "$sim_json"
         predicted=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
         err=$(python3 -c "import sys; p, m = map(float, sys.argv[1:]); print(f'{100 * (p - m) / m:+.1f}%')" "$predicted" "$measured")
-        echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms, measured $measured ms ($err)"
-        rows+=("$(printf '| %-5s | %5s | %7s | %3s | %5s x %-4s | %10s | %10s | %7s |' "$model" "$n" "$threads" "dp$n" "$batch" "$seq" "$predicted" "$measured" "$err")")
+        echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms, measured $measured ms" \
+            "($err; steps $spread ms, load $load on $cores cores)"
+        rows+=("$(printf '| %-5s | %5s | %7s | %3s | %5s x %-4s | %10s | %10s | %9s | %5s | %7s |' "$model" "$n" "$threads" "dp$n" "$batch" "$seq" "$predicted" "$measured" "$spread" "$load" "$err")")
     done
 done
 echo
 echo "predicted vs measured step time (simulate on the calibrated file vs moetron train); work files in $out"
-echo "| model | ranks | threads | layout | batch x seq | predicted ms | measured ms | error |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| model | ranks | threads | layout | batch x seq | predicted ms | measured ms | steps ms | load | error |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done

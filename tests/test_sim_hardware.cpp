@@ -3,6 +3,7 @@
 // collective formulas behave as alpha-beta models should.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -27,8 +28,8 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(SimHardware, EveryCatalogClusterLoads) {
-    for (const char* name :
-         {"h100-hgx", "h200-hgx", "b200-hgx", "b300-hgx", "gb200-nvl72", "gb300-nvl72"}) {
+    for (const char* name : {"h100-hgx", "h200-hgx", "h800-hgx", "b200-hgx", "b300-hgx",
+                             "gb200-nvl72", "gb300-nvl72"}) {
         const ClusterSpec c = load_cluster_spec(kClusters + name + ".toml");
         EXPECT_EQ(c.name, name);
         EXPECT_GT(c.gpu.hbm_bytes, 70e9) << name;
@@ -220,6 +221,62 @@ TEST(SimCollectives, TwoTierDispatchCrossesTheNicLess) {
     EXPECT_NEAR(flat.scale_out_bytes, tokens * 8 * token_bytes * 56.0 / 64, 1e3);
     EXPECT_NEAR(tiered.scale_out_bytes / (tokens * token_bytes), 3.17, 0.01);
     EXPECT_LT(tiered.time_s, 0.5 * flat.time_s);
+}
+
+TEST(SimHardware, FabricsAndTheH800) {
+    // The H800 is an H100 with a third of the NVLink bandwidth per direction (DeepSeek-V3's
+    // 160 GB/s after efficiency), on the InfiniBand NDR fabric.
+    const ClusterSpec h800 = load_cluster_spec(kClusters + "h800-hgx.toml");
+    const ClusterSpec h100 = load_cluster_spec(kClusters + "h100-hgx.toml");
+    EXPECT_NEAR(scale_up_bandwidth(h800), 160e9, 1e9);
+    EXPECT_EQ(h800.peak_flops(Precision::fp8), h100.peak_flops(Precision::fp8));
+    EXPECT_EQ(h800.scale_out.fabric, "ib-ndr");
+    EXPECT_EQ(h800.scale_out.bytes_per_s, 50e9);  // from the fabric file
+    EXPECT_EQ(h800.scale_out.switch_radix, 64);
+    // A cluster's own keys override its fabric's.
+    const ClusterSpec gb300 = load_cluster_spec(kClusters + "gb300-nvl72.toml");
+    EXPECT_EQ(gb300.scale_out.fabric, "ib-xdr");
+    EXPECT_FALSE(gb300.scale_out.in_network_reduction);
+    EXPECT_EQ(gb300.scale_out.switch_radix, 144);
+}
+
+TEST(SimCollectives, CrossingTheSpineCostsTheFabricsCongestion) {
+    const ClusterSpec c = load_cluster_spec(kClusters + "h800-hgx.toml");  // 32 nodes per leaf
+    // One rank per node (a DP group of expert shards): 32 nodes fit under one leaf, 64 do not.
+    const GroupPlacement under_one_leaf{32, 32, 1}, across_spine{64, 64, 1};
+    EXPECT_EQ(spine_congestion(c, under_one_leaf), 1.0);
+    EXPECT_EQ(spine_congestion(c, across_spine), 0.95);
+    const double bytes = 4e9, nic = scale_out_bandwidth(c);
+    EXPECT_NEAR(reduce_scatter_cost(c, under_one_leaf, bytes).time_s,
+                31 * c.scale_out.latency_s + 31.0 / 32 * bytes / nic, 1e-9);
+    EXPECT_NEAR(reduce_scatter_cost(c, across_spine, bytes).time_s,
+                63 * c.scale_out.latency_s + 63.0 / 64 * bytes / (0.95 * nic), 1e-9);
+    // Off-the-shelf Ethernet keeps 60% there (NVIDIA's figure against Spectrum-X's 95%).
+    const ClusterSpec roce = [&] {
+        ClusterSpec r = c;
+        r.scale_out.spine_efficiency = 0.6;
+        return r;
+    }();
+    EXPECT_NEAR(reduce_scatter_cost(roce, across_spine, bytes).time_s,
+                63 * c.scale_out.latency_s + 63.0 / 64 * bytes / (0.6 * nic), 1e-9);
+}
+
+TEST(SimHardware, SlowestOfNGrowsWithTheGpus) {
+    VariabilitySpec v;
+    v.gpu_speed_sigma = 0.01;
+    v.straggler_rate = 3.2e-5;
+    v.straggler_slowdown = 0.5;
+    const SlowestOfN one = slowest_of_n(v, 1, 1);
+    EXPECT_EQ(one.total(), 0);
+    const SlowestOfN at256 = slowest_of_n(v, 256, 32), at8192 = slowest_of_n(v, 8192, 32);
+    // EP sees the slowest of its 32 GPUs; DP adds what the slowest of all costs beyond that.
+    EXPECT_NEAR(at256.ep_jitter, 0.01 * std::sqrt(2 * std::log(32.0)), 1e-12);
+    EXPECT_NEAR(at256.ep_jitter + at256.dp_jitter, 0.01 * std::sqrt(2 * std::log(256.0)), 1e-12);
+    EXPECT_EQ(at8192.ep_jitter, at256.ep_jitter);
+    EXPECT_NEAR(at256.stragglers, 0.5 * (1 - std::pow(1 - 3.2e-5, 256)), 1e-12);
+    // Stragglers grow about linearly while rare, then saturate: the curve bends.
+    EXPECT_GT(at8192.stragglers, 10 * at256.stragglers);
+    EXPECT_LT(at8192.stragglers, 0.5);
 }
 
 }  // namespace

@@ -86,6 +86,26 @@ TEST(SimCommands, SimulateAndPlanEndToEnd) {
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("#5 "), std::string::npos) << out;
     EXPECT_NE(out.find("16 GPUs"), std::string::npos) << out;
+
+    // The memory options and schedules reach the simulation; the table has one row per stage.
+    std::tie(rc, out) = run("simulate" + model + h100 +
+                            " --gpus 1024 --layout tp2.pp8.ep64 --gbs 8192 --precision fp8"
+                            " --recompute mla_up_proj,mlp --pp-schedule zb-h1"
+                            " --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --main-grads-dtype bf16"
+                            " --offload-activations moe");
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("zb-h1 recompute mla_up_proj,mlp"), std::string::npos) << out;
+    EXPECT_NE(out.find("main grads 2, main params 4, exp_avg 4, exp_avg_sq 4 bytes"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("\n        7 "), std::string::npos) << out;  // stage 7's row
+    std::tie(rc, out) = run("simulate" + model + h100 +
+                            " --gpus 1024 --layout tp2.pp8.ep64 --gbs 8192 --precision fp8"
+                            " --exp-avg-dtype int4");
+    EXPECT_EQ(rc, 1);
+    EXPECT_NE(out.find("--exp-avg-dtype must be fp32, bf16, fp16 or fp8, got 'int4'"),
+              std::string::npos)
+        << out;
 }
 
 }  // namespace

@@ -143,6 +143,48 @@ TEST(SimStep, ImpossibleInputsAreRejected) {
               std::string::npos);
 }
 
+TEST(SimStep, DualPipeHoldsTwoStagesAndShrinksTheBubble) {
+    // DeepSeek-V3's own run: 2,048 H800, PP16 EP64, DualPipe (report sec. 3.2).
+    Fixture f;
+    const ClusterSpec h800 = load_cluster_spec(kRoot + "/configs/clusters/h800-hgx.toml");
+    SimOptions o;
+    o.precision = Precision::fp8;
+    o.global_batch = 4096;
+    o.recompute = parse_recompute("layernorm,mla_up_proj,moe_act");
+    const ParallelLayout l = parse_layout("tp1.pp16.ep64", 2048);
+    const StepResult plain = simulate_step_unchecked(f.dsv3, h800, l, o);
+    o.pipeline_schedule = PipelineSchedule::dualpipe;
+    const StepResult dual = simulate_step_unchecked(f.dsv3, h800, l, o);
+    EXPECT_LT(dual.breakdown.pp_bubble_s, 0.5 * plain.breakdown.pp_bubble_s);
+    EXPECT_LT(dual.step_time_s, plain.step_time_s);
+    // Rank 1 holds stages 1 and 14: two stages' weights and gradients, the optimizer state of
+    // one (each copy's share).
+    const MemoryBreakdown& p1 = plain.memory_per_stage[1];
+    const MemoryBreakdown& d1 = dual.memory_per_stage[1];
+    EXPECT_NEAR(d1.weights_bytes, p1.weights_bytes + plain.memory_per_stage[14].weights_bytes, 1e6);
+    EXPECT_NEAR(d1.optimizer_bytes,
+                (p1.optimizer_bytes + plain.memory_per_stage[14].optimizer_bytes) / 2, 1e6);
+    // An odd pp, or interleaving, is refused with a reason.
+    const std::string msg = error_of([&] {
+        (void)simulate_step_unchecked(f.dsv3, h800, parse_layout("tp1.pp16.vpp2.ep64", 2048), o);
+    });
+    EXPECT_NE(msg.find("dualpipe schedule needs an even pp"), std::string::npos) << msg;
+}
+
+TEST(SimStep, EpOverlapWithAPipelineNeedsInterleaving) {
+    // Megatron-LM refuses EP all-to-all overlap with pp > 1 and no vpp; simulated anyway, the
+    // combined 1F1B pairs chain stage to stage and halve the throughput.
+    Fixture f;
+    SimOptions o = f.gb300_options();
+    o.overlap_ep = true;
+    const std::string msg = error_of(
+        [&] { (void)simulate_step(f.dsv3, f.gb300, parse_layout("tp1.pp4.ep32", 256), o); });
+    EXPECT_NE(msg.find("--overlap-ep with pp 4 needs interleaving"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(".cpp:"), std::string::npos) << msg;
+    (void)simulate_step_unchecked(f.dsv3, f.gb300, parse_layout("tp1.pp4.vpp2.ep32", 256), o);
+    (void)simulate_step_unchecked(f.dsv3, f.gb300, parse_layout("tp1.pp1.ep32", 256), o);
+}
+
 TEST(SimStep, ReportsRender) {
     Fixture f;
     const StepResult r =

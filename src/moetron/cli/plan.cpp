@@ -30,6 +30,8 @@ struct PlanFlags {
     int64_t gpus = 0, global_batch = 0, seq_len = 4096;
     int top = 5;
     bool count_mtp = true, low_precision_dispatch = false, overlap_ep = false, overlap_tp = false;
+    sim::MemoryFlags memory;
+    std::string pipeline_schedule = "1f1b";
 };
 
 std::vector<int64_t> parse_counts(const std::string& text) {
@@ -64,6 +66,8 @@ void run_plan(const PlanFlags& f) {
     base.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
     base.overlap_ep = f.overlap_ep;
     base.overlap_tp = f.overlap_tp;
+    base.memory = sim::memory_options_from_flags(f.memory);
+    base.pipeline_schedule = sim::pipeline_schedule_from_name(f.pipeline_schedule);
 
     const sim::PlanResult plan = sim::plan_layouts(model, cluster, f.gpus, base);
     std::printf("moetron plan: %s on %lld x %s, global batch %lld x %lld tokens, %s\n",
@@ -73,9 +77,18 @@ void run_plan(const PlanFlags& f) {
     std::printf("  %lld layouts divide the GPUs, model and batch; %lld do not fit in %.0f GB\n\n",
                 static_cast<long long>(plan.considered),
                 static_cast<long long>(plan.rejected_memory), cluster.gpu.hbm_bytes / 1e9);
-    MT_USER_CHECK(!plan.ranked.empty(),
-                  "[plan] no layout of {} on {} x {} fits in memory with global batch {}",
-                  model.name, f.gpus, cluster.name, f.global_batch);
+    if (plan.considered == 0) {
+        MT_USER_THROW(
+            "[plan] no layout of {} on {} GPUs suits global batch {} with the {} schedule{} "
+            "(zb-h1 and dualpipe run without vpp, zb-h1 without --overlap-ep; dualpipe needs an "
+            "even pp and micro-batch count)",
+            model.name, f.gpus, f.global_batch, f.pipeline_schedule,
+            base.overlap_ep ? " and --overlap-ep" : "");
+    }
+    if (plan.ranked.empty()) {
+        MT_USER_THROW("[plan] no layout of {} on {} x {} fits in memory with global batch {}",
+                      model.name, f.gpus, cluster.name, f.global_batch);
+    }
     for (int i = 0; i < f.top && i < static_cast<int>(plan.ranked.size()); ++i) {
         std::printf("%s", sim::explain_candidate(plan.ranked[i], plan.ranked[0], i + 1).c_str());
     }
@@ -148,6 +161,31 @@ void register_plan(CLI::App& app) {
         ->capture_default_str();
     cmd->add_flag("--overlap-ep", f->overlap_ep, "hide EP all-to-all behind another micro-batch");
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
+    cmd->add_option("--pp-schedule", f->pipeline_schedule,
+                    "pipeline schedule: 1f1b (interleaved with vpp > 1), zb-h1 (zero bubble), "
+                    "dualpipe")
+        ->capture_default_str();
+    cmd->add_option("--main-grads-dtype", f->memory.main_grads,
+                    "main gradients: fp32 or bf16 (precision-aware optimizer)")
+        ->capture_default_str();
+    cmd->add_option("--main-params-dtype", f->memory.main_params,
+                    "optimizer's main parameters: fp32 or fp16")
+        ->capture_default_str();
+    cmd->add_option("--exp-avg-dtype", f->memory.exp_avg, "Adam first moment: fp32, bf16, fp8")
+        ->capture_default_str();
+    cmd->add_option("--exp-avg-sq-dtype", f->memory.exp_avg_sq,
+                    "Adam second moment: fp32, bf16, fp8")
+        ->capture_default_str();
+    cmd->add_flag("--no-distributed-optimizer", f->memory.no_distributed_optimizer,
+                  "keep the whole optimizer state on every data-parallel rank");
+    cmd->add_flag("--bf16-primary-weights", f->memory.bf16_primary_weights,
+                  "low precision: keep bf16 weights beside the quantized copies");
+    cmd->add_flag("--low-precision-swiglu-input", f->memory.low_precision_swiglu_input,
+                  "keep the MoE SwiGLU input for backward in the GEMM format (DeepSeek-V3)");
+    cmd->add_option("--offload-activations", f->memory.offload,
+                    "modules whose saved activations go to host memory (as --recompute names "
+                    "them)")
+        ->capture_default_str();
     cmd->add_option("--top", f->top, "how many layouts to explain")->capture_default_str();
     cmd->add_option("--scaling", f->scaling,
                     "GPU counts for weak scaling with the best layout, e.g. 256,512,1024");

@@ -20,7 +20,7 @@ double n_of(const GroupPlacement& g) {
 double ring_bandwidth(const ClusterSpec& c, const GroupPlacement& g) {
     if (g.domains <= 1) return scale_up_bandwidth(c);
     const double nics = static_cast<double>(g.ranks_per_domain);
-    return std::min(scale_up_bandwidth(c), nics * scale_out_bandwidth(c));
+    return std::min(scale_up_bandwidth(c), nics * scale_out_bandwidth(c, g));
 }
 double ring_alpha(const ClusterSpec& c, const GroupPlacement& g) {
     return g.domains > 1 ? c.scale_out.latency_s : c.scale_up.latency_s;
@@ -33,6 +33,14 @@ double scale_up_bandwidth(const ClusterSpec& c) {
 }
 double scale_out_bandwidth(const ClusterSpec& c) {
     return c.scale_out.bytes_per_s * c.efficiency.scale_out_bw;
+}
+double spine_congestion(const ClusterSpec& c, const GroupPlacement& g) {
+    const int64_t domains_per_leaf = c.scale_out.switch_radix / 2;
+    const bool crosses_spine = c.scale_out.switch_radix > 0 && g.domains > domains_per_leaf;
+    return crosses_spine ? c.scale_out.spine_efficiency : 1.0;
+}
+double scale_out_bandwidth(const ClusterSpec& c, const GroupPlacement& g) {
+    return scale_out_bandwidth(c) * spine_congestion(c, g);
 }
 
 CommCost all_reduce_ring(const ClusterSpec& c, const GroupPlacement& g, double bytes) {
@@ -73,7 +81,7 @@ CommCost all_reduce_nvls(const ClusterSpec& c, const GroupPlacement& g, double b
     const double shard = bytes / static_cast<double>(g.ranks_per_domain);
     const double across = 2 * (d - 1) / d * shard;
     r.time_s = 2 * c.scale_up.latency_s + bytes / bw_up + 2 * (d - 1) * c.scale_out.latency_s +
-               across / scale_out_bandwidth(c);
+               across / scale_out_bandwidth(c, g);
     r.scale_up_bytes = bytes;
     r.scale_out_bytes = across;
     return r;
@@ -115,7 +123,8 @@ CommCost all_to_all_flat(const ClusterSpec& c, const GroupPlacement& g, double b
     r.scale_out_bytes = bytes * (n - r_local) / n;
     const double a2a = c.efficiency.all_to_all_bw;
     const double up_s = r.scale_up_bytes / (c.scale_up.bytes_per_s * a2a);
-    const double out_s = r.scale_out_bytes / (c.scale_out.bytes_per_s * a2a);
+    const double out_s =
+        r.scale_out_bytes / (c.scale_out.bytes_per_s * a2a * spine_congestion(c, g));
     const double alpha = g.domains > 1 ? c.scale_out.latency_s : c.scale_up.latency_s;
     r.time_s = alpha + std::max(up_s, out_s);
     return r;
@@ -139,7 +148,8 @@ CommCost moe_dispatch_cost(const ClusterSpec& c, const GroupPlacement& ep_group,
     r.scale_out_bytes = tokens * f.remote_domains * token_bytes;
     const double a2a = c.efficiency.all_to_all_bw;
     const double up_s = r.scale_up_bytes / (c.scale_up.bytes_per_s * a2a);
-    const double out_s = r.scale_out_bytes / (c.scale_out.bytes_per_s * a2a);
+    const double out_s =
+        r.scale_out_bytes / (c.scale_out.bytes_per_s * a2a * spine_congestion(c, ep_group));
     const double alpha = ep_group.domains > 1 ? c.scale_out.latency_s : c.scale_up.latency_s;
     r.time_s = alpha + std::max(up_s, out_s);
     return r;

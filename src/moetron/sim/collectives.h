@@ -23,6 +23,10 @@ struct CommCost {
 // Link bandwidths after efficiency (bytes/s per GPU per direction).
 double scale_up_bandwidth(const ClusterSpec& c);
 double scale_out_bandwidth(const ClusterSpec& c);
+// The fraction of scale-out bandwidth a group keeps: spine_efficiency when it spans more
+// domains than one leaf switch serves (flow collisions in the spine), else 1.
+double spine_congestion(const ClusterSpec& c, const GroupPlacement& g);
+double scale_out_bandwidth(const ClusterSpec& c, const GroupPlacement& g);
 
 // All-reduce: the fastest of ring, double binary tree and (where the switches reduce) NVLS, the
 // choice NCCL's tuner makes for large messages.

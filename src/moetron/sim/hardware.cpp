@@ -5,9 +5,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <initializer_list>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
@@ -29,7 +29,7 @@ std::string read_text_file(const std::string& path) {
 
 // Rejects keys a table does not know, so a typo never silently falls back to a default.
 void check_keys(const toml::table& table, std::string_view where,
-                std::initializer_list<std::string_view> known) {
+                const std::vector<std::string_view>& known) {
     for (const auto& [key, value] : table) {
         bool ok = false;
         for (auto k : known) ok = ok || key.str() == k;
@@ -74,9 +74,49 @@ PerPrecision read_per_precision(const toml::table& t, std::string_view where, bo
     return out;
 }
 
+// The keys a fabric file and a cluster's [scale_out] share, plus `extra`.
+std::vector<std::string_view> fabric_keys(std::string_view extra) {
+    return {extra,          "gbytes_per_s",    "latency_us", "in_network_reduction",
+            "switch_radix", "spine_efficiency"};
+}
+
+// Reads the fabric keys present in `t` into `out`; with `complete`, bandwidth and latency must
+// be there.
+void read_scale_out(const toml::table& t, const std::string& where, ScaleOutSpec& out,
+                    bool complete) {
+    if (complete || t.contains("gbytes_per_s")) {
+        out.bytes_per_s = need_number(t, "gbytes_per_s", where) * 1e9;
+    }
+    if (complete || t.contains("latency_us")) {
+        out.latency_s = need_number(t, "latency_us", where) * 1e-6;
+    }
+    out.in_network_reduction = t["in_network_reduction"].value_or(out.in_network_reduction);
+    if (t.contains("switch_radix")) {
+        auto radix = t["switch_radix"].value<int64_t>();
+        MT_CHECK(radix.has_value() && *radix >= 2, "[sim] {}: switch_radix must be >= 2", where);
+        out.switch_radix = *radix;
+    }
+    if (t.contains("spine_efficiency")) {
+        out.spine_efficiency = need_fraction(t, "spine_efficiency", where);
+    }
+}
+
+void read_variability(const toml::table& t, const std::string& where, VariabilitySpec& v) {
+    check_keys(t, where, {"gpu_speed_sigma", "straggler_rate", "straggler_slowdown"});
+    v.gpu_speed_sigma = t["gpu_speed_sigma"].value_or(v.gpu_speed_sigma);
+    v.straggler_rate = t["straggler_rate"].value_or(v.straggler_rate);
+    v.straggler_slowdown = t["straggler_slowdown"].value_or(v.straggler_slowdown);
+    MT_CHECK(v.gpu_speed_sigma >= 0 && v.gpu_speed_sigma < 1 && v.straggler_rate >= 0 &&
+                 v.straggler_rate <= 1 && v.straggler_slowdown >= 0,
+             "[sim] {}: gpu_speed_sigma and straggler_rate are fractions in [0, 1), "
+             "straggler_slowdown a non-negative fraction of the step",
+             where);
+}
+
 EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view where) {
     check_keys(t, where,
-               {"arch", "gemm", "grouped_gemm", "attention", "memory", "kernel", "collectives"});
+               {"arch", "gemm", "grouped_gemm", "attention", "memory", "kernel", "collectives",
+                "variability"});
     EfficiencyParams e;
     auto arch = t["arch"].value<std::string>();
     MT_CHECK(arch.has_value(), "[sim] {}: missing 'arch' (e.g. \"hopper\")", where);
@@ -123,6 +163,9 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
     e.all_to_all_bw = need_fraction(coll, "all_to_all_bw_efficiency", where);
     e.comm_sm_fraction = need_number(coll, "comm_sm_fraction", where);
     MT_CHECK(e.comm_sm_fraction < 1, "[sim] {}: comm_sm_fraction must be below 1", where);
+    if (const toml::table* var = t["variability"].as_table()) {
+        read_variability(*var, fmt::format("{} [variability]", where), e.variability);
+    }
     return e;
 }
 
@@ -199,7 +242,7 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
                                const std::string& efficiency_dir) {
     toml::table t = parse_toml(text, source_name);
     const std::string where(source_name);
-    check_keys(t, where, {"name", "efficiency", "gpu", "scale_up", "scale_out"});
+    check_keys(t, where, {"name", "efficiency", "gpu", "scale_up", "scale_out", "variability"});
     ClusterSpec c;
     c.source = where;
     auto name = t["name"].value<std::string>();
@@ -234,10 +277,22 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
     c.scale_up.in_switch_reduction = up["in_switch_reduction"].value_or(false);
 
     const auto& out = need_table(t, "scale_out", where);
-    check_keys(out, where + " [scale_out]", {"gbytes_per_s", "latency_us", "in_network_reduction"});
-    c.scale_out.bytes_per_s = need_number(out, "gbytes_per_s", where) * 1e9;
-    c.scale_out.latency_s = need_number(out, "latency_us", where) * 1e-6;
-    c.scale_out.in_network_reduction = out["in_network_reduction"].value_or(false);
+    check_keys(out, where + " [scale_out]", fabric_keys("fabric"));
+    if (auto fabric = out["fabric"].value<std::string>()) {
+        const std::string path =
+            (std::filesystem::path(efficiency_dir).parent_path() / "fabrics" / (*fabric + ".toml"))
+                .string();
+        const toml::table ft = parse_toml(read_text_file(path), path);
+        check_keys(ft, path, fabric_keys("name"));
+        MT_CHECK(ft["name"].value_or(std::string()) == *fabric,
+                 "[sim] {}: file says name = '{}', expected '{}'", path,
+                 ft["name"].value_or(std::string()), *fabric);
+        c.scale_out.fabric = *fabric;
+        read_scale_out(ft, path, c.scale_out, true);
+        read_scale_out(out, where + " [scale_out]", c.scale_out, false);
+    } else {
+        read_scale_out(out, where + " [scale_out]", c.scale_out, true);
+    }
     MT_CHECK(c.scale_up.bytes_per_s > 0 && c.scale_out.bytes_per_s > 0,
              "[sim] {}: link bandwidths must be positive", where);
 
@@ -256,6 +311,9 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
             "give an inline [efficiency] table",
             where);
     }
+    if (const toml::table* var = t["variability"].as_table()) {
+        read_variability(*var, where + " [variability]", c.efficiency.variability);
+    }
     // Every precision the GPU offers needs a GEMM efficiency.
     for (int i = 0; i < kNumPrecisions; ++i) {
         auto p = static_cast<Precision>(i);
@@ -264,6 +322,20 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
                  c.efficiency.arch, precision_name(p));
     }
     return c;
+}
+
+SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep) {
+    // Expected maximum of n draws of a Gaussian, in standard deviations: ~sqrt(2 ln n).
+    auto max_of = [](int64_t n) {
+        return n > 1 ? std::sqrt(2 * std::log(static_cast<double>(n))) : 0.0;
+    };
+    SlowestOfN s;
+    if (gpus <= 1) return s;  // nobody to wait for
+    s.ep_jitter = v.gpu_speed_sigma * max_of(std::min(ep, gpus));
+    s.dp_jitter = v.gpu_speed_sigma * max_of(gpus) - s.ep_jitter;
+    s.stragglers =
+        v.straggler_slowdown * (1 - std::pow(1 - v.straggler_rate, static_cast<double>(gpus)));
+    return s;
 }
 
 ClusterSpec load_cluster_spec(const std::string& path) {

@@ -38,6 +38,25 @@ struct PerPrecision {
     void set(Precision p, double v) { values[static_cast<int>(p)] = v; }
 };
 
+// Slowest-of-N: every synchronizing collective waits for its slowest member. GPUs of one SKU
+// differ in speed (a spread with standard deviation gpu_speed_sigma, so the slowest of N runs
+// ~sigma sqrt(2 ln N) behind the mean), and now and then a GPU straggles for a step (with
+// probability straggler_rate per GPU and step, by straggler_slowdown of the step).
+struct VariabilitySpec {
+    double gpu_speed_sigma = 0;
+    double straggler_rate = 0;
+    double straggler_slowdown = 0;
+};
+
+// The expected slowdown of a step that N GPUs synchronize, split into the part the EP
+// collectives see (slowest of the ep GPUs of one group) and what the DP collectives add
+// (slowest of all N), plus straggler events: fractions of the step.
+struct SlowestOfN {
+    double ep_jitter = 0, dp_jitter = 0, stragglers = 0;
+    double total() const { return ep_jitter + dp_jitter + stragglers; }
+};
+SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep);
+
 // Efficiency of an architecture's kernels and collectives: fractions of peak that real kernels
 // reach, and fixed costs. One set per architecture, the same for every data point.
 struct EfficiencyParams {
@@ -70,6 +89,8 @@ struct EfficiencyParams {
     double all_to_all_bw = 0.75;
     // Fraction of SMs a communication kernel occupies while it overlaps compute.
     double comm_sm_fraction = 0.1;
+    // GPU speed spread and stragglers of the fleet (a cluster file's [variability] overrides).
+    VariabilitySpec variability;
 };
 
 struct GpuSpec {
@@ -87,10 +108,18 @@ struct ScaleUpSpec {
     bool in_switch_reduction = false;  // NVLS (NVLink SHARP) all-reduce
 };
 
+// The scale-out fabric, from `fabric = "<name>"` (configs/clusters/fabrics/<name>.toml) and/or
+// the cluster file's own keys, which override the fabric's.
 struct ScaleOutSpec {
+    std::string fabric;                 // "ib-ndr", "ib-xdr", "spectrum-x", or "" (inline)
     double bytes_per_s = 0;             // per GPU per direction (its NIC)
     double latency_s = 0;               // alpha of one step across domains
-    bool in_network_reduction = false;  // SHARP in the switches
+    bool in_network_reduction = false;  // SHARP in the switches (not used by the model yet)
+    // Congestion: a rail-optimized fat tree puts switch_radix / 2 domains under one leaf
+    // switch; a group spanning more domains crosses the spine, where flow collisions leave
+    // spine_efficiency of the bandwidth (adaptive routing keeps it high).
+    int64_t switch_radix = 0;  // 0: no spine modelled
+    double spine_efficiency = 1;
 };
 
 struct ClusterSpec {
@@ -105,9 +134,11 @@ struct ClusterSpec {
     double peak_flops(Precision p) const;
 };
 
-// Loads a cluster file. `efficiency = "<arch>"` reads <dir of file>/efficiency/<arch>.toml.
+// Loads a cluster file. `efficiency = "<arch>"` reads <dir of file>/efficiency/<arch>.toml,
+// `fabric = "<name>"` under [scale_out] reads <dir of file>/fabrics/<name>.toml.
 ClusterSpec load_cluster_spec(const std::string& path);
-// The same from text; efficiency_dir is where `efficiency = "<arch>"` files are looked up.
+// The same from text; efficiency_dir is where `efficiency = "<arch>"` files are looked up
+// (fabric files in its sibling fabrics/).
 ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_name,
                                const std::string& efficiency_dir);
 EfficiencyParams parse_efficiency_params(std::string_view text, std::string_view source_name);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/flops.h"
 
 namespace moetron::sim {
@@ -37,8 +38,35 @@ BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const Par
     return b;
 }
 
-double weight_bytes_per_param(Precision p) {
-    return is_low_precision(p) ? 2 * precision_bytes(p) : 2.0;
+double optimizer_dtype_bytes(const std::string& name, const std::string& option) {
+    if (name == "fp32") return 4;
+    if (name == "bf16" || name == "fp16") return 2;
+    if (name == "fp8") return 1;
+    MT_USER_THROW("{} must be fp32, bf16, fp16 or fp8, got '{}'", option, name);
+}
+
+MemoryOptions memory_options_from_flags(const MemoryFlags& f) {
+    MemoryOptions o;
+    o.optimizer.main_grad_bytes = optimizer_dtype_bytes(f.main_grads, "--main-grads-dtype");
+    o.optimizer.main_param_bytes = optimizer_dtype_bytes(f.main_params, "--main-params-dtype");
+    o.optimizer.exp_avg_bytes = optimizer_dtype_bytes(f.exp_avg, "--exp-avg-dtype");
+    o.optimizer.exp_avg_sq_bytes = optimizer_dtype_bytes(f.exp_avg_sq, "--exp-avg-sq-dtype");
+    if (o.optimizer.main_grad_bytes < 2 || o.optimizer.main_param_bytes < 2) {
+        MT_USER_THROW("--main-grads-dtype and --main-params-dtype must be fp32, bf16 or fp16");
+    }
+    o.offload = parse_recompute(f.offload);
+    if (o.offload.full) {
+        MT_USER_THROW("--offload-activations takes modules (such as moe,mlp), not 'full'");
+    }
+    o.distributed_optimizer = !f.no_distributed_optimizer;
+    o.low_precision_primary_weights = !f.bf16_primary_weights;
+    o.low_precision_swiglu_input = f.low_precision_swiglu_input;
+    return o;
+}
+
+double weight_bytes_per_param(Precision p, bool low_precision_primary_weights) {
+    if (!is_low_precision(p)) return 2.0;
+    return 2 * precision_bytes(p) + (low_precision_primary_weights ? 0.0 : 2.0);
 }
 
 MemoryBreakdown static_memory(const BlockParams& sp, const ParallelLayout& l, Precision precision,
@@ -46,28 +74,31 @@ MemoryBreakdown static_memory(const BlockParams& sp, const ParallelLayout& l, Pr
     MemoryBreakdown mb;
     const double params = sp.dense + sp.expert;
     mb.params = params;
-    mb.weights_bytes = params * weight_bytes_per_param(precision);
-    mb.grads_bytes = params * o.grad_bytes_per_param;
-    mb.optimizer_bytes = o.optimizer_bytes_per_param *
-                         (sp.dense / static_cast<double>(l.dp) +
-                          sp.expert / static_cast<double>(std::max<int64_t>(1, l.edp())));
+    mb.weights_bytes = params * weight_bytes_per_param(precision, o.low_precision_primary_weights);
+    mb.grads_bytes = params * o.optimizer.main_grad_bytes;
+    const double dense_shards = o.distributed_optimizer ? static_cast<double>(l.dp) : 1.0;
+    const double expert_shards =
+        o.distributed_optimizer ? static_cast<double>(std::max<int64_t>(1, l.edp())) : 1.0;
+    mb.optimizer_bytes =
+        o.optimizer.state_bytes() * (sp.dense / dense_shards + sp.expert / expert_shards);
     mb.reserve_bytes = o.framework_reserve_bytes;
     mb.comm_buffers_bytes = o.dp_bucket_bytes;
     mb.capacity_bytes = capacity_bytes;
     return mb;
 }
 
-void check_fits(const MemoryBreakdown& m, const std::string& what) {
+void check_fits(const MemoryBreakdown& m, const std::string& what, const std::string& remedy) {
     const double total = m.total_bytes();
     if (total <= m.capacity_bytes) return;
-    MT_THROW(
+    // A layout that does not fit is the user's choice, not an internal error: no source location.
+    MT_USER_THROW(
         "[sim] out of memory: {} needs {:.1f} GB per GPU on pipeline stage {} but the GPU has "
         "{:.1f} GB ({:.1f} GB over): weights {:.1f}, gradients {:.1f}, optimizer {:.1f}, "
-        "activations {:.1f}, buffers {:.1f}, reserve {:.1f} GB. Try more pp or ep, recompute, or "
-        "a smaller micro-batch",
+        "activations {:.1f}, buffers {:.1f}, reserve {:.1f} GB. {}",
         what, total / 1e9, m.stage, m.capacity_bytes / 1e9, (total - m.capacity_bytes) / 1e9,
         m.weights_bytes / 1e9, m.grads_bytes / 1e9, m.optimizer_bytes / 1e9,
-        m.activations_bytes / 1e9, m.comm_buffers_bytes / 1e9, m.reserve_bytes / 1e9);
+        m.activations_bytes / 1e9, m.comm_buffers_bytes / 1e9, m.reserve_bytes / 1e9,
+        remedy.empty() ? "Try more pp or ep, recompute, or a smaller micro-batch" : remedy);
 }
 
 }  // namespace moetron::sim

@@ -15,12 +15,50 @@
 
 namespace moetron::sim {
 
+// Megatron-LM's precision-aware optimizer (--use-precision-aware-optimizer): bytes per element
+// of the main gradients (--main-grads-dtype fp32|bf16), the main parameters the optimizer
+// updates (--main-params-dtype fp32|fp16) and Adam's moments (--exp-avg-dtype,
+// --exp-avg-sq-dtype fp32|bf16|fp8). The defaults are the published DeepSeek-V3 recipes':
+// fp32 main gradients and parameters, bf16 moments (the DeepSeek-V3 report, sec. 3.3.3, keeps
+// AdamW's moments in bf16; Megatron-LM's own default is fp32 everywhere).
+struct OptimizerPrecision {
+    double main_grad_bytes = 4;
+    double main_param_bytes = 4;
+    double exp_avg_bytes = 2;
+    double exp_avg_sq_bytes = 2;
+    double state_bytes() const { return main_param_bytes + exp_avg_bytes + exp_avg_sq_bytes; }
+};
+
+// "fp32" 4, "bf16"/"fp16" 2, "fp8" 1 (what the optimizer-dtype options accept); anything else
+// is an error naming the option.
+double optimizer_dtype_bytes(const std::string& name, const std::string& option);
+
 struct MemoryOptions {
-    double grad_bytes_per_param = 4;        // fp32 main gradients
-    double optimizer_bytes_per_param = 8;   // fp32 master weights + bf16 Adam moments
+    OptimizerPrecision optimizer;
+    // Distributed optimizer (ZeRO-1): main parameters and moments sharded over dp (dense) and
+    // expert-dp (routed experts). Off: every rank holds the whole state of its parameters.
+    bool distributed_optimizer = true;
+    // Low-precision training keeps the primary weights only in the GEMM format (Megatron-LM's
+    // --fp8-param-gather, TE's fp8_model_init: row- and column-wise quantized copies); off,
+    // it keeps bf16 weights and caches the quantized copies beside them.
+    bool low_precision_primary_weights = true;
+    // Modules whose saved activations wait in host memory between forward and backward.
+    Recompute offload;
+    // The MoE SwiGLU input cached in the GEMM format (DeepSeek-V3's FP8 activation caching).
+    bool low_precision_swiglu_input = false;
     double framework_reserve_bytes = 5e9;   // CUDA context, library workspaces, allocator slack
     double dp_bucket_bytes = 2 * 40e6 * 4;  // two in-flight 40M-element fp32 gradient buckets
 };
+
+// The memory options as `moetron simulate` and `moetron plan` spell them.
+struct MemoryFlags {
+    std::string main_grads = "fp32", main_params = "fp32", exp_avg = "bf16", exp_avg_sq = "bf16";
+    std::string offload = "none";  // module list, as --recompute names them
+    bool no_distributed_optimizer = false;
+    bool bf16_primary_weights = false;
+    bool low_precision_swiglu_input = false;
+};
+MemoryOptions memory_options_from_flags(const MemoryFlags& flags);
 
 // Parameters one GPU holds for one block: TP-split dense part and EP-split routed experts.
 struct BlockParams {
@@ -31,8 +69,8 @@ BlockParams block_params_per_gpu(const ModelConfig& model, BlockKind kind,
                                  const ParallelLayout& layout);
 
 // Bytes per parameter of the stored weights: bf16, or in low precision the row- and
-// column-wise quantized copies (primary weights kept in the training format).
-double weight_bytes_per_param(Precision p);
+// column-wise quantized copies (plus the bf16 weights unless they are the primary copy).
+double weight_bytes_per_param(Precision p, bool low_precision_primary_weights = true);
 
 struct MemoryBreakdown {
     int64_t stage = 0;
@@ -41,6 +79,7 @@ struct MemoryBreakdown {
     double grads_bytes = 0;
     double optimizer_bytes = 0;
     double activations_bytes = 0;   // peak of the micro-batches in flight
+    double offloaded_bytes = 0;     // activations held in host memory at that peak (not counted)
     double comm_buffers_bytes = 0;  // EP dispatch buffers, TP gathers, DP buckets, logits
     double reserve_bytes = 0;
     double capacity_bytes = 0;
@@ -55,7 +94,8 @@ MemoryBreakdown static_memory(const BlockParams& stage_params, const ParallelLay
                               Precision precision, const MemoryOptions& options,
                               double capacity_bytes);
 
-// Throws "[sim] out of memory: ..." naming the stage and by how many GB it is over.
-void check_fits(const MemoryBreakdown& m, const std::string& what);
+// Throws "[sim] out of memory: ..." naming the stage, by how many GB it is over, and `remedy`
+// (the cheapest change that makes it fit, when one was found).
+void check_fits(const MemoryBreakdown& m, const std::string& what, const std::string& remedy);
 
 }  // namespace moetron::sim

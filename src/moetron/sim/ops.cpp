@@ -155,6 +155,7 @@ class Builder {
         // Accumulates into the fp32 main gradient (read + write).
         wgrad.bytes = (m * n + m * k) * in_b + n * k * 8;
         wgrad.saved_bytes = 0;
+        wgrad.weight_gradient = true;
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -198,6 +199,7 @@ class Builder {
         wgrad.name = name + ".wgrad";
         wgrad.bytes = rows * (n + k) * in_b + groups * k * n * 8;
         wgrad.saved_bytes = 0;
+        wgrad.weight_gradient = true;
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -427,7 +429,9 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     }
     b.grouped_gemm("moe.fc1", rows, 2 * d.F_expert, d.D, rows * d.D * low_or_act);
     // fc1's output is what the activation's backward (or its recompute) needs.
-    b.last_forward().saved_always_bytes = rows * 2 * d.F_expert * kActBytes;
+    const bool cache_low = low && ctx.settings.low_precision_swiglu_input;
+    b.last_forward().saved_always_bytes = rows * 2 * d.F_expert * (cache_low ? d.low : kActBytes);
+    if (cache_low) b.last_forward().bytes += rows * 2 * d.F_expert * d.low;  // the cached copy
     b.module = Module::moe_act;
     b.memory("moe.act", rows * 3 * d.F_expert * kActBytes + b.quant_bytes(rows, d.F_expert),
              rows * 5 * d.F_expert * kActBytes, low ? 2 : 1, 1, rows * d.F_expert * low_or_act, 0);
@@ -550,7 +554,9 @@ BlockOps build_block_ops(const OpContext& ctx, BlockKind kind) {
     return b.finish(kind);
 }
 
-RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc) {
+RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc,
+                                const Recompute& offload) {
+    MT_CHECK(!offload.full, "[sim] activation offloading takes modules, not 'full'");
     RecomputedBlock out;
     std::vector<Op> rerun;
     for (const Op& op : block.forward) {
@@ -558,6 +564,9 @@ RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc) {
         // enclosing region (the whole MoE part, or the whole layer) drops them too.
         const bool own = op.module != Module::none && rc.has(op.module);
         const bool enclosing = rc.full || (op.in_moe_block && rc.has(Module::moe));
+        const bool offloaded = (op.module != Module::none && offload.has(op.module)) ||
+                               (op.in_moe_block && offload.has(Module::moe));
+        double& kept = offloaded ? out.offloaded_bytes : out.saved_bytes;
         if (own || enclosing) {
             Op r = op;
             r.is_recompute = true;
@@ -566,11 +575,14 @@ RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc) {
             r.saved_always_bytes = 0;
             rerun.push_back(std::move(r));
         } else {
-            out.saved_bytes += op.saved_bytes;
+            kept += op.saved_bytes;
         }
-        if (!enclosing) out.saved_bytes += op.saved_always_bytes;
+        if (!enclosing) kept += op.saved_always_bytes;
     }
-    if (rc.full) out.saved_bytes = block.layer_input_bytes;
+    if (rc.full) {
+        out.saved_bytes = block.layer_input_bytes;
+        out.offloaded_bytes = 0;
+    }
     out.backward = std::move(rerun);
     out.backward.insert(out.backward.end(), block.backward.begin(), block.backward.end());
     return out;

@@ -61,9 +61,10 @@ struct Op {
     std::string name;
     OpKind kind = OpKind::memory;
     Module module = Module::none;
-    bool in_moe_block = false;  // recomputed by "moe" as well as by its own module
-    bool graphable = true;      // static shapes: a partial CUDA graph can capture it
-    bool is_recompute = false;  // a forward op rerun in backward
+    bool in_moe_block = false;     // recomputed by "moe" as well as by its own module
+    bool graphable = true;         // static shapes: a partial CUDA graph can capture it
+    bool is_recompute = false;     // a forward op rerun in backward
+    bool weight_gradient = false;  // a wgrad GEMM: the W pass of zero-bubble schedules
 
     double flops = 0;                        // executed
     double model_flops = 0;                  // counted by the Megatron-LM convention
@@ -87,7 +88,10 @@ enum class BlockKind : uint8_t { dense_layer, moe_layer, embedding, output_head,
 struct OpSettings {
     Precision precision = Precision::bf16;  // linear layers; attention core and head stay bf16
     DispatchAlgo dispatcher = DispatchAlgo::two_tier;
-    bool low_precision_dispatch = false;    // dispatch payload in the GEMM format
+    bool low_precision_dispatch = false;  // dispatch payload in the GEMM format
+    // The MoE SwiGLU's input (fc1's output) kept for backward in the GEMM format, not bf16
+    // (DeepSeek-V3 report sec. 3.3.2: cached in FP8, the output recomputed).
+    bool low_precision_swiglu_input = false;
     bool cuda_graph_moe_sync_free = false;  // full CUDA graphs: no device-host sync in MoE
 };
 
@@ -112,11 +116,16 @@ struct BlockOps {
 BlockOps build_block_ops(const OpContext& ctx, BlockKind kind);
 
 // Backward with the recomputed forward ops put in front (marked is_recompute), and the
-// activation bytes the block keeps between its forward and backward.
+// activation bytes the block keeps between its forward and backward: on the GPU, or in host
+// memory for the modules in `offload` (Megatron-LM's fine-grained activation offloading, same
+// module names; "moe" offloads everything of the routed-expert part). A recomputed module has
+// nothing to offload.
 struct RecomputedBlock {
     std::vector<Op> backward;
     double saved_bytes = 0;
+    double offloaded_bytes = 0;
 };
-RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& recompute);
+RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& recompute,
+                                const Recompute& offload = Recompute{});
 
 }  // namespace moetron::sim

@@ -25,6 +25,21 @@ double static_memory_lower_bound(const ModelConfig& model, const ParallelLayout&
     return static_memory(sp, l, o.precision, o.memory, 0).total_bytes();
 }
 
+// What the pipeline schedules and EP overlap need of a layout (simulate_step's checks).
+bool schedule_allows(const ParallelLayout& l, int64_t micro_batches, const SimOptions& o) {
+    switch (o.pipeline_schedule) {
+        case PipelineSchedule::one_f_one_b:
+            // EP overlap needs interleaving once there is a pipeline.
+            return !(o.overlap_ep && l.pp > 1 && l.vpp == 1);
+        case PipelineSchedule::zero_bubble_h1:
+            return l.vpp == 1 && !o.overlap_ep;
+        case PipelineSchedule::dualpipe:
+            return l.vpp == 1 && l.pp >= 2 && l.pp % 2 == 0 && micro_batches >= l.pp &&
+                   micro_batches % 2 == 0;
+    }
+    return false;
+}
+
 }  // namespace
 
 PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, int64_t gpus,
@@ -50,6 +65,7 @@ PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, in
                             // Cheap divisibility checks first; simulate_step checks them all.
                             if (o.global_batch % (l.dp * mbs) != 0) continue;
                             if (vpp > 1 && (pp == 1 || m % pp != 0 || m < pp)) continue;
+                            if (!schedule_allows(l, m, o)) continue;
                             if (tp > cluster.scale_up.domain_gpus) continue;
                             if (model.n_routed_experts == 0 && ep > 1) continue;
                             if (model.n_routed_experts > 0 &&
@@ -112,6 +128,7 @@ std::string explain_candidate(const PlanCandidate& c, const PlanCandidate& best,
         {b.dp_exposed_s, "exposed DP sync"},
         {b.pp_bubble_s, "pipeline bubble"},
         {b.optimizer_s, "optimizer"},
+        {b.ep_jitter_s + b.dp_jitter_s + b.straggler_s, "waiting for the slowest GPU"},
         {b.memory_bound_s, "memory-bound kernels"}};
     std::sort(costs.begin(), costs.end(),
               [](const auto& x, const auto& y) { return x.first > y.first; });
@@ -131,7 +148,10 @@ std::string explain_candidate(const PlanCandidate& c, const PlanCandidate& best,
             {b.tp_exposed_s - bb.tp_exposed_s, "TP"},
             {b.ep_exposed_s - bb.ep_exposed_s, "EP"},
             {b.dp_exposed_s - bb.dp_exposed_s, "DP"},
-            {b.pp_bubble_s - bb.pp_bubble_s, "bubble"}};
+            {b.pp_bubble_s - bb.pp_bubble_s, "bubble"},
+            {b.ep_jitter_s + b.dp_jitter_s + b.straggler_s - bb.ep_jitter_s - bb.dp_jitter_s -
+                 bb.straggler_s,
+             "slowest GPU"}};
         std::sort(deltas.begin(), deltas.end(),
                   [](const auto& x, const auto& y) { return x.first > y.first; });
         // Name the differences that matter (over 0.5% of the step), largest first.

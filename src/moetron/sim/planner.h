@@ -21,7 +21,13 @@ struct PlanSpace {
     std::vector<int64_t> ep = {1, 2, 4, 8, 16, 32, 64, 128, 256};
     std::vector<int64_t> cp = {1, 2};
     std::vector<int64_t> micro_batch = {1, 2};
-    std::vector<std::string> recompute = {"none", "mlp,moe_act", "mla_up_proj,mlp,moe_act",
+    // The published recipes' settings (mla_up_proj on B200, mla_up_proj,mlp on H100,
+    // mlp,moe_act on GB200/GB300) and heavier ones.
+    std::vector<std::string> recompute = {"none",
+                                          "mla_up_proj",
+                                          "mlp,moe_act",
+                                          "mla_up_proj,mlp",
+                                          "mla_up_proj,mlp,moe_act",
                                           "layernorm,mla_up_proj,mlp,moe_act,shared_expert",
                                           "full"};
 };

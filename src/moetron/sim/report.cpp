@@ -27,8 +27,9 @@ std::string line(const char* label, double seconds, double step) {
 
 std::string describe_options(const StepResult& r) {
     const SimOptions& o = r.options;
-    return fmt::format("{} mbs{} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
-                       r.layout.to_string(), o.micro_batch, recompute_name(o.recompute),
+    return fmt::format("{} mbs{} {} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
+                       r.layout.to_string(), o.micro_batch,
+                       pipeline_schedule_name(o.pipeline_schedule), recompute_name(o.recompute),
                        cuda_graphs_name(o.cuda_graphs),
                        o.dispatcher == DispatchAlgo::two_tier ? "two-tier" : "flat",
                        o.low_precision_dispatch ? " (low-precision payload)" : "", overlaps(o));
@@ -67,16 +68,31 @@ std::string format_step_report(const StepResult& r) {
     s += line("exposed DP communication", b.dp_exposed_s, step);
     s += line("pipeline bubble", b.pp_bubble_s, step);
     s += line("optimizer", b.optimizer_s, step);
+    s += line("slowest of EP group (GPU spread)", b.ep_jitter_s, step);
+    s += line("slowest of all GPUs (DP sync)", b.dp_jitter_s, step);
+    s += line("straggler events", b.straggler_s, step);
     s += "\n";
     const MemoryBreakdown& m = r.memory;
-    s += fmt::format("  memory per GPU (stage {}, the fullest): {:.1f} of {:.1f} GB\n", m.stage,
+    s += fmt::format("  memory per GPU (stage {} is the fullest): {:.1f} of {:.1f} GB\n", m.stage,
                      m.total_bytes() / 1e9, m.capacity_bytes / 1e9);
+    s += fmt::format("    {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  (GB)\n",
+                     "stage", "weights", "grads", "optim", "activ", "buffers", "reserve", "total",
+                     "params", "offload");
+    for (const MemoryBreakdown& ms : r.memory_per_stage) {
+        s += fmt::format(
+            "    {:>5} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:8.1f} {:7.2f}B {:8.1f}\n",
+            ms.stage, ms.weights_bytes / 1e9, ms.grads_bytes / 1e9, ms.optimizer_bytes / 1e9,
+            ms.activations_bytes / 1e9, ms.comm_buffers_bytes / 1e9, ms.reserve_bytes / 1e9,
+            ms.total_bytes() / 1e9, ms.params / 1e9, ms.offloaded_bytes / 1e9);
+    }
+    const OptimizerPrecision& op = o.memory.optimizer;
     s += fmt::format(
-        "    weights {:.1f}  gradients {:.1f}  optimizer {:.1f}  activations {:.1f}  buffers "
-        "{:.1f}  reserve {:.1f} GB ({:.2f}B parameters)\n",
-        m.weights_bytes / 1e9, m.grads_bytes / 1e9, m.optimizer_bytes / 1e9,
-        m.activations_bytes / 1e9, m.comm_buffers_bytes / 1e9, m.reserve_bytes / 1e9,
-        m.params / 1e9);
+        "    main grads {}, main params {}, exp_avg {}, exp_avg_sq {} bytes; optimizer {}; "
+        "offloaded activations (host memory): {}{}\n",
+        op.main_grad_bytes, op.main_param_bytes, op.exp_avg_bytes, op.exp_avg_sq_bytes,
+        o.memory.distributed_optimizer ? "sharded over dp and expert-dp" : "not sharded",
+        recompute_name(o.memory.offload),
+        o.memory.low_precision_swiglu_input ? "; MoE SwiGLU input cached in the GEMM format" : "");
     return s;
 }
 
@@ -126,7 +142,8 @@ nlohmann::json step_report_json(const StepResult& r) {
                        {"optimizer_bytes", m.optimizer_bytes},
                        {"activations_bytes", m.activations_bytes},
                        {"comm_buffers_bytes", m.comm_buffers_bytes},
-                       {"reserve_bytes", m.reserve_bytes}});
+                       {"reserve_bytes", m.reserve_bytes},
+                       {"offloaded_bytes", m.offloaded_bytes}});
     }
     return {
         {"model", r.model_name},
@@ -157,7 +174,10 @@ nlohmann::json step_report_json(const StepResult& r) {
           {"cp_exposed", b.cp_exposed_s},
           {"dp_exposed", b.dp_exposed_s},
           {"pp_bubble", b.pp_bubble_s},
-          {"optimizer", b.optimizer_s}}},
+          {"optimizer", b.optimizer_s},
+          {"ep_jitter", b.ep_jitter_s},
+          {"dp_jitter", b.dp_jitter_s},
+          {"stragglers", b.straggler_s}}},
         {"memory_per_stage", mem},
         {"stage_busy_s", r.schedule.busy_s},
         {"stage_end_s", r.schedule.end_s},

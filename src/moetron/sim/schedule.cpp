@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 
 namespace moetron::sim {
 
@@ -27,6 +28,31 @@ Virtual backward_virtual(int64_t k, int64_t pp, int64_t vpp) {
 }
 
 }  // namespace
+
+PipelineSchedule pipeline_schedule_from_name(const std::string& name) {
+    if (name == "1f1b") return PipelineSchedule::one_f_one_b;
+    if (name == "zb-h1") return PipelineSchedule::zero_bubble_h1;
+    if (name == "dualpipe") return PipelineSchedule::dualpipe;
+    MT_USER_THROW("unknown pipeline schedule '{}' (known: 1f1b, zb-h1, dualpipe)", name);
+}
+
+const char* pipeline_schedule_name(PipelineSchedule s) {
+    switch (s) {
+        case PipelineSchedule::one_f_one_b:
+            return "1f1b";
+        case PipelineSchedule::zero_bubble_h1:
+            return "zb-h1";
+        case PipelineSchedule::dualpipe:
+            return "dualpipe";
+    }
+    return "?";
+}
+
+double dualpipe_makespan_s(int64_t pp, int64_t m, double fb, double b, double w) {
+    MT_CHECK(pp >= 2 && pp % 2 == 0, "[sim] DualPipe needs an even pp >= 2, got {}", pp);
+    const double bubble = static_cast<double>(pp / 2 - 1) * std::max(0.0, fb + b - 3 * w);
+    return static_cast<double>(m) * fb + bubble;
+}
 
 std::vector<ScheduledTask> stage_order(int64_t stage, int64_t pp, int64_t vpp,
                                        int64_t micro_batches, bool merge_steady_state) {
@@ -84,6 +110,15 @@ std::vector<ScheduledTask> stage_order(int64_t stage, int64_t pp, int64_t vpp,
 ScheduleResult run_schedule(const ScheduleInput& in) {
     const int64_t pp = in.pp, vpp = in.vpp, m = in.micro_batches;
     MT_CHECK(pp >= 1 && vpp >= 1 && m >= 1, "[sim] schedule needs pp, vpp, micro-batches >= 1");
+    const bool zero_bubble = in.schedule == PipelineSchedule::zero_bubble_h1;
+    MT_CHECK(in.schedule != PipelineSchedule::dualpipe,
+             "[sim] internal error: DualPipe has its own simulation (run_dualpipe)");
+    if (zero_bubble) {
+        MT_CHECK(vpp == 1 && !in.merge_steady_state,
+                 "[sim] the zero-bubble schedule zb-h1 runs without interleaving (vpp 1, got {}) "
+                 "and without the combined 1F1B of --overlap-ep",
+                 vpp);
+    }
     MT_CHECK(vpp == 1 || m % pp == 0,
              "[sim] the interleaved schedule (vpp {}) needs the micro-batch count ({}) to be a "
              "multiple of pp ({}); change the global batch or the micro-batch size",
@@ -102,8 +137,26 @@ ScheduleResult run_schedule(const ScheduleInput& in) {
     r.chunk_grads_ready_s.assign(chunks, 0);
     std::vector<size_t> next(pp, 0);
     std::vector<double> free_at(pp, 0);
-    for (int64_t s = 0; s < pp; ++s)
-        r.stages[s] = stage_order(s, pp, vpp, m, in.merge_steady_state);
+    // F and B in 1F1B order; with zero bubble, each B's W joins the stage's pending queue and
+    // runs when the stage would otherwise wait for its next input, or when more than pp - 1
+    // are pending (what bounds the memory the W passes hold), or at the end.
+    std::vector<std::vector<ScheduledTask>> order(pp);
+    for (int64_t s = 0; s < pp; ++s) order[s] = stage_order(s, pp, vpp, m, in.merge_steady_state);
+    std::vector<std::vector<ScheduledTask>> pending_w(pp);
+    std::vector<size_t> oldest_w(pp, 0);
+    auto run_w = [&](int64_t s) {
+        ScheduledTask w = pending_w[s][oldest_w[s]++];
+        const double dur = in.weight_gradient_s(w.chunk_b);
+        w.start_s = free_at[s];
+        w.end_s = w.start_s + dur;
+        free_at[s] = w.end_s;
+        r.busy_s[s] += dur;
+        r.chunk_grads_ready_s[w.chunk_b] = std::max(r.chunk_grads_ready_s[w.chunk_b], w.end_s);
+        r.stages[s].push_back(w);
+    };
+    auto w_pending = [&](int64_t s) {
+        return static_cast<int64_t>(pending_w[s].size() - oldest_w[s]);
+    };
 
     // Ready time of a forward / backward input, or NaN while its producer has not run.
     auto forward_ready = [&](int64_t g, int64_t i) {
@@ -118,12 +171,12 @@ ScheduleResult run_schedule(const ScheduleInput& in) {
     };
 
     size_t remaining = 0;
-    for (const auto& st : r.stages) remaining += st.size();
+    for (const auto& st : order) remaining += st.size();
     while (remaining > 0) {
         bool progressed = false;
         for (int64_t s = 0; s < pp; ++s) {
-            while (next[s] < r.stages[s].size()) {
-                ScheduledTask& t = r.stages[s][next[s]];
+            while (next[s] < order[s].size()) {
+                ScheduledTask t = order[s][next[s]];
                 double ready = 0, dur = 0;
                 if (t.kind == TaskKind::forward) {
                     ready = forward_ready(t.chunk_f, t.micro_f);
@@ -138,15 +191,31 @@ ScheduleResult run_schedule(const ScheduleInput& in) {
                     dur = in.forward_backward_s(t.chunk_f, t.chunk_b);
                 }
                 if (std::isnan(ready)) break;
+                while (zero_bubble && w_pending(s) > 0 &&
+                       (free_at[s] < ready || w_pending(s) > pp - 1)) {
+                    run_w(s);
+                }
                 t.start_s = std::max(free_at[s], ready);
                 t.end_s = t.start_s + dur;
                 free_at[s] = t.end_s;
                 r.busy_s[s] += dur;
-                if (t.kind != TaskKind::backward) done_f[at(t.chunk_f, t.micro_f)] = t.end_s;
-                if (t.kind != TaskKind::forward) {
+                if (t.kind == TaskKind::forward || t.kind == TaskKind::forward_backward) {
+                    done_f[at(t.chunk_f, t.micro_f)] = t.end_s;
+                }
+                if (t.kind == TaskKind::backward || t.kind == TaskKind::forward_backward) {
                     done_b[at(t.chunk_b, t.micro_b)] = t.end_s;
+                }
+                if (t.kind != TaskKind::forward) {
                     r.chunk_grads_ready_s[t.chunk_b] =
                         std::max(r.chunk_grads_ready_s[t.chunk_b], t.end_s);
+                }
+                r.stages[s].push_back(t);
+                if (zero_bubble && t.kind == TaskKind::backward) {
+                    ScheduledTask w;
+                    w.kind = TaskKind::weight_gradient;
+                    w.chunk_b = t.chunk_b;
+                    w.micro_b = t.micro_b;
+                    pending_w[s].push_back(w);
                 }
                 ++next[s];
                 --remaining;
@@ -159,6 +228,7 @@ ScheduleResult run_schedule(const ScheduleInput& in) {
                  pp, vpp, m);
     }
     for (int64_t s = 0; s < pp; ++s) {
+        while (w_pending(s) > 0) run_w(s);
         r.end_s[s] = free_at[s];
         r.makespan_s = std::max(r.makespan_s, free_at[s]);
     }

@@ -4,19 +4,25 @@
 #include <map>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/flops.h"
 #include "moetron/sim/chunks.h"
 #include "moetron/sim/collectives.h"
 #include "moetron/sim/costs.h"
+#include "moetron/sim/fit.h"
 
 namespace moetron::sim {
 
 namespace {
 
 constexpr int kOptimizerKernels = 100;  // multi-tensor Adam, grad norm and clipping launches
-// Optimizer HBM traffic per sharded parameter: fp32 gradient read (4), fp32 master read+write
-// (8), bf16 Adam moments read+write (8), gradient-norm read (4).
-constexpr double kOptimizerBytesPerParam = 24;
+
+// Optimizer HBM traffic per sharded parameter: the main gradient read twice (gradient norm,
+// then the update), the main parameter and both moments read and written (24 bytes with fp32
+// gradients and parameters and bf16 moments).
+double optimizer_bytes_per_param(const OptimizerPrecision& p) {
+    return 2 * p.main_grad_bytes + 2 * p.state_bytes();
+}
 
 void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelLayout& l,
                      const SimOptions& o) {
@@ -34,6 +40,31 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
     MT_CHECK(o.seq_len % (l.tp * l.cp) == 0,
              "[sim] sequence length {} must be a multiple of tp*cp = {} (sequence parallel)",
              o.seq_len, l.tp * l.cp);
+    if (o.pipeline_schedule == PipelineSchedule::zero_bubble_h1 && (l.vpp > 1 || o.overlap_ep)) {
+        MT_USER_THROW(
+            "the zb-h1 pipeline schedule runs without interleaving and without --overlap-ep "
+            "(got vpp {}{})",
+            l.vpp, o.overlap_ep ? " and --overlap-ep" : "");
+    }
+    // Megatron-LM's combined 1F1B (EP all-to-all overlap) needs interleaving once there is a
+    // pipeline (TransformerConfig: "virtual_pipeline_model_parallel_size must be specified when
+    // pipeline_model_parallel_size > 1"); DualPipe brings its own overlap.
+    if (o.overlap_ep && l.pp > 1 && l.vpp == 1 &&
+        o.pipeline_schedule != PipelineSchedule::dualpipe) {
+        MT_USER_THROW(
+            "--overlap-ep with pp {} needs interleaving (vpp > 1), as in Megatron-LM, or the "
+            "dualpipe schedule",
+            l.pp);
+    }
+    if (o.pipeline_schedule == PipelineSchedule::dualpipe) {
+        const int64_t m = o.global_batch / std::max<int64_t>(1, l.dp * o.micro_batch);
+        if (l.vpp > 1 || l.pp < 2 || l.pp % 2 != 0 || m < l.pp || m % 2 != 0) {
+            MT_USER_THROW(
+                "the dualpipe schedule needs an even pp >= 2 without vpp and an even number of "
+                "micro-batches, at least pp (got pp {}, vpp {}, {} micro-batches)",
+                l.pp, l.vpp, m);
+        }
+    }
     MT_CHECK(o.micro_batch >= 1, "[sim] micro-batch size must be >= 1, got {}", o.micro_batch);
     MT_CHECK(o.global_batch >= 1 && o.global_batch % (l.dp * o.micro_batch) == 0,
              "[sim] global batch {} is not a multiple of dp {} x micro-batch {} = {}",
@@ -45,8 +76,12 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
 StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
                          const ParallelLayout& layout, const SimOptions& options) {
     StepResult r = simulate_step_unchecked(model, cluster, layout, options);
-    check_fits(r.memory, fmt::format("{} on {} x {} with {}", model.name, r.gpus, cluster.name,
-                                     layout.to_string()));
+    if (r.memory.total_bytes() > r.memory.capacity_bytes) {
+        check_fits(r.memory,
+                   fmt::format("{} on {} x {} with {}", model.name, r.gpus, cluster.name,
+                               layout.to_string()),
+                   describe_fit(find_cheapest_fit(model, cluster, layout, options)));
+    }
     return r;
 }
 
@@ -74,6 +109,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     ctx.settings.precision = o.precision;
     ctx.settings.dispatcher = o.dispatcher;
     ctx.settings.low_precision_dispatch = o.low_precision_dispatch;
+    ctx.settings.low_precision_swiglu_input = o.memory.low_precision_swiglu_input;
     ctx.settings.cuda_graph_moe_sync_free = o.cuda_graphs == CudaGraphs::full;
 
     // Blocks, their recomputed backward and their stand-alone cost (for the layout).
@@ -86,13 +122,14 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     if (with_mtp) kinds.push_back(BlockKind::mtp_extra);
     struct BlockWalks {
         WalkResult fwd, bwd, fwd_deferred, bwd_deferred;
+        WalkResult bwd_input, bwd_weight;  // the backward split into B and W (zero bubble)
     };
     std::map<BlockKind, BlockWalks> bw;
     std::map<BlockKind, double> block_cost;
     const double f_sm = cluster.efficiency.comm_sm_fraction;
     for (BlockKind k : kinds) {
         blocks[k] = build_block_ops(ctx, k);
-        recomputed[k] = apply_recompute(blocks[k], o.recompute);
+        recomputed[k] = apply_recompute(blocks[k], o.recompute, o.memory.offload);
         OpList f, b;
         f.append(blocks[k].forward);
         b.append(recomputed[k].backward);
@@ -101,6 +138,11 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         w.bwd = walk_ops(cluster, b, wo, false, false);
         w.fwd_deferred = walk_ops(cluster, f, wo, true, false);
         w.bwd_deferred = walk_ops(cluster, b, wo, true, false);
+        OpList bi, bwt;
+        bi.append_part(recomputed[k].backward, false);
+        bwt.append_part(recomputed[k].backward, true);
+        w.bwd_input = walk_ops(cluster, bi, wo, false, false);
+        w.bwd_weight = walk_ops(cluster, bwt, wo, false, false);
         const double comm = w.fwd_deferred.ep_comm_s + w.bwd_deferred.ep_comm_s;
         // With EP overlap a block mostly runs inside combined forward-backward tasks.
         block_cost[k] =
@@ -130,9 +172,15 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                              static_cast<double>(model.hidden_size) * 2;
     const double p2p_s = send_recv_cost(cluster, ctx.placement.pp.domains > 1, act_bytes).time_s;
     const bool merge = o.overlap_ep && model.n_routed_experts > 0 && layout.ep > 1;
+    const bool zero_bubble = o.pipeline_schedule == PipelineSchedule::zero_bubble_h1;
+    const bool dualpipe = o.pipeline_schedule == PipelineSchedule::dualpipe;
+    // DualPipe's order is stood in for by the combined 1F1B (F&B pairs) for the event
+    // simulation; its makespan comes from dualpipe_makespan_s below.
+    const PipelineSchedule simulated_schedule =
+        dualpipe ? PipelineSchedule::one_f_one_b : o.pipeline_schedule;
     auto approx_makespan = [&](const std::vector<std::vector<ChunkBlock>>& groups) {
         std::vector<double> f(chunks, 0), b(chunks, 0), fd(chunks, 0), bd(chunks, 0), af(chunks, 0),
-            ab(chunks, 0);
+            ab(chunks, 0), b_input(chunks, 0), w_grad(chunks, 0);
         for (int64_t g = 0; g < chunks; ++g) {
             for (const ChunkBlock& it : groups[g]) {
                 const BlockWalks& w = bw[it.kind];
@@ -142,15 +190,19 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                 bd[g] += w.bwd_deferred.time_s;
                 af[g] += w.fwd_deferred.ep_comm_s;
                 ab[g] += w.bwd_deferred.ep_comm_s;
+                b_input[g] += w.bwd_input.time_s;
+                w_grad[g] += w.bwd_weight.time_s;
             }
         }
         ScheduleInput in;
         in.pp = pp;
         in.vpp = vpp;
         in.micro_batches = r.micro_batches;
-        in.merge_steady_state = merge;
+        in.merge_steady_state = merge || dualpipe;
+        in.schedule = simulated_schedule;
         in.forward_s = [&](int64_t g) { return f[g]; };
-        in.backward_s = [&](int64_t g) { return b[g]; };
+        in.backward_s = [&](int64_t g) { return zero_bubble ? b_input[g] : b[g]; };
+        in.weight_gradient_s = [&](int64_t g) { return w_grad[g]; };
         in.forward_backward_s = [&](int64_t gf, int64_t gb) {
             return std::max(fd[gf] + bd[gb] + f_sm * (af[gf] + ab[gb]), af[gf] + ab[gb]);
         };
@@ -169,8 +221,10 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
 
     // Per chunk: op lists, walks (inline EP and deferred EP), activations, parameters.
     struct ChunkCost {
-        WalkResult fwd, bwd, fwd_deferred, bwd_deferred;
+        WalkResult fwd, bwd, fwd_deferred, bwd_deferred, bwd_input, bwd_weight;
         double saved_bytes = 0;
+        double offloaded_bytes = 0;
+        double largest_offloaded_block_bytes = 0;
         BlockParams params;
     };
     std::vector<ChunkCost> cc(chunks);
@@ -181,15 +235,23 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         for (const ChunkBlock& it : groups[g]) {
             f.append(blocks[it.kind].forward);
             cc[g].saved_bytes += recomputed[it.kind].saved_bytes;
+            cc[g].offloaded_bytes += recomputed[it.kind].offloaded_bytes;
+            cc[g].largest_offloaded_block_bytes =
+                std::max(cc[g].largest_offloaded_block_bytes, recomputed[it.kind].offloaded_bytes);
             const BlockParams bp = block_params_per_gpu(model, it.kind, layout);
             cc[g].params.dense += bp.dense;
             cc[g].params.expert += bp.expert;
             if (it.layer >= 0) r.stage_layers[g].push_back(it.layer);
             r.chunk_block_times[g].push_back({bw[it.kind].fwd.time_s, bw[it.kind].bwd.time_s});
         }
+        OpList bi, bwt;
         for (auto it = groups[g].rbegin(); it != groups[g].rend(); ++it) {
             b.append(recomputed[it->kind].backward);
+            bi.append_part(recomputed[it->kind].backward, false);
+            bwt.append_part(recomputed[it->kind].backward, true);
         }
+        cc[g].bwd_input = walk_ops(cluster, bi, wo, false, false);
+        cc[g].bwd_weight = walk_ops(cluster, bwt, wo, false, false);
         cc[g].fwd = walk_ops(cluster, f, wo, false, false);
         cc[g].bwd = walk_ops(cluster, b, wo, false, false);
         cc[g].fwd_deferred = walk_ops(cluster, f, wo, true, false);
@@ -206,16 +268,54 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     si.pp = pp;
     si.vpp = vpp;
     si.micro_batches = r.micro_batches;
-    si.merge_steady_state = merge;
+    si.merge_steady_state = merge || dualpipe;
+    si.schedule = simulated_schedule;
     si.forward_s = [&](int64_t g) { return cc[g].fwd.time_s; };
-    si.backward_s = [&](int64_t g) { return cc[g].bwd.time_s; };
+    si.backward_s = [&](int64_t g) {
+        return zero_bubble ? cc[g].bwd_input.time_s : cc[g].bwd.time_s;
+    };
+    si.weight_gradient_s = [&](int64_t g) { return cc[g].bwd_weight.time_s; };
     si.forward_backward_s = merged;
     si.p2p_s = p2p_s;
     r.schedule = run_schedule(si);
+    // The chunks a stage holds: its vpp chunks, and with DualPipe the mirrored stage too.
+    auto chunks_of_stage = [&](int64_t s) {
+        std::vector<int64_t> out;
+        for (int64_t c = 0; c < vpp; ++c) out.push_back(c * pp + s);
+        if (dualpipe) out.push_back(pp - 1 - s);
+        return out;
+    };
+    if (dualpipe) {
+        // Rank s pairs forwards of one direction with backwards of the other: F&B is the mean
+        // of its two chunks' pairings; B and W the means of their parts.
+        double makespan = 0;
+        for (int64_t s = 0; s < pp; ++s) {
+            const int64_t a = s, b = pp - 1 - s;
+            const double fb = (merged(a, b) + merged(b, a)) / 2;
+            const double bi = (cc[a].bwd_input.time_s + cc[b].bwd_input.time_s) / 2;
+            const double w = (cc[a].bwd_weight.time_s + cc[b].bwd_weight.time_s) / 2;
+            makespan = std::max(makespan, dualpipe_makespan_s(pp, r.micro_batches, fb, bi, w));
+        }
+        // Stretch the stand-in's timeline to DualPipe's makespan (DP overlap and the SVG read
+        // task times).
+        const double k = makespan / r.schedule.makespan_s;
+        for (auto& stage : r.schedule.stages) {
+            for (ScheduledTask& t : stage) {
+                t.start_s *= k;
+                t.end_s *= k;
+            }
+        }
+        for (double& e : r.schedule.end_s) e *= k;
+        for (double& e : r.schedule.chunk_grads_ready_s) e *= k;
+        r.schedule.makespan_s = makespan;
+    }
 
     // Gradient sync, optimizer and parameter gather per stage.
-    const double grad_reduce_bytes = o.memory.grad_bytes_per_param;
-    const double gather_bytes = o.precision == Precision::fp8 ? 1.0 : 2.0;
+    const bool sharded = o.memory.distributed_optimizer;
+    const double grad_reduce_bytes = o.memory.optimizer.main_grad_bytes;
+    // Megatron-LM gathers fp8 primary weights in fp8 (--fp8-param-gather), others in bf16.
+    const double gather_bytes =
+        o.precision == Precision::fp8 && o.memory.low_precision_primary_weights ? 1.0 : 2.0;
     std::vector<double> rs_end(pp), opt_s(pp), ag_exposed(pp), dp_interference(pp);
     // When each chunk's last backward starts and ends: its gradients become final layer by
     // layer in between, and Megatron-LM launches each bucket's reduce-scatter then, so only the
@@ -235,47 +335,50 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     };
     for (int64_t s = 0; s < pp; ++s) {
         std::vector<std::pair<double, int64_t>> ready;
-        for (int64_t c = 0; c < vpp; ++c) {
-            const int64_t g = c * pp + s;
+        for (int64_t g : chunks_of_stage(s)) {
             ready.push_back({o.overlap_dp_grad ? last_bwd_start[g] : r.schedule.end_s[s], g});
         }
         std::sort(ready.begin(), ready.end());
         double free_at = 0, hidden = 0, shard = 0;
         for (const auto& [t, g] : ready) {
-            const double rs = reduce_scatter_cost(cluster, ctx.placement.dp,
-                                                  cc[g].params.dense * grad_reduce_bytes)
-                                  .time_s +
-                              reduce_scatter_cost(cluster, ctx.placement.edp,
-                                                  cc[g].params.expert * grad_reduce_bytes)
-                                  .time_s;
+            // The distributed optimizer reduce-scatters gradients; without it they are
+            // all-reduced and every rank updates all of its parameters.
+            auto grad_sync = [&](const GroupPlacement& group, double bytes) {
+                return sharded ? reduce_scatter_cost(cluster, group, bytes).time_s
+                               : all_reduce_cost(cluster, group, bytes).time_s;
+            };
+            const double rs = grad_sync(ctx.placement.dp, cc[g].params.dense * grad_reduce_bytes) +
+                              grad_sync(ctx.placement.edp, cc[g].params.expert * grad_reduce_bytes);
             const double start = std::max(free_at, t);
             const double last_bucket =
                 o.overlap_dp_grad ? last_bwd_end[g] + rs / layers_in(g) : start + rs;
             free_at = std::max(start + rs, last_bucket);
             hidden += std::max(0.0, std::min(free_at, r.schedule.end_s[s]) - start);
-            shard += cc[g].params.dense / static_cast<double>(layout.dp) +
-                     cc[g].params.expert / static_cast<double>(std::max<int64_t>(1, layout.edp()));
+            shard += sharded ? cc[g].params.dense / static_cast<double>(layout.dp) +
+                                   cc[g].params.expert /
+                                       static_cast<double>(std::max<int64_t>(1, layout.edp()))
+                             : cc[g].params.dense + cc[g].params.expert;
         }
+        if (dualpipe) shard /= 2;  // each stage's state is shared by its two copies
         rs_end[s] = std::max(free_at, r.schedule.end_s[s]);
         dp_interference[s] = f_sm * hidden;
-        opt_s[s] = shard * kOptimizerBytesPerParam /
+        opt_s[s] = shard * optimizer_bytes_per_param(o.memory.optimizer) /
                        (cluster.gpu.hbm_bytes_per_s * cluster.efficiency.memory_bw) +
                    kOptimizerKernels * (cluster.efficiency.kernel_host_overhead_s +
                                         cluster.efficiency.kernel_gpu_overhead_s);
         // The next step's forward needs chunk s's first bucket gathered; with overlap the rest
         // arrives behind the forward of the layers before it.
         double ag_total = 0, ag_first = 0;
-        for (int64_t c = 0; c < vpp; ++c) {
-            const int64_t g = c * pp + s;
+        for (int64_t g : chunks_of_stage(s)) {
             const double ag =
                 all_gather_cost(cluster, ctx.placement.dp, cc[g].params.dense * gather_bytes)
                     .time_s +
                 all_gather_cost(cluster, ctx.placement.edp, cc[g].params.expert * gather_bytes)
                     .time_s;
+            if (ag_total == 0) ag_first = ag / layers_in(g);
             ag_total += ag;
-            if (c == 0) ag_first = ag / layers_in(g);
         }
-        ag_exposed[s] = o.overlap_dp_param ? ag_first : ag_total;
+        ag_exposed[s] = !sharded ? 0.0 : o.overlap_dp_param ? ag_first : ag_total;
     }
     // The step waits for the last stage to finish its gradient sync; the breakdown describes
     // the busiest stage (the one the pipeline runs at the pace of).
@@ -286,7 +389,11 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                              r.schedule.busy_s.begin();
     const double opt_max = *std::max_element(opt_s.begin(), opt_s.end());
     const double ag_max = *std::max_element(ag_exposed.begin(), ag_exposed.end());
-    r.step_time_s = compute_end + opt_max + ag_max;
+    // Every step synchronizes all GPUs (EP all-to-alls per layer, DP collectives per step), so
+    // it runs at the pace of the slowest GPU.
+    const double synchronized_s = compute_end + opt_max + ag_max;
+    const SlowestOfN slow = slowest_of_n(cluster.efficiency.variability, r.gpus, layout.ep);
+    r.step_time_s = synchronized_s * (1 + slow.total());
     r.dp_end_s = compute_end;
     r.optimizer_end_s = compute_end + opt_max;
     r.critical_stage = critical;
@@ -297,7 +404,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         if (t.kind == TaskKind::forward) {
             bd.add(cc[t.chunk_f].fwd.parts);
         } else if (t.kind == TaskKind::backward) {
-            bd.add(cc[t.chunk_b].bwd.parts);
+            bd.add(zero_bubble ? cc[t.chunk_b].bwd_input.parts : cc[t.chunk_b].bwd.parts);
+        } else if (t.kind == TaskKind::weight_gradient) {
+            bd.add(cc[t.chunk_b].bwd_weight.parts);
         } else {
             bd.add(cc[t.chunk_f].fwd_deferred.parts);
             bd.add(cc[t.chunk_b].bwd_deferred.parts);
@@ -308,6 +417,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     bd.dp_exposed_s =
         (rs_end[critical] - r.schedule.end_s[critical]) + dp_interference[critical] + ag_max;
     bd.optimizer_s = opt_max;
+    bd.ep_jitter_s = synchronized_s * slow.ep_jitter;
+    bd.dp_jitter_s = synchronized_s * slow.dp_jitter;
+    bd.straggler_s = synchronized_s * slow.stragglers;
     bd.pp_bubble_s = std::max(0.0, r.step_time_s - bd.total_s());
     r.breakdown = bd;
 
@@ -316,8 +428,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     for (int64_t s = 0; s < pp; ++s) {
         BlockParams sp;
         bool has_head = false, has_moe = false;
-        for (int64_t c = 0; c < vpp; ++c) {
-            const int64_t g = c * pp + s;
+        for (int64_t g : chunks_of_stage(s)) {
             sp.dense += cc[g].params.dense;
             sp.expert += cc[g].params.expert;
             for (const ChunkBlock& it : groups[g]) {
@@ -325,18 +436,40 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
                 has_moe = has_moe || it.kind == BlockKind::moe_layer;
             }
         }
+        // DualPipe's two copies of each stage share its optimizer state: sharded over 2 dp.
+        ParallelLayout sharding = layout;
+        if (dualpipe) sharding.dp *= 2;
         MemoryBreakdown mb =
-            static_memory(sp, layout, o.precision, o.memory, cluster.gpu.hbm_bytes);
+            static_memory(sp, sharding, o.precision, o.memory, cluster.gpu.hbm_bytes);
         mb.stage = s;
-        double cur = 0, peak = 0;
+        // Activations in flight follow the schedule's own task order; offloaded ones wait in
+        // host memory, but two blocks' worth is on the GPU at a time (one being copied out
+        // behind the forward, one copied back ahead of its backward).
+        double cur = 0, peak = 0, offloaded = 0, offloaded_at_peak = 0, staging = 0;
+        // (With zero bubble, B frees them; W keeps only its GEMM inputs, not counted.)
         for (const ScheduledTask& t : r.schedule.stages[s]) {
-            if (t.kind != TaskKind::backward) {
+            if (t.kind == TaskKind::forward || t.kind == TaskKind::forward_backward) {
                 cur += cc[t.chunk_f].saved_bytes;
-                peak = std::max(peak, cur);
+                offloaded += cc[t.chunk_f].offloaded_bytes;
+                staging = std::max(staging, 2 * cc[t.chunk_f].largest_offloaded_block_bytes);
+                if (cur >= peak) {
+                    peak = cur;
+                    offloaded_at_peak = offloaded;
+                }
             }
-            if (t.kind != TaskKind::forward) cur -= cc[t.chunk_b].saved_bytes;
+            if (t.kind == TaskKind::backward || t.kind == TaskKind::forward_backward) {
+                cur -= cc[t.chunk_b].saved_bytes;
+                offloaded -= cc[t.chunk_b].offloaded_bytes;
+            }
         }
-        mb.activations_bytes = peak;
+        if (dualpipe) {
+            // pp + 1 micro-batches of one stage in flight on every rank (the report's Table 2),
+            // half of each direction's chunk.
+            const double per_micro = (cc[s].saved_bytes + cc[pp - 1 - s].saved_bytes) / 2;
+            peak = static_cast<double>(pp + 1) * per_micro;
+        }
+        mb.activations_bytes = peak + staging;
+        mb.offloaded_bytes = offloaded_at_peak;
         const double tokens =
             static_cast<double>(o.micro_batch * o.seq_len) / static_cast<double>(layout.cp);
         const double d_model = static_cast<double>(model.hidden_size);

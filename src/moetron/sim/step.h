@@ -32,6 +32,7 @@ struct SimOptions {
     bool overlap_tp = false;       // TP all-gather / reduce-scatter behind the adjacent GEMM
     bool overlap_dp_grad = true;   // gradient reduce-scatter behind the backward pass
     bool overlap_dp_param = true;  // parameter all-gather behind the next forward
+    PipelineSchedule pipeline_schedule = PipelineSchedule::one_f_one_b;
     // Megatron-LM pipeline layout ("Et|(tt|)*30mL"); empty: balanced by simulated time.
     std::string pipeline_layout;
     MemoryOptions memory;
@@ -65,7 +66,7 @@ struct StepResult {
 };
 
 // Throws on impossible inputs (layout, precision, batch) and on out-of-memory, saying by how
-// much the fullest GPU is over its HBM.
+// much the fullest GPU is over its HBM and naming the cheapest change that fits (sim/fit.h).
 StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
                          const ParallelLayout& layout, const SimOptions& options);
 

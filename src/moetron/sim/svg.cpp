@@ -89,7 +89,7 @@ std::string ops_lane(const std::vector<OpEvent>& events, double y, double scale,
 // Thin white lines at the layer (block) boundaries inside a forward or backward task, placed
 // by the blocks' share of the chunk's time.
 std::string layer_ticks(const StepResult& r, const ScheduledTask& t, double y, double scale) {
-    if (t.kind == TaskKind::forward_backward) return "";
+    if (t.kind == TaskKind::forward_backward || t.kind == TaskKind::weight_gradient) return "";
     const bool fwd = t.kind == TaskKind::forward;
     const auto& blocks = r.chunk_block_times.at(static_cast<size_t>(fwd ? t.chunk_f : t.chunk_b));
     double total = 0;
@@ -135,13 +135,16 @@ std::string step_timeline_svg(const StepResult& r) {
     for (int64_t st = 0; st < pp; ++st) {
         s += text(8, y + 15, fmt::format("stage {}", st), 11);
         for (const ScheduledTask& t : r.schedule.stages[st]) {
-            const char* fill = t.kind == TaskKind::forward    ? "#6b9bd1"
-                               : t.kind == TaskKind::backward ? "#69b36b"
-                                                              : "#9c6ade";
+            const char* fill = t.kind == TaskKind::forward           ? "#6b9bd1"
+                               : t.kind == TaskKind::backward        ? "#69b36b"
+                               : t.kind == TaskKind::weight_gradient ? "#a6d8a0"
+                                                                     : "#9c6ade";
             const std::string what = t.kind == TaskKind::forward
                                          ? fmt::format("F chunk {} mb {}", t.chunk_f, t.micro_f)
                                      : t.kind == TaskKind::backward
                                          ? fmt::format("B chunk {} mb {}", t.chunk_b, t.micro_b)
+                                     : t.kind == TaskKind::weight_gradient
+                                         ? fmt::format("W chunk {} mb {}", t.chunk_b, t.micro_b)
                                          : fmt::format("F chunk {} mb {} + B chunk {} mb {}",
                                                        t.chunk_f, t.micro_f, t.chunk_b, t.micro_b);
             s += rect(kLeft + t.start_s * scale, y, (t.end_s - t.start_s) * scale, kLane, fill,

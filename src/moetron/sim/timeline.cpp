@@ -28,7 +28,7 @@ std::string_view cuda_graphs_name(CudaGraphs g) {
 
 double TimeBreakdown::total_s() const {
     return compute_s() + host_idle_s + tp_exposed_s + ep_exposed_s + cp_exposed_s + pp_bubble_s +
-           dp_exposed_s + optimizer_s;
+           dp_exposed_s + optimizer_s + ep_jitter_s + dp_jitter_s + straggler_s;
 }
 
 void TimeBreakdown::add(const TimeBreakdown& o, double s) {
@@ -43,6 +43,9 @@ void TimeBreakdown::add(const TimeBreakdown& o, double s) {
     pp_bubble_s += s * o.pp_bubble_s;
     dp_exposed_s += s * o.dp_exposed_s;
     optimizer_s += s * o.optimizer_s;
+    ep_jitter_s += s * o.ep_jitter_s;
+    dp_jitter_s += s * o.dp_jitter_s;
+    straggler_s += s * o.straggler_s;
 }
 
 namespace {

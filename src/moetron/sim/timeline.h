@@ -36,6 +36,8 @@ struct TimeBreakdown {
     double pp_bubble_s = 0;   // idle in the pipeline schedule (incl. waiting for p2p)
     double dp_exposed_s = 0;  // gradient reduce-scatter and parameter all-gather not hidden
     double optimizer_s = 0;
+    // Waiting at synchronizing collectives for the slowest GPU (speed spread, stragglers).
+    double ep_jitter_s = 0, dp_jitter_s = 0, straggler_s = 0;
     double compute_s() const { return gemm_s + attention_s + memory_bound_s + recompute_s; }
     double total_s() const;
     void add(const TimeBreakdown& o, double scale = 1);
@@ -68,6 +70,16 @@ struct OpList {
         for (size_t i = 0; i < list.size(); ++i) {
             ops.push_back(&list[i]);
             block_start.push_back(i == 0);
+        }
+    }
+    // Only the weight-gradient ops (the W pass) or only the others (B, and the forward).
+    void append_part(const std::vector<Op>& list, bool weight_gradients) {
+        bool first = true;
+        for (const Op& op : list) {
+            if (op.weight_gradient != weight_gradients) continue;
+            ops.push_back(&op);
+            block_start.push_back(first);
+            first = false;
         }
     }
 };
