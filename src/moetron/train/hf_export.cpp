@@ -158,11 +158,9 @@ HfExportStats export_hf_params(const ModelConfig& config, const float* params,
     const uint64_t data_bytes = static_cast<uint64_t>(total) * (dtype == DType::bf16 ? 2u : 4u);
     replace_file_durably(
         out_dir / kHfWeightsIndexFile,
-        json{{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}}.dump(2) + "
-",
+        json{{"metadata", {{"total_size", data_bytes}}}, {"weight_map", weight_map}}.dump(2) + "\n",
         this_process_writer());
-    replace_file_durably(out_dir / "config.json", hf_config_json(exported, dtype).dump(2) + "
-",
+    replace_file_durably(out_dir / "config.json", hf_config_json(exported, dtype).dump(2) + "\n",
                          this_process_writer());
     if (options.byte_tokenizer) write_hf_byte_tokenizer(out_dir, config.max_position_embeddings);
     return {static_cast<int64_t>(names.tensors().size()), digest.num_bytes};

@@ -47,8 +47,7 @@ json byte_level(bool use_regex) {
 
 // Each file replaces a previous export's atomically (atomic_dir.h).
 void write_json(const std::filesystem::path& path, const json& j) {
-    replace_file_durably(path, j.dump(2) + "
-", this_process_writer());
+    replace_file_durably(path, j.dump(2) + "\n", this_process_writer());
 }
 
 }  // namespace
