@@ -10,6 +10,7 @@
 #include <string>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 
@@ -141,7 +142,7 @@ void register_info(CLI::App& app) {
         ->required();
     info->add_option("--seq", options->seq_len, "sequence length for the attention FLOPs")
         ->capture_default_str()
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+        ->check(whole_number(1, int64_t{1} << 24));
     info->add_flag("--json", options->json, "print one JSON object instead of the table");
     info->callback([options] { run_info(*options); });
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
 #include "moetron/sim/hardware.h"
@@ -81,17 +82,19 @@ void register_simulate(CLI::App& app) {
         ->required();
     cmd->add_option("--cluster", f->cluster_path, "cluster file (configs/clusters/*.toml)")
         ->required();
-    cmd->add_option("--gpus", f->gpus, "number of GPUs")->required()->check(CLI::PositiveNumber);
+    cmd->add_option("--gpus", f->gpus, "number of GPUs")
+        ->required()
+        ->check(whole_number(1, int64_t{1} << 24));
     cmd->add_option("--layout", f->layout, "parallel layout, e.g. tp1.pp2.vpp4.ep32")->required();
     cmd->add_option("--gbs", f->global_batch, "global batch in sequences")
         ->required()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 40));
     cmd->add_option("--mbs", f->micro_batch, "micro-batch in sequences")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 40));
     cmd->add_option("--seq", f->seq_len, "sequence length")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 24));
     cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
