@@ -367,6 +367,29 @@ void validate_in(const ModelConfig& c, std::string_view where) {
     auto non_negative = [&](int64_t value, std::string_view key) {
         MT_CHECK(value >= 0, "[config] {}: {} = {} must not be negative", where, key, value);
     };
+    // Upper bounds far above any real model, so that every count computed from the shape (the
+    // parameters, FLOPs, arena sizes) stays exact: a hidden_size of 2^62 is a typo, not a model.
+    auto at_most = [&](int64_t value, std::string_view key, int64_t max) {
+        MT_CHECK(value <= max, "[config] {}: {} = {} is out of range (at most {})", where, key,
+                 value, max);
+    };
+    constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden and FFN widths, ranks, head dims
+    at_most(c.vocab_size, "vocab_size", int64_t{1} << 24);
+    at_most(c.hidden_size, "hidden_size", kMaxWidth);
+    at_most(c.intermediate_size, "intermediate_size", kMaxWidth);
+    at_most(c.moe_intermediate_size, "moe_intermediate_size", kMaxWidth);
+    at_most(c.num_hidden_layers, "num_hidden_layers", 4096);
+    at_most(c.num_nextn_predict_layers, "num_nextn_predict_layers", 4096);
+    at_most(c.num_attention_heads, "num_attention_heads", 4096);
+    at_most(c.q_lora_rank, "q_lora_rank", kMaxWidth);
+    at_most(c.kv_lora_rank, "kv_lora_rank", kMaxWidth);
+    at_most(c.qk_nope_head_dim, "qk_nope_head_dim", 65536);
+    at_most(c.qk_rope_head_dim, "qk_rope_head_dim", 65536);
+    at_most(c.v_head_dim, "v_head_dim", 65536);
+    at_most(c.max_position_embeddings, "max_position_embeddings", int64_t{1} << 30);
+    at_most(c.n_routed_experts, "n_routed_experts", 65536);
+    at_most(c.n_shared_experts, "n_shared_experts", 65536);
+    at_most(c.moe_layer_freq, "moe_layer_freq", 4096);
     auto positive_finite = [&](double value, std::string_view key) {
         MT_CHECK(std::isfinite(value) && value > 0,
                  "[config] {}: {} = {} must be a positive finite number", where, key, value);
