@@ -307,6 +307,23 @@ double Trainer::evaluate() {
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 }
 
+void Trainer::check_parameters_finite(std::string_view what) const {
+    const float* params = model_->params();
+    for (const ParamEntry& e : model_->param_entries()) {
+        const float* p = params + e.offset;
+        for (int64_t i = 0; i < e.numel; ++i) {
+            if (std::isfinite(p[i])) [[likely]]
+                continue;
+            MT_THROW(
+                "[train] after step {}, parameter '{}' holds {} at element {}: the update "
+                "overflowed; refusing to save it as {}. Last good checkpoint: {}. Try a lower "
+                "--lr or weight_decay",
+                steps_done_, e.name, p[i], i, what,
+                last_checkpoint_.empty() ? std::string("none") : last_checkpoint_);
+        }
+    }
+}
+
 TrainSummary Trainer::run(MetricsLog& log) {
     TrainSummary s;
     const int64_t first_step = steps_done();

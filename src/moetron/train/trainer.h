@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "moetron/core/trace.h"
 #include "moetron/model/config.h"
@@ -105,6 +106,11 @@ class Trainer {
     bool last_step_skipped() const { return last_step_skipped_; }
     void set_max_skipped_steps(int64_t n) { max_skipped_steps_ = n; }
     void set_last_checkpoint(std::string path) { last_checkpoint_ = std::move(path); }
+    // Throws, naming `what` ("a checkpoint", "--save-final"), the first non-finite parameter and
+    // the last good checkpoint, when this rank's parameters hold a NaN or an infinity: a step can
+    // have a finite loss and gradient norm and still overflow the parameters in its update (a huge
+    // lr or weight_decay), and such parameters must never be saved as if they were good.
+    void check_parameters_finite(std::string_view what) const;
     // Test hook: sees the step's gradients after the backward, before clipping (e.g. to poison
     // one with a NaN). Null (the default) for none.
     void set_grad_hook(std::function<void(int64_t step, float* grads)> hook) {
