@@ -152,7 +152,8 @@ bool contains(const Range& range, std::string_view key) {
 }
 
 [[noreturn]] void throw_unknown_key(std::string_view where, std::string_view key) {
-    MT_THROW("[config] {}: unknown key '{}' (did you mean '{}'?)", where, key, closest_key(key));
+    MT_THROW("[config] {}: unknown key {} (did you mean '{}'?)", where, printable(key),
+             closest_key(key));
 }
 
 // Stores value into the field, or throws naming the key and the type it needs.
@@ -338,6 +339,15 @@ ModelConfig load_model_config(const std::string& path) {
     if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) first = 3;  // UTF-8 byte-order mark
     first = text.find_first_not_of(" \t\r\n", first);
     MT_CHECK(first != std::string::npos, "[config] model config '{}' is empty", file.string());
+    const size_t binary_at = first_binary_byte(text);
+    MT_CHECK(binary_at == std::string::npos,
+             "[config] model config '{}' is not a text file (byte {} is \\x{:02x}): a model "
+             "config is a TOML preset or a Hugging Face config.json",
+             file.string(), binary_at, static_cast<unsigned char>(text[binary_at]));
+    MT_CHECK(file.extension() != ".json" || text[first] == '{',
+             "[config] model config '{}' is not JSON: a Hugging Face config.json is one JSON "
+             "object, starting with '{{'",
+             file.string());
 
     // A JSON config is an object; a TOML document cannot start with '{'.
     ModelConfig config =

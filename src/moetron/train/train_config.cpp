@@ -142,8 +142,8 @@ TrainConfig parse_train_config_toml(std::string_view text, std::string_view sour
         for (const Field& f : kFields)
             if (f.key == key) field = &f;
         if (!field) {
-            MT_THROW("[train-config] {}: unknown key '{}' in [train] (did you mean '{}'?)", where,
-                     key, closest_match(key, train_config_keys()));
+            MT_THROW("[train-config] {}: unknown key {} in [train] (did you mean '{}'?)", where,
+                     printable(key), closest_match(key, train_config_keys()));
         }
         assign(config, *field, value, where);
     }
