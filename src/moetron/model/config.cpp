@@ -304,7 +304,8 @@ ModelConfig parse_model_config_json(std::string_view text, std::string_view sour
     nlohmann::json root;
     try {
         root = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
+        // parse_error, and out_of_range for a number too large for a double (found by fuzzing).
         MT_THROW("[config] {}: JSON syntax error: {}", source_name, e.what());
     }
     MT_CHECK(root.is_object(), "[config] {}: a model config must be a JSON object, got {}",
