@@ -112,6 +112,19 @@ TEST(InputBoundsCli, PresetKeysMustBeFiniteAndInRange) {
                    {"steps", "9223372036854775807", "1000000000000"});
 }
 
+TEST(InputBoundsCli, ARunWhoseLossTurnsNaNSavesNoCheckpointOfIt) {
+    // lr 10 with weight_decay 1000 multiplies the parameters by -9999 per step: within a few
+    // steps they overflow and the loss turns NaN. Such steps were skipped, then saved as
+    // checkpoints, and the run ended with exit 0 at a NaN validation loss.
+    TempDir dir;
+    const Output out = run("train --config " + tiny_with(dir, "weight_decay", "1000") +
+                           " --lr 10 --steps 12 --save-every 1 --max-skipped-steps 20 --save " +
+                           dir.file("ck") + kQuick);
+    EXPECT_EQ(out.exit_code, 1) << out.text;
+    EXPECT_CONTAINS(out.text, "refusing to save the parameters that produced it as a checkpoint");
+    EXPECT_CONTAINS(out.text, "Last good checkpoint: " + dir.file("ck") + "/step-");
+}
+
 TEST(InputBoundsCli, AHugeModelShapeIsRefusedBeforeAnyCount) {
     TempDir dir;
     // Once printed "14088700.786e15" parameters: counts computed from a shape nothing can hold.

@@ -49,7 +49,7 @@ TEST(NonFiniteCheckpoint, ParametersWithANaNAreNotSavedAndLatestStaysTheLastGood
     EXPECT_EQ(list_checkpoint_dirs(dir.path()).size(), 1u);
 
     trainer.model().params()[3] = std::numeric_limits<float>::infinity();
-    EXPECT_CONTAINS(error_of([&] { trainer.check_parameters_finite("--save-final"); }),
+    EXPECT_CONTAINS(error_of([&] { trainer.check_safe_to_save("--save-final"); }),
                     "holds inf at element 3: the update overflowed; refusing to save it as "
                     "--save-final");
 }

@@ -254,7 +254,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  to_mib(static_cast<double>(trainer.model().planned_bytes())),
                  to_mib(moments_bytes));
     if (!o.save_final_path.empty() && root) {
-        trainer.check_parameters_finite("--save-final");
+        trainer.check_safe_to_save("--save-final");
         save_weights(o.save_final_path, trainer.model());
         std::fprintf(out,
                      "saved   weights to %s (sample with: moetron sample --config %s --weights %s "

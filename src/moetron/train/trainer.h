@@ -106,11 +106,13 @@ class Trainer {
     bool last_step_skipped() const { return last_step_skipped_; }
     void set_max_skipped_steps(int64_t n) { max_skipped_steps_ = n; }
     void set_last_checkpoint(std::string path) { last_checkpoint_ = std::move(path); }
-    // Throws, naming `what` ("a checkpoint", "--save-final"), the first non-finite parameter and
-    // the last good checkpoint, when this rank's parameters hold a NaN or an infinity: a step can
-    // have a finite loss and gradient norm and still overflow the parameters in its update (a huge
-    // lr or weight_decay), and such parameters must never be saved as if they were good.
-    void check_parameters_finite(std::string_view what) const;
+    // Throws, naming `what` ("a checkpoint", "--save-final") and the last good checkpoint, when the
+    // parameters are not fit to be saved as good: the last step's loss was not finite (the
+    // parameters, though finite, produce NaN), or a parameter of this rank holds a NaN or an
+    // infinity (a step with a finite loss can still overflow them in its update: a huge lr or
+    // weight_decay). A skipped step whose loss was finite (one NaN gradient) keeps the parameters
+    // of the last good step, and they may be saved.
+    void check_safe_to_save(std::string_view what) const;
     // Test hook: sees the step's gradients after the backward, before clipping (e.g. to poison
     // one with a NaN). Null (the default) for none.
     void set_grad_hook(std::function<void(int64_t step, float* grads)> hook) {
@@ -170,6 +172,7 @@ class Trainer {
     int64_t consecutive_skipped_ = 0;
     int64_t max_skipped_steps_ = 5;
     bool last_step_skipped_ = false;
+    double last_loss_ = 0;  // the last step's loss, summed over ranks
     std::string last_checkpoint_;
     std::function<void(int64_t, float*)> grad_hook_;
     RunControl* run_control_ = nullptr;
