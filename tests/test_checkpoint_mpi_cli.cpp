@@ -32,25 +32,19 @@
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/trainer.h"
+#include "mpi_job.h"
 #include "temp_dir.h"
 
 namespace moetron {
 namespace {
 
 using moetron::testing::error_of;
+using moetron::testing::mpirun_available;
+using moetron::testing::rank_process;
 using moetron::testing::read_file;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
-
-// True when mpirun is on the PATH. Also readies the environment the jobs inherit: Open MPI's
-// components leave allocations behind at MPI_Finalize, which LeakSanitizer would report in the
-// sanitizer build and fail the ranks for (as tests/mpi/CMakeLists.txt says for the MPI tests);
-// an ASAN_OPTIONS someone set is kept.
-bool mpirun_available() {
-    ::setenv("ASAN_OPTIONS", "detect_leaks=0", /*overwrite=*/0);
-    return std::system("command -v mpirun > /dev/null 2>&1") == 0;
-}
 
 // Starts `mpirun -np 2 moetron train --layout ep2 ... --save root` with output to log.
 pid_t start_job(const fs::path& root, const fs::path& log,
@@ -86,30 +80,6 @@ bool wait_for_first_checkpoint(const fs::path& root) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return false;
-}
-
-// The process started by mpirun (pid parent) as MPI rank `rank`: its parent in /proc/PID/stat
-// and OMPI_COMM_WORLD_RANK in its environment. 0 when none.
-pid_t rank_process(pid_t parent, int rank) {
-    const std::string want = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
-    for (const auto& entry : fs::directory_iterator("/proc")) {
-        const std::string name = entry.path().filename().string();
-        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-        const std::string stat = read_file(entry.path() / "stat");
-        const size_t close = stat.rfind(')');
-        if (close == std::string::npos) continue;
-        std::istringstream fields(stat.substr(close + 1));
-        std::string state;
-        long ppid = 0;
-        fields >> state >> ppid;
-        if (ppid != parent) continue;
-        std::string environ = read_file(entry.path() / "environ");
-        std::replace(environ.begin(), environ.end(), '\0', '\n');
-        if (environ.find("\n" + want + "\n") != std::string::npos ||
-            environ.starts_with(want + "\n"))
-            return static_cast<pid_t>(std::stol(name));
-    }
-    return 0;
 }
 
 // The number that follows `marker` in the log, parsed by parse; fallback when absent. (Plain

@@ -155,6 +155,23 @@ TEST(TokenShard, BadFilesGiveErrorsNamingTheFileAndTheProblem) {
     EXPECT_CONTAINS(error_of([&] { read_token_file(dir.file(""), 256); }), "is a directory");
 }
 
+TEST(TokenShard, AHugeTokenCountIsTruncationNotAWrappedSize) {
+    // 2^62 + 1 tokens of 4 bytes wrap around to 4 bytes: the size check once passed with one
+    // token's worth of payload and the reader then asked for 2^62 + 1 ints (std::length_error).
+    TempDir dir;
+    const int32_t one_token[] = {7};
+    write_token_shard(dir.file("t.tok"), one_token, 1, 256);
+    const uint64_t huge_count = (uint64_t{1} << 62) + 1;
+    {
+        std::fstream f(dir.file("t.tok"), std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(16);
+        f.write(reinterpret_cast<const char*>(&huge_count), sizeof huge_count);
+    }
+    const std::string e = error_of([&] { read_token_file(dir.file("t.tok"), 256); });
+    EXPECT_CONTAINS(e, "is truncated");
+    EXPECT_CONTAINS(e, "promises 4611686018427387905 tokens");
+}
+
 std::vector<int32_t> iota_tokens(int n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = i % 251;

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the fuzzers with clang (libFuzzer + AddressSanitizer + UBSan) from just the sources they
-# need, replays their committed corpora, then fuzzes each for half the time:
+# need, replays their committed corpora, then splits the time between them:
 #   fuzz_safetensors        the safetensors reader and writer    corpus/safetensors
 #   fuzz_checkpoint_slices  the sharded-checkpoint reader        corpus/checkpoint_slices
+#   fuzz_token_shard        the token-file reader                corpus/token_shard
+#   fuzz_config             presets, config.json, [train], CLI   corpus/config
+#                           numbers
 #   tests/fuzz/run_fuzz.sh [SECONDS]       default 60 in all; 0 only builds and replays
 # Environment: CLANGXX (default clang++-14, else clang++), FUZZ_BUILD_DIR (default build-fuzz),
 # FUZZ_JOBS (parallel fuzzing processes, default 1).
@@ -31,11 +34,12 @@ common_sources=(
   src/moetron/core/error.cpp
   src/moetron/core/dtype.cpp
   src/moetron/core/tensor.cpp
+  src/moetron/core/strings.cpp
 )
 # shellcheck disable=SC2054  # the commas are inside -fsanitize=...
 flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wpedantic -Werror
        -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -Isrc -Itests)
+       -DTOML_HEADER_ONLY=0 -DTOML_SHARED_LIB=1 -Isrc -Itests)
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
@@ -46,10 +50,10 @@ build() {
   local binary="$build_dir/fuzz_$name"
   local sources=("tests/fuzz/fuzz_$name.cpp" "$@" "${common_sources[@]}")
   local inputs=("${sources[@]}" src/moetron/core/*.h src/moetron/train/*.h src/moetron/model/*.h
-                tests/fuzz/*.h)
+                src/moetron/cli/*.h tests/fuzz/*.h)
   if [ ! -x "$binary" ] || [ -n "$(find "${inputs[@]}" -newer "$binary" | head -1)" ]; then
     echo "fuzz: building $binary with $clangxx"
-    "$clangxx" "${flags[@]}" "${sources[@]}" -lfmt -o "$binary"
+    "$clangxx" "${flags[@]}" "${sources[@]}" -lfmt -ltomlplusplus -o "$binary"
   fi
 }
 
@@ -77,13 +81,29 @@ fuzz() {
 
 build safetensors
 build checkpoint_slices src/moetron/train/checkpoint_pieces.cpp
+build token_shard src/moetron/train/token_shard.cpp
+build config src/moetron/model/config.cpp src/moetron/train/train_config.cpp \
+  src/moetron/cli/number_options.cpp
 safetensors=(safetensors tests/fuzz/corpus/safetensors tests/fuzz/safetensors.dict 4096)
 slices=(checkpoint_slices tests/fuzz/corpus/checkpoint_slices tests/fuzz/checkpoint_slices.dict 8192)
-# Both replays come first, so a regression in either corpus fails before any fuzzing.
-replay "${safetensors[@]}"
-replay "${slices[@]}"
+token_shard=(token_shard tests/fuzz/corpus/token_shard tests/fuzz/token_shard.dict 2048)
+config=(config tests/fuzz/corpus/config tests/fuzz/config.dict 4096)
+# Every replay comes first, so a regression in any corpus fails before any fuzzing.
+targets=(safetensors slices token_shard config)
+for target in "${targets[@]}"; do
+  declare -n args="$target"
+  replay "${args[@]}"
+done
 if [ "$seconds" -gt 0 ]; then
-  fuzz "${safetensors[@]}" "$((seconds / 2))"
-  fuzz "${slices[@]}" "$((seconds - seconds / 2))"
+  # An equal share each; the last target gets what the division leaves.
+  share=$((seconds / ${#targets[@]}))
+  spent=0
+  for target in "${targets[@]}"; do
+    declare -n args="$target"
+    budget=$share
+    [ "$target" = "${targets[-1]}" ] && budget=$((seconds - spent))
+    fuzz "${args[@]}" "$budget"
+    spent=$((spent + budget))
+  done
 fi
 echo "fuzz: done, no crash"

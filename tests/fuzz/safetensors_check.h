@@ -22,27 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/memory_file.h"
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/safetensors.h"
 
 namespace moetron::fuzz {
-
-// An anonymous in-memory file, reachable by path through /proc, so each input goes through the
-// real open() path without touching the disk.
-class MemoryFile {
-  public:
-    MemoryFile() : fd_(::memfd_create("moetron-fuzz", MFD_CLOEXEC)) {
-        MT_CHECK(fd_.valid(), "[fuzz] memfd_create failed: {}", detail::errno_message());
-        path_ = "/proc/self/fd/" + std::to_string(fd_.get());
-    }
-    const std::string& path() const { return path_; }
-    int fd() const { return fd_.get(); }
-
-  private:
-    UniqueFd fd_;
-    std::string path_;
-};
 
 // Fails loudly: abort() is what both libFuzzer and ctest report as a failure.
 inline void require(bool ok, const char* what) {

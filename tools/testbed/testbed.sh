@@ -5,6 +5,7 @@
 #   testbed.sh run [MPIRUN OPTIONS...] -- PROGRAM [ARGS...]
 #   testbed.sh down
 #   testbed.sh check-clean
+#   testbed.sh clean-stale      removes a bed whose selftest was killed; keeps a bed in use
 #   testbed.sh status
 #   testbed.sh selftest [--quick] [the options of up]
 #
@@ -25,6 +26,11 @@ readonly switch_ns=mtb-switch
 readonly bridge=mtb-br
 readonly subnet=198.18.0             # node i is $subnet.(i+1)/24
 readonly marker=MTB_TESTBED=1        # in the environment of every process `run` starts
+# Who owns the bed: "manual" for one brought up by `up` (kept until `down`), or
+# "<building|selftest> <pid> <start time>" while an `up` builds it or a selftest uses it. A bed
+# whose owner process is gone was left behind by a killed run, and the next `up` removes it.
+readonly owner_file=$state_dir/owner
+up_owner=manual                      # what a finished `up` records; selftest sets "selftest"
 
 # The default link rate is 125 MB/s per rank (500 MB/s for a 4-rank node): about 1/10 of the
 # shared-memory bandwidth one rank gets when every rank is busy, as `selftest` measured it on
@@ -40,7 +46,7 @@ die() {
 note() { echo "testbed.sh: $*" >&2; }
 
 usage() {
-    sed -n '2,9s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+    sed -n '2,10s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
@@ -147,6 +153,45 @@ cmd_check_clean() {
     echo "testbed.sh check-clean: clean (no mtb- namespaces, links, mounts, processes or $state_dir)"
 }
 
+# --- stale beds ---------------------------------------------------------------------------
+# The start time of process $1 (field 22 of /proc/PID/stat, after the command name, which may
+# hold spaces); empty when there is no such process. With the pid it names one process for good.
+process_start_time() {
+    sed -E 's/^.*\) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $20 }' || true
+}
+
+record_owner() {
+    if [ "$1" = manual ]; then
+        echo manual >"$owner_file"
+    else
+        echo "$1 $$ $(process_start_time $$)" >"$owner_file"
+    fi
+}
+
+# True when a bed's owner was a selftest or an `up` still building, and that process is gone.
+bed_is_stale() {
+    local kind="" pid="" start=""
+    [ -f "$owner_file" ] || return 1
+    read -r kind pid start <"$owner_file" || true
+    [ "$kind" = building ] || [ "$kind" = selftest ] || return 1
+    [ -n "$pid" ] && [ "$(process_start_time "$pid")" != "$start" ]
+}
+
+# A killed run (ctest's timeout, SIGKILL) cannot tear its bed down; the next start does, but
+# only a bed whose owner is gone: a bed brought up by hand, or in use by a live selftest, stays.
+remove_stale_bed() {
+    [ -n "$(list_leftovers)" ] || return 0
+    bed_is_stale || return 0
+    note "removing a test bed left behind by a killed run (owner: $(cat "$owner_file"))"
+    teardown
+}
+
+cmd_clean_stale() {
+    require_root_and_tools
+    take_lock
+    remove_stale_bed
+}
+
 # --- down ---------------------------------------------------------------------------------
 teardown() {
     local pids pid attempt
@@ -225,6 +270,7 @@ cmd_up() {
     check_delay "$delay"
     require_root_and_tools
     take_lock
+    remove_stale_bed
 
     local leftovers
     leftovers=$(list_leftovers)
@@ -245,6 +291,7 @@ cmd_up() {
     trap 'note "interrupted; tearing the half-built bed down"; teardown; exit 130' INT TERM
 
     mkdir -p "$state_dir"
+    record_owner building
     ip netns add "$switch_ns"
     nsenter --net="/run/netns/$switch_ns" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 \
         net.ipv6.conf.default.disable_ipv6=1
@@ -280,6 +327,7 @@ rate=$rate
 rate_bytes_per_s=$(rate_bytes_per_s "$rate")
 delay=$delay
 EOF
+    record_owner "$up_owner"
     trap - ERR INT TERM
     echo "testbed.sh up: $nodes nodes x $ranks_per_node ranks; each node's link shaped to" \
         "$rate each way ($(awk -v b="$(rate_bytes_per_s "$rate")" 'BEGIN{printf "%.1f", b/1e6}') MB/s)," \
@@ -340,6 +388,7 @@ cmd_selftest() {
     done
     require_root_and_tools
     command -v mpicc >/dev/null || die "mpicc not found (libopenmpi-dev)"
+    up_owner=selftest
     cmd_up "${up_args[@]}"
     trap 'note "interrupted; tearing the bed down"; teardown; exit 130' INT TERM
     local status=0
@@ -393,10 +442,11 @@ main() {
         down) cmd_down ;;
         run) cmd_run "$@" ;;
         check-clean) cmd_check_clean ;;
+        clean-stale) cmd_clean_stale ;;
         status) cmd_status ;;
         selftest) cmd_selftest "$@" ;;
         -h | --help | help) usage ;;
-        *) die "unknown command '$command' (up, down, run, check-clean, status, selftest)" ;;
+        *) die "unknown command '$command' (up, down, run, check-clean, clean-stale, status, selftest)" ;;
     esac
 }
 

@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
@@ -260,30 +262,32 @@ void register_bench(CLI::App& app) {
     CLI::App* a2a = bench->add_subcommand(
         "a2a", "one MoE layer's dispatch + combine, flat against two_tier (run under mpirun)");
     a2a->add_option("--experts", o->experts, "routed experts E over all ranks")
-        ->check(CLI::PositiveNumber);
-    a2a->add_option("--top-k", o->top_k, "experts per token K")->check(CLI::PositiveNumber);
-    a2a->add_option("--hidden", o->hidden, "hidden size D")->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 20));
+    a2a->add_option("--top-k", o->top_k, "experts per token K")
+        ->check(whole_number(1, int64_t{1} << 20));
+    a2a->add_option("--hidden", o->hidden, "hidden size D")
+        ->check(whole_number(1, int64_t{1} << 24));
     a2a->add_option("--tokens-per-rank", o->tokens, "tokens each rank dispatches")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 30));
     add_renamed_option(*a2a, "--tokens", "--tokens-per-rank");
     a2a->add_option("--domain-size", o->domain_size,
                     "ranks per (emulated) scale-up domain (0: one domain)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number(0, int64_t{1} << 20));
     a2a->add_option("--routing", o->routing,
                     "uniform (K distinct experts per token) or router (group-limited top-k on "
                     "random logits)")
         ->check(CLI::IsMember({"uniform", "router"}));
     a2a->add_option("--n-group", o->n_group, "router groups (0: one per domain)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number(0, int64_t{1} << 20));
     a2a->add_option("--topk-group", o->topk_group, "groups a token may use (router)")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 20));
     a2a->add_option("--capacity-factor", o->capacity_factor,
                     "expert rows held per rank, in units of tokens * K")
-        ->check(CLI::PositiveNumber);
+        ->check(positive_number(1000));
     a2a->add_option("--iterations", o->iterations, "timed dispatch+combine calls")
-        ->check(CLI::PositiveNumber);
-    a2a->add_option("--warmup", o->warmup, "untimed calls first")->check(CLI::NonNegativeNumber);
+        ->check(whole_number(1, INT_MAX));
+    a2a->add_option("--warmup", o->warmup, "untimed calls first")->check(whole_number(0, INT_MAX));
     a2a->add_option("--seed", o->seed, "routing seed");
     a2a->add_flag("--json", o->json, "print one JSON object (rank 0)");
     a2a->callback([o] {

@@ -19,11 +19,13 @@
 
 #include "moetron/calibrate/calibrate.h"
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/output_paths.h"
+#include "moetron/train/threads.h"
 
 namespace moetron::cli {
 
@@ -61,7 +63,10 @@ void check_out_path(const std::string& path) {
 }
 
 void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
-    if (f.threads > 0) omp_set_num_threads(f.threads);
+    if (f.threads > 0) {
+        check_thread_count(f.threads, "--threads");
+        omp_set_num_threads(f.threads);
+    }
     const bool root = world == nullptr || world->rank() == 0;
     const int size = world == nullptr ? 1 : world->size();
     if (root) check_out_path(f.out_path);
@@ -129,10 +134,10 @@ void register_calibrate(CLI::App& app) {
     cmd->add_option("--threads", f->threads,
                     "OpenMP threads per rank (default: OMP_NUM_THREADS, else all cores); use the "
                     "same number as the runs it should predict")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, kMaxThreads));
     cmd->add_option("--seconds-per-point", f->seconds_per_point,
                     "minimum timed seconds per measured shape")
-        ->check(CLI::PositiveNumber)
+        ->check(positive_number(3600))
         ->capture_default_str();
     cmd->add_flag("--quick", f->quick, "fewer, smaller shapes (a rough file in about a second)");
     cmd->callback([f, cmd] {

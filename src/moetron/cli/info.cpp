@@ -10,6 +10,7 @@
 #include <string>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
@@ -142,7 +143,7 @@ void register_info(CLI::App& app) {
         ->required();
     info->add_option("--seq-len", options->seq_len, "tokens per sequence, for the attention FLOPs")
         ->capture_default_str()
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+        ->check(whole_number(1, int64_t{1} << 24));
     add_renamed_option(*info, "--seq", "--seq-len");
     info->add_flag("--json", options->json, "print one JSON object instead of the table");
     info->callback([options] { run_info(*options); });

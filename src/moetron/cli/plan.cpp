@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
@@ -142,13 +143,15 @@ void register_plan(CLI::App& app) {
     cmd->add_option("--cluster", f->cluster_path,
                     "cluster: a preset name (h100-hgx, gb300-nvl72, ...) or a TOML file")
         ->required();
-    cmd->add_option("--gpus", f->gpus, "number of GPUs")->required()->check(CLI::PositiveNumber);
+    cmd->add_option("--gpus", f->gpus, "number of GPUs")
+        ->required()
+        ->check(whole_number(1, int64_t{1} << 24));
     cmd->add_option("--gbs", f->global_batch, "global batch in sequences")
         ->required()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 40));
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, int64_t{1} << 24));
     add_renamed_option(*cmd, "--seq", "--seq-len");
     cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
         ->capture_default_str();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
@@ -127,19 +128,19 @@ void register_sample(CLI::App& app) {
     cmd->add_option("--prompt", o->prompt, "text to continue");
     cmd->add_option("--new-tokens", o->num_tokens, "tokens (bytes) to generate")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number(0, int64_t{1} << 30));
     add_renamed_option(*cmd, "--tokens", "--new-tokens");
     cmd->add_option("--temperature", o->temperature, "softmax temperature (0: greedy)")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(finite_number(0, 1000));
     cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
     cmd->add_option("--context", o->context,
                     "tokens of context the model sees (default: the preset's [train] seq_len, "
                     "the length it was trained at)")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, kMaxSeqLen));
     cmd->add_option("--threads", o->threads,
                     "compute threads (default: OMP_NUM_THREADS, else 1 for a small model)")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, kMaxThreads));
     cmd->callback([o] { run_sample(*o); });
 }
 

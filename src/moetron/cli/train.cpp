@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "moetron/cli/commands.h"
+#include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
@@ -79,6 +80,12 @@ struct TrainOptions {
                 *grad_accum_opt = nullptr, *eval_every_opt = nullptr, *lr_opt = nullptr,
                 *seed_opt = nullptr;
 };
+
+// Bounds of the distributed options: generous, only there to keep absurd values out of the
+// arithmetic (a bucket of 1e300 MiB is no bucket size).
+constexpr int64_t kMaxDomainSize = int64_t{1} << 20;
+constexpr double kMaxCommTimeoutS = 7 * 24 * 3600.0;
+constexpr double kMaxBucketMiB = 65536.0;
 
 double to_mib(double bytes) {
     return bytes / (1024.0 * 1024.0);
@@ -254,6 +261,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     // there is nothing to train).
     auto save_final = [&] {
         if (o.save_final_path.empty() || !root) return;
+        trainer.check_safe_to_save("--save-final");
         save_weights(o.save_final_path, trainer.model());
         const std::string config_hint =
             config_path.empty() ? std::string() : " --config " + config_path;
@@ -397,21 +405,21 @@ void register_train(CLI::App& app) {
     CLI::Option* text =
         cmd->add_option("--text", o->text_path, "text file, tokenized byte-level on the fly");
     data->excludes(text);
-    o->steps_opt =
-        cmd->add_option("--steps", o->steps, "optimizer steps")->check(CLI::PositiveNumber);
+    o->steps_opt = cmd->add_option("--steps", o->steps, "optimizer steps")
+                       ->check(whole_number(1, kMaxTrainSteps));
     o->batch_size_opt = cmd->add_option("--batch-size", o->batch_size, "sequences per micro-batch")
-                            ->check(CLI::PositiveNumber);
+                            ->check(whole_number(1, kMaxBatchSize));
     o->seq_len_opt = cmd->add_option("--seq-len", o->seq_len, "tokens per sequence")
-                         ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
+                         ->check(whole_number(2, kMaxSeqLen));
     o->grad_accum_opt =
         cmd->add_option("--grad-accum", o->grad_accum, "micro-batches per optimizer step")
-            ->check(CLI::PositiveNumber);
+            ->check(whole_number(1, kMaxGradAccum));
     o->lr_opt = cmd->add_option("--lr", o->lr, "peak learning rate (min_lr scales with it)")
-                    ->check(CLI::PositiveNumber);
+                    ->check(positive_number(kMaxLearningRate));
     o->seed_opt = cmd->add_option("--seed", o->seed, "initialization and data-sampling seed");
     o->eval_every_opt = cmd->add_option("--eval-every", o->eval_every,
                                         "validate every N steps (0: only after the last)")
-                            ->check(CLI::NonNegativeNumber);
+                            ->check(whole_number(0));
     cmd->add_option("--log-jsonl", o->log_jsonl_path, "write one JSON object per step here");
     CLI::Option* save =
         cmd->add_option("--save", o->save_dir,
@@ -419,12 +427,12 @@ void register_train(CLI::App& app) {
                         "at the last step, every --save-every steps and on SIGTERM/SIGINT. It "
                         "belongs to this run: another run's root is refused");
     cmd->add_option("--save-every", o->save_every, "save a checkpoint every N steps (0: never)")
-        ->check(CLI::NonNegativeNumber)
+        ->check(whole_number(0))
         ->needs(save);
     cmd->add_option("--keep", o->keep,
                     "keep the newest K of this run's checkpoints (0: all); never deletes another "
                     "run's or a newer one")
-        ->check(CLI::NonNegativeNumber)
+        ->check(whole_number(0))
         ->needs(save);
     cmd->add_flag("--share-save-root", o->share_save_root,
                   "save into a --save root that holds another run's checkpoints, beside them "
@@ -435,13 +443,13 @@ void register_train(CLI::App& app) {
     cmd->add_option("--max-skipped-steps", o->max_skipped_steps,
                     "stop after this many steps in a row with a non-finite loss or gradient norm "
                     "(such steps update nothing)")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1));
     cmd->add_option("--save-final", o->save_final_path,
                     "write the trained weights here (for moetron sample)");
     cmd->add_option("--threads", o->threads,
                     "compute threads (default: OMP_NUM_THREADS, else 1 for steps under 5 model "
                     "GFLOP, else all cores)")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1, kMaxThreads));
     o->layout_opt = cmd->add_option(
         "--layout", o->layout,
         "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2, tp2.ep2 (dp: data-parallel "
@@ -449,7 +457,7 @@ void register_train(CLI::App& app) {
         "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
     cmd->add_option("--domain-size", o->domain_size,
                     "ranks per scale-up domain (0: the whole job is one domain)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number(0, kMaxDomainSize));
     add_dispatch_option(*cmd, o->dispatch,
                         "how the MoE all-to-all crosses scale-up domains: flat (once per "
                         "destination rank) or two_tier (once per destination domain over the "
@@ -462,11 +470,11 @@ void register_train(CLI::App& app) {
         ->check(CLI::IsMember({"off", "shared", "dual"}));
     cmd->add_option("--comm-timeout-s", o->comm_timeout_s,
                     "a collective waiting longer than this ends the job with an error naming it")
-        ->check(CLI::PositiveNumber);
+        ->check(positive_number(kMaxCommTimeoutS));
     cmd->add_option("--bucket-mb", o->bucket_mb,
                     "gradient-sync bucket size in MiB (buckets are posted as their gradients are "
                     "final during the backward)")
-        ->check(CLI::PositiveNumber);
+        ->check(positive_number(kMaxBucketMiB));
     cmd->add_flag("--no-zero1", o->no_zero1,
                   "replicate the optimizer state on every data-parallel rank, and the experts' on "
                   "every expert-data-parallel rank (all-reduce), instead of sharding it over those "
@@ -479,7 +487,7 @@ void register_train(CLI::App& app) {
                     "as a Chrome/Perfetto trace JSON file here");
     cmd->add_option("--trace-step", o->trace_step,
                     "the step that --trace records (default 2: after the first step's warm-up)")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number(1));
     cmd->callback([o] {
         if (o->layout_opt->count() > 0 || launched_as_mpi_job())
             run_train_mpi(*o);

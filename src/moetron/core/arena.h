@@ -59,6 +59,17 @@ class MemoryResource {
     virtual Device device() const = 0;
 };
 
+// This machine's physical memory in bytes (sysconf), or 0 where it cannot say.
+size_t physical_memory_bytes();
+
+// "12.5 GiB": byte counts in messages.
+std::string format_bytes(double bytes);
+
+// Refuses, before anything is allocated, an amount of host memory that cannot possibly fit: more
+// than the machine's physical memory. `what` says what needs it ("arena 'activations'"); `hint`
+// what to change (may be empty).
+void check_fits_in_host_memory(size_t bytes, std::string_view what, std::string_view hint = {});
+
 // Page-aligned-enough host memory from std::aligned_alloc, zero-filled (which also commits the
 // pages, so the first step does not pay for page faults).
 MemoryResource& host_memory();

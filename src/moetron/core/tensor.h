@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "moetron/core/checked_math.h"
 #include "moetron/core/dtype.h"
 #include "moetron/core/error.h"
 
@@ -36,7 +37,7 @@ struct Shape {
     int64_t operator[](int i) const { return dims[i]; }
     int64_t numel() const {
         int64_t n = 1;
-        for (int i = 0; i < ndim; ++i) n *= dims[i];
+        for (int i = 0; i < ndim; ++i) n = checked_mul(n, dims[i], "[tensor] element count");
         return n;
     }
     bool operator==(const Shape& o) const {

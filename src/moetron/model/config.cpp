@@ -153,7 +153,7 @@ bool contains(const Range& range, std::string_view key) {
 }
 
 [[noreturn]] void throw_unknown_key(std::string_view where, std::string_view key) {
-    MT_USER_THROW("[config] {}: unknown key '{}' (did you mean '{}'?)", where, key,
+    MT_USER_THROW("[config] {}: unknown key {} (did you mean '{}'?)", where, printable(key),
                   closest_key(key));
 }
 
@@ -306,7 +306,8 @@ ModelConfig parse_model_config_json(std::string_view text, std::string_view sour
     nlohmann::json root;
     try {
         root = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
+        // parse_error, and out_of_range for a number too large for a double (found by fuzzing).
         MT_USER_THROW("[config] {}: JSON syntax error: {}", source_name, e.what());
     }
     MT_USER_CHECK(root.is_object(), "[config] {}: a model config must be a JSON object, got {}",
@@ -341,6 +342,15 @@ ModelConfig load_model_config(const std::string& path) {
     if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) first = 3;  // UTF-8 byte-order mark
     first = text.find_first_not_of(" \t\r\n", first);
     MT_USER_CHECK(first != std::string::npos, "[config] model config '{}' is empty", file.string());
+    const size_t binary_at = first_binary_byte(text);
+    MT_USER_CHECK(binary_at == std::string::npos,
+                  "[config] model config '{}' is not a text file (byte {} is \\x{:02x}): a model "
+                  "config is a TOML preset or a Hugging Face config.json",
+                  file.string(), binary_at, static_cast<unsigned char>(text[binary_at]));
+    MT_USER_CHECK(file.extension() != ".json" || text[first] == '{',
+                  "[config] model config '{}' is not JSON: a Hugging Face config.json is one JSON "
+                  "object, starting with '{{'",
+                  file.string());
 
     // A JSON config is an object; a TOML document cannot start with '{'.
     ModelConfig config =
@@ -371,6 +381,29 @@ void validate_in(const ModelConfig& c, std::string_view where) {
     auto non_negative = [&](int64_t value, std::string_view key) {
         MT_USER_CHECK(value >= 0, "[config] {}: {} = {} must not be negative", where, key, value);
     };
+    // Upper bounds far above any real model, so that every count computed from the shape (the
+    // parameters, FLOPs, arena sizes) stays exact: a hidden_size of 2^62 is a typo, not a model.
+    auto at_most = [&](int64_t value, std::string_view key, int64_t max) {
+        MT_USER_CHECK(value <= max, "[config] {}: {} = {} is out of range (at most {})", where, key,
+                      value, max);
+    };
+    constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden and FFN widths, ranks, head dims
+    at_most(c.vocab_size, "vocab_size", int64_t{1} << 24);
+    at_most(c.hidden_size, "hidden_size", kMaxWidth);
+    at_most(c.intermediate_size, "intermediate_size", kMaxWidth);
+    at_most(c.moe_intermediate_size, "moe_intermediate_size", kMaxWidth);
+    at_most(c.num_hidden_layers, "num_hidden_layers", 4096);
+    at_most(c.num_nextn_predict_layers, "num_nextn_predict_layers", 4096);
+    at_most(c.num_attention_heads, "num_attention_heads", 4096);
+    at_most(c.q_lora_rank, "q_lora_rank", kMaxWidth);
+    at_most(c.kv_lora_rank, "kv_lora_rank", kMaxWidth);
+    at_most(c.qk_nope_head_dim, "qk_nope_head_dim", 65536);
+    at_most(c.qk_rope_head_dim, "qk_rope_head_dim", 65536);
+    at_most(c.v_head_dim, "v_head_dim", 65536);
+    at_most(c.max_position_embeddings, "max_position_embeddings", int64_t{1} << 30);
+    at_most(c.n_routed_experts, "n_routed_experts", 65536);
+    at_most(c.n_shared_experts, "n_shared_experts", 65536);
+    at_most(c.moe_layer_freq, "moe_layer_freq", 4096);
     auto positive_finite = [&](double value, std::string_view key) {
         MT_USER_CHECK(std::isfinite(value) && value > 0,
                       "[config] {}: {} = {} must be a positive finite number", where, key, value);

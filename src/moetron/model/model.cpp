@@ -352,6 +352,7 @@ struct Model::Impl {
           g(sharded_tree(c, shard)) {
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
         for (const ParamEntry& e : table.entries()) param_plan.add(e.name, e.shape);
+        check_fits_before_allocating(param_plan);
         params = Arena(param_plan, host_memory());
         grads = Arena(param_plan, host_memory());
         ParamBinder bind_w(table, static_cast<float*>(params.base()));
@@ -474,6 +475,28 @@ struct Model::Impl {
         bind_head_scratch(b, head, c, tp.size(), n);
         b(d_stream, "d_stream", {rows, D});
         b(d_h_prev, "d_h_prev", {rows, D});
+    }
+
+    // Memory that cannot possibly fit is refused before the first allocation, with its size: the
+    // parameters, their gradients and the residual stream (a lower bound of the activations; the
+    // exact activation arena is planned later and checked again when allocated).
+    void check_fits_before_allocating(const ArenaPlan& param_plan) const {
+        const int64_t rows = checked_product({runtime.batch_size, runtime.seq_len},
+                                             "[model] tokens per micro-batch") /
+                             tp.size();
+        const size_t residual_bytes = static_cast<size_t>(checked_product(
+            {config.num_hidden_layers + 1, rows, config.hidden_size, int64_t{sizeof(float)}},
+            "[model] bytes of the residual stream"));
+        const size_t total_bytes =
+            checked_add(2 * param_plan.total_bytes(), residual_bytes, "[model] planned bytes");
+        check_fits_in_host_memory(
+            total_bytes,
+            fmt::format("[model] the model ({} of parameters and gradients) with batch_size {} x "
+                        "seq_len {} (at least {} of activations)",
+                        format_bytes(2.0 * static_cast<double>(param_plan.total_bytes())),
+                        runtime.batch_size, runtime.seq_len,
+                        format_bytes(static_cast<double>(residual_bytes))),
+            "lower --batch-size or --seq-len, or use a smaller model");
     }
 
     // balance_scale turns the balance loss's mean over this micro-batch's sequences into its share

@@ -22,7 +22,7 @@ ParamTable::ParamTable(std::vector<TensorSpec> specs) : specs_(std::move(specs))
         index_.emplace(s.name, entries_.size());
         entries_.push_back(
             {s.name, s.shape, total_numel_, s.numel(), s.weight_decay, s.trainable, s.tp});
-        total_numel_ += s.numel();
+        total_numel_ = checked_add(total_numel_, s.numel(), "[model] parameter count");
     }
 }
 

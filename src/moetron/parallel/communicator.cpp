@@ -62,6 +62,11 @@ void CollectiveHandle::wait() {
 
 void CollectiveHandle::finish_or_terminate() noexcept {
     if (!op_) return;
+    if (std::uncaught_exceptions() > 0) {
+        op_->abandon();
+        op_.reset();
+        return;
+    }
     try {
         wait();
     } catch (const std::exception& e) {

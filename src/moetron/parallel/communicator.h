@@ -44,7 +44,8 @@ struct CollectiveCounters {
 
 struct CommunicatorOptions {
     // A collective whose wait() runs longer than this throws moetron::Error naming the collective,
-    // the group and the rank (a rank died or never arrived). The top level then aborts the job.
+    // the group, the rank and (MPI) the ranks that did not answer a liveness probe: stopped,
+    // hung or dead (mpi_liveness.h). The top level then aborts the job.
     double timeout_s = 300.0;
     // A background thread that drives outstanding nonblocking collectives while the caller
     // computes (Open MPI has no asynchronous progress of its own). Needs MPI_THREAD_MULTIPLE;
@@ -64,11 +65,16 @@ class PendingCollective {
     // thread included); meaningful once test() or wait() has returned complete. The default, for
     // operations complete when posted, is the time of asking.
     virtual double completed_at_s() const;
+    // Called instead of wait() when the handle is destroyed while an error unwinds the stack:
+    // stop driving the operation (its buffers are about to be freed). The default does nothing.
+    virtual void abandon() noexcept {}
 };
 
 // Move-only handle to an async collective. A default-constructed handle is already complete.
 // Destroying a pending handle waits for it (a collective must not outlive its buffers); if that
-// wait fails the process terminates, since a destructor cannot throw.
+// wait fails the process terminates, since a destructor cannot throw. A pending handle destroyed
+// while an exception unwinds the stack (a collective timed out; the top level is about to abort
+// the job) is abandoned instead: waiting could only add a second timeout and then terminate.
 class [[nodiscard]] CollectiveHandle {
   public:
     CollectiveHandle() = default;

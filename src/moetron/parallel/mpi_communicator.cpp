@@ -1,5 +1,6 @@
 #include "moetron/parallel/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -13,15 +14,19 @@ namespace moetron::parallel {
 
 namespace {
 
+constexpr double kMaxCountedPollGapS = 1.0;
+
 // The handle's side of one MPI request: waits for it (polling, so that a timeout can fire) and
 // names the collective, group and rank when it does not finish.
 class MpiPendingCollective final : public PendingCollective {
   public:
     MpiPendingCollective(std::shared_ptr<MpiOperation> op,
-                         std::shared_ptr<MpiProgressEngine> progress, CollectiveKind kind,
+                         std::shared_ptr<MpiProgressEngine> progress,
+                         std::shared_ptr<MpiLivenessProbe> liveness, CollectiveKind kind,
                          std::string group, int rank, int size, double timeout_s)
         : op_(std::move(op)),
           progress_(std::move(progress)),
+          liveness_(std::move(liveness)),
           kind_(kind),
           group_(std::move(group)),
           rank_(rank),
@@ -41,6 +46,8 @@ class MpiPendingCollective final : public PendingCollective {
 
     double completed_at_s() const override { return op_->completed_at_s; }
 
+    void abandon() noexcept override { progress_->abandon(); }
+
   private:
     void poll_until_complete() {
         struct WaitScope {
@@ -48,13 +55,28 @@ class MpiPendingCollective final : public PendingCollective {
             explicit WaitScope(MpiProgressEngine& e) : engine(e) { engine.begin_wait(); }
             ~WaitScope() { engine.end_wait(); }
         } scope(*progress_);
-        const Timer timer;
+        // The time this rank spent waiting, not the wall time: a gap between two polls longer than
+        // kMaxCountedPollGapS means this process itself was stopped (SIGSTOP, a debugger) or
+        // starved, and a rank resumed after a stop must not blame the others for its own pause.
+        double waited_s = 0;
+        double last_poll_s = Timer::now_s();
         while (!try_complete(*op_)) {
-            if (timer.elapsed_s() > timeout_s_) {
+            const double now_s = Timer::now_s();
+            waited_s += std::min(now_s - last_poll_s, kMaxCountedPollGapS);
+            last_poll_s = now_s;
+            MT_CHECK(!progress_->abandoned(),
+                     "[{}] group '{}' (rank {} of {}): abandoned, since another collective of the "
+                     "job timed out",
+                     collective_name(kind_), group_, rank_, size_);
+            if (waited_s > timeout_s_) {
+                const double window_s = MpiLivenessProbe::window_for_timeout(timeout_s_);
+                const std::vector<int> silent = liveness_->silent_ranks(window_s);
+                progress_->abandon();
                 MT_THROW(
-                    "[{}] group '{}' (rank {} of {}) did not finish within {} s: a rank of the "
-                    "group died, hangs, or never called it",
-                    collective_name(kind_), group_, rank_, size_, timeout_s_);
+                    "[{}] group '{}' (rank {} of {}; world rank {}) did not finish within {} "
+                    "s: {}",
+                    collective_name(kind_), group_, rank_, size_, liveness_->world_rank(),
+                    timeout_s_, describe_silent_ranks(silent, window_s));
             }
             // Yielding keeps oversubscribed ranks (more ranks than cores) moving.
             std::this_thread::yield();
@@ -68,6 +90,7 @@ class MpiPendingCollective final : public PendingCollective {
 
     std::shared_ptr<MpiOperation> op_;
     std::shared_ptr<MpiProgressEngine> progress_;
+    std::shared_ptr<MpiLivenessProbe> liveness_;
     CollectiveKind kind_;
     std::string group_;
     int rank_;
@@ -112,8 +135,13 @@ MPI_Datatype mpi_datatype(DType dtype) {
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name,
                                  const CommunicatorOptions& options,
-                                 std::shared_ptr<MpiProgressEngine> progress)
-    : comm_(comm), name_(std::move(name)), options_(options), progress_(std::move(progress)) {
+                                 std::shared_ptr<MpiProgressEngine> progress,
+                                 std::shared_ptr<MpiLivenessProbe> liveness)
+    : comm_(comm),
+      name_(std::move(name)),
+      options_(options),
+      progress_(std::move(progress)),
+      liveness_(std::move(liveness)) {
     MT_CHECK(comm_ != MPI_COMM_NULL, "[mpi] group '{}': null communicator", name_);
     MT_CHECK(options_.timeout_s > 0, "[mpi] group '{}': timeout_s must be > 0, got {}", name_,
              options_.timeout_s);
@@ -146,7 +174,7 @@ CollectiveHandle MpiCommunicator::track(CollectiveKind kind, std::shared_ptr<Mpi
                                         Progress progress) {
     if (progress == Progress::background) progress_->track(op);
     return CollectiveHandle(std::make_unique<MpiPendingCollective>(
-        std::move(op), progress_, kind, name_, rank_, size_, options_.timeout_s));
+        std::move(op), progress_, liveness_, kind, name_, rank_, size_, options_.timeout_s));
 }
 
 CollectiveHandle MpiCommunicator::all_reduce_sum_async(void* data, size_t count, DType dtype) {
@@ -267,7 +295,8 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::st
     barrier();
     MPI_Comm child = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(comm_, color, key, &child));
-    return std::make_unique<MpiCommunicator>(child, std::move(name), options_, progress_);
+    return std::make_unique<MpiCommunicator>(child, std::move(name), options_, progress_,
+                                             liveness_);
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {
@@ -311,7 +340,10 @@ std::unique_ptr<Communicator> make_mpi_world(const MpiSession& session,
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world));
     auto progress = std::make_shared<MpiProgressEngine>(
         options.progress_thread && session.thread_multiple(), options.progress_poll_interval_s);
-    return std::make_unique<MpiCommunicator>(world, "world", options, std::move(progress));
+    MPI_Comm probe = MPI_COMM_NULL;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &probe));
+    return std::make_unique<MpiCommunicator>(world, "world", options, std::move(progress),
+                                             std::make_shared<MpiLivenessProbe>(probe));
 }
 
 }  // namespace moetron::parallel

@@ -11,15 +11,19 @@
 #include <string>
 
 #include "moetron/parallel/communicator.h"
+#include "moetron/parallel/mpi_liveness.h"
 #include "moetron/parallel/mpi_progress.h"
 
 namespace moetron::parallel {
 
 class MpiCommunicator final : public Communicator {
   public:
-    // Takes ownership of comm (freed by the destructor) and sets MPI_ERRORS_RETURN on it.
+    // Takes ownership of comm (freed by the destructor) and sets MPI_ERRORS_RETURN on it. The
+    // progress engine and the liveness probe are the world's, shared by every group split from
+    // it; a timed-out collective asks the probe which ranks stopped answering.
     MpiCommunicator(MPI_Comm comm, std::string name, const CommunicatorOptions& options,
-                    std::shared_ptr<MpiProgressEngine> progress);
+                    std::shared_ptr<MpiProgressEngine> progress,
+                    std::shared_ptr<MpiLivenessProbe> liveness);
     ~MpiCommunicator() override;
     MpiCommunicator(const MpiCommunicator&) = delete;
     MpiCommunicator& operator=(const MpiCommunicator&) = delete;
@@ -106,6 +110,7 @@ class MpiCommunicator final : public Communicator {
     int size_ = 1;
     CommunicatorOptions options_;
     std::shared_ptr<MpiProgressEngine> progress_;
+    std::shared_ptr<MpiLivenessProbe> liveness_;
     std::array<CollectiveCounters, kNumCollectiveKinds> counters_{};
 };
 

@@ -47,10 +47,20 @@ MpiProgressEngine::~MpiProgressEngine() {
 }
 
 void MpiProgressEngine::track(std::shared_ptr<MpiOperation> op) {
-    if (!thread_.joinable()) return;
+    if (!thread_.joinable() || abandoned()) return;
     {
         std::lock_guard lock(mutex_);
         outstanding_.push_back(std::move(op));
+    }
+    wake_.notify_one();
+}
+
+void MpiProgressEngine::abandon() {
+    abandoned_.store(true, std::memory_order_release);
+    if (!thread_.joinable()) return;
+    {
+        std::lock_guard lock(mutex_);
+        outstanding_.clear();  // never tested again: MPI keeps the requests until the job ends
     }
     wake_.notify_one();
 }

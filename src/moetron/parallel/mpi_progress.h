@@ -43,6 +43,12 @@ class MpiProgressEngine {
     // Hands an outstanding operation to the thread, which tests it until it completes.
     void track(std::shared_ptr<MpiOperation> op);
 
+    // After a collective of this world failed (timed out) the job is ending: the thread stops
+    // driving the outstanding requests, whose buffers the unwinding caller is about to free, and
+    // every later wait of this world fails at once instead of timing out again.
+    void abandon();
+    bool abandoned() const { return abandoned_.load(std::memory_order_acquire); }
+
     // Brackets a caller's polling wait(): meanwhile the progress thread sleeps, since two
     // threads polling MPI only contend for its internal locks (and, oversubscribed, for cores).
     void begin_wait();
@@ -55,7 +61,8 @@ class MpiProgressEngine {
     std::condition_variable wake_;
     std::vector<std::shared_ptr<MpiOperation>> outstanding_;  // guarded by mutex_
     bool stop_ = false;                                       // guarded by mutex_
-    int active_waiters_ = 0;                                  // guarded by mutex_
+    std::atomic<bool> abandoned_{false};
+    int active_waiters_ = 0;  // guarded by mutex_
     double poll_interval_s_;
     std::thread thread_;
 };

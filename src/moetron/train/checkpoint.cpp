@@ -375,6 +375,7 @@ void read_checkpoint_tensors(const fs::path& dir, const std::vector<ParamEntry>&
 // ---- the trainer ----
 
 fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
+    trainer.check_safe_to_save("a checkpoint");
     if (trainer.distributed()) return save_sharded_checkpoint(trainer, root, keep);
     const AdamW& opt = trainer.optimizer();
     TrainingStateView st;

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/safetensors.h"
 
@@ -292,16 +293,16 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
             }
             const auto it = by_name.find(tensor);
             MT_CHECK(it != by_name.end(),
-                     "[checkpoint] '{}': array '{}' holds tensor '{}', not a parameter of this "
+                     "[checkpoint] '{}': array {} holds tensor {}, not a parameter of this "
                      "model (a checkpoint of another model?)",
-                     path, t.name, tensor);
+                     path, printable(t.name), printable(tensor));
             const ParamEntry& e = *it->second;
             const std::vector<int64_t> want(e.shape.dims.begin(),
                                             e.shape.dims.begin() + e.shape.ndim);
             MT_CHECK(t.dtype == DType::f32 && global_dims == want,
-                     "[checkpoint] '{}': tensor '{}' is {} {} in the file, the model expects F32 "
+                     "[checkpoint] '{}': tensor {} is {} {} in the file, the model expects F32 "
                      "{}",
-                     path, t.name, dtype_name(t.dtype), dims_string(global_dims),
+                     path, printable(t.name), dtype_name(t.dtype), dims_string(global_dims),
                      dims_string(want));
             std::vector<BlockRun> runs;
             try {

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 #include "moetron/train/atomic_dir.h"
 
 namespace moetron {
@@ -98,7 +99,7 @@ void check_keys(const nlohmann::json& object, std::initializer_list<std::string_
     for (const auto& [key, value] : object.items()) {
         bool known = false;
         for (std::string_view k : keys) known = known || key == k;
-        MT_CHECK(known, "[checkpoint] {}: unexpected key '{}'", where, key);
+        MT_CHECK(known, "[checkpoint] {}: unexpected key {}", where, printable(key));
     }
     for (std::string_view k : keys)
         MT_CHECK(object.contains(k), "[checkpoint] {}: missing key '{}'", where, k);

@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "moetron/core/arena.h"
+#include "moetron/core/checked_math.h"
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/hf_names.h"
 #include "moetron/model/params.h"
@@ -65,13 +68,13 @@ std::vector<std::string> hf_weight_files(const fs::path& dir) {
              "[hf] '{}' has no \"weight_map\" object", index_path.string());
     std::set<std::string> files;
     for (const auto& [tensor, file] : index["weight_map"].items()) {
-        MT_CHECK(file.is_string(), "[hf] '{}': weight_map entry '{}' is not a file name",
-                 index_path.string(), tensor);
+        MT_CHECK(file.is_string(), "[hf] '{}': weight_map entry {} is not a file name",
+                 index_path.string(), printable(tensor));
         const std::string name = file.get<std::string>();
         MT_CHECK(
             !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..",
-            "[hf] '{}': weight_map entry '{}' names '{}', not a file of the directory",
-            index_path.string(), tensor, name);
+            "[hf] '{}': weight_map entry {} names {}, not a file of the directory",
+            index_path.string(), printable(tensor), printable(name));
         files.insert(name);
     }
     return {files.begin(), files.end()};
@@ -175,26 +178,44 @@ fs::path import_hf(const fs::path& hf_dir, const fs::path& out_root) {
     claim_save_root(out_root, request);
     const ModelConfig config = load_model_config(hf_dir.string());
     const ParamTable table(model_param_specs(config));
+    // The headers first, and nothing allocated before they agree with config.json: a config that
+    // asks for a huge model must not allocate it before a single tensor is read.
+    std::vector<SafetensorsFile> files;
+    int64_t elements_present = 0;
+    for (const std::string& file_name : hf_weight_files(hf_dir)) {
+        files.push_back(SafetensorsFile::open((hf_dir / file_name).string()));
+        for (const SafetensorsEntry& e : files.back().tensors()) {
+            int64_t numel = 1;
+            for (int64_t d : e.dims) numel = checked_mul(numel, d, "[hf] tensor element count");
+            elements_present = checked_add(elements_present, numel, "[hf] tensor element count");
+        }
+    }
+    MT_USER_CHECK(
+        table.total_numel() <= elements_present,
+        "[hf] '{}': config.json describes a model of {} parameters ({}), but its safetensors "
+        "files hold only {} elements: the config does not belong to these weights",
+        hf_dir.string(), table.total_numel(), describe_model_config(config), elements_present);
+    check_fits_in_host_memory(static_cast<size_t>(table.total_numel()) * sizeof(float),
+                              "[hf] the model of '" + hf_dir.string() + "'");
     std::vector<float> params(static_cast<size_t>(table.total_numel()));
     const HfNameMap per_expert(config, HfExpertLayout::per_expert);
     const HfNameMap fused(config, HfExpertLayout::fused);
     std::map<std::string, int64_t> covered;  // moetron tensor -> elements read into it
     std::set<std::string> seen;
     std::vector<bf16> staging;
-    for (const std::string& file_name : hf_weight_files(hf_dir)) {
-        const SafetensorsFile file = SafetensorsFile::open((hf_dir / file_name).string());
+    for (const SafetensorsFile& file : files) {
         for (const SafetensorsEntry& e : file.tensors()) {
             const HfTensor* t = per_expert.find(e.name);
             if (t == nullptr) t = fused.find(e.name);
             MT_CHECK(t != nullptr,
-                     "[hf] '{}': tensor '{}' is not a DeepSeek-V3 tensor of this config ({})",
-                     file.path(), e.name, describe_model_config(config));
-            MT_CHECK(seen.insert(e.name).second, "[hf] '{}': tensor '{}' appears twice",
-                     file.path(), e.name);
+                     "[hf] '{}': tensor {} is not a DeepSeek-V3 tensor of this config ({})",
+                     file.path(), printable(e.name), describe_model_config(config));
+            MT_CHECK(seen.insert(e.name).second, "[hf] '{}': tensor {} appears twice", file.path(),
+                     printable(e.name));
             if (t->alias) continue;  // a copy of the embedding or head (MTP), read elsewhere
             const std::vector<int64_t> dims = dims_of(t->hf_shape);
-            MT_CHECK(e.dims == dims, "[hf] '{}': tensor '{}' has shape {}, this config needs {}",
-                     file.path(), e.name, dims_string(e.dims), dims_string(dims));
+            MT_CHECK(e.dims == dims, "[hf] '{}': tensor {} has shape {}, this config needs {}",
+                     file.path(), printable(e.name), dims_string(e.dims), dims_string(dims));
             float* dst = params.data() + table.entry(t->param_name).offset + t->param_offset;
             const auto n = static_cast<size_t>(t->numel());
             if (e.dtype == DType::f32) {
@@ -204,8 +225,8 @@ fs::path import_hf(const fs::path& hf_dir, const fs::path& out_root) {
                 file.read_bytes(e, staging.data(), n * sizeof(bf16));
                 convert_bf16_to_f32(dst, staging.data(), n);
             } else {
-                MT_THROW("[hf] '{}': tensor '{}' is {}; import reads F32 and BF16", file.path(),
-                         e.name, dtype_name(e.dtype));
+                MT_THROW("[hf] '{}': tensor {} is {}; import reads F32 and BF16", file.path(),
+                         printable(e.name), dtype_name(e.dtype));
             }
             covered[t->param_name] += t->numel();
         }

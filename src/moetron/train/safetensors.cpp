@@ -10,6 +10,7 @@
 #include <set>
 
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 
 namespace moetron {
 
@@ -25,21 +26,6 @@ constexpr std::array kKnownDTypes = {DType::f32, DType::bf16, DType::f64,
                                      DType::i32, DType::i64,  DType::u8};
 // Root object (0) > tensor entry or metadata (1) > shape / data_offsets array (2) > numbers.
 constexpr int kMaxContainerDepth = 2;
-
-// Names in errors come from untrusted files: shown escaped and cut, so an error stays one line.
-std::string printable(std::string_view text, size_t max_shown_bytes = 120) {
-    std::string out = "'";
-    for (size_t i = 0; i < text.size() && i < max_shown_bytes; ++i) {
-        const auto c = static_cast<unsigned char>(text[i]);
-        if (c >= 0x20 && c < 0x7f && c != '\\')
-            out += static_cast<char>(c);
-        else
-            out += fmt::format("\\x{:02x}", c);
-    }
-    out += "'";
-    if (text.size() > max_shown_bytes) out += fmt::format(" (cut, {} bytes in all)", text.size());
-    return out;
-}
 
 // Unsigned JSON integer that fits int64 (shape dimension) or uint64 (offset); nullopt otherwise.
 std::optional<uint64_t> unsigned_value(const json& value, uint64_t max_value) {

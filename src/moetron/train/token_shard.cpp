@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_file.h"
 #include "moetron/core/user_error.h"
+#include "moetron/train/atomic_file.h"
 
 namespace moetron {
 
@@ -46,6 +46,13 @@ std::vector<int32_t> read_tokens(std::FILE* f, uint64_t num_tokens, uint64_t fil
                                  uint64_t header_bytes, const std::string& path,
                                  const std::string& format) {
     const uint64_t payload = file_bytes - header_bytes;
+    // Compared by division first: a corrupt count near 2^62 would wrap num_tokens * sizeof(T)
+    // around to a small number that matches the file.
+    MT_CHECK(
+        num_tokens <= payload / sizeof(T),
+        "[data] '{}' is truncated: its {} header promises {} tokens ({} bytes each) but only {} "
+        "bytes follow the header",
+        path, format, num_tokens, sizeof(T), payload);
     const uint64_t expected = num_tokens * sizeof(T);
     MT_CHECK(payload >= expected,
              "[data] '{}' is truncated: its {} header promises {} tokens ({} bytes) but only {} "

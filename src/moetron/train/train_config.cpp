@@ -3,12 +3,14 @@
 
 #include <toml++/toml.h>
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
 #include <variant>
 
+#include "moetron/core/checked_math.h"
 #include "moetron/core/error.h"
 #include "moetron/core/strings.h"
 #include "moetron/core/user_error.h"
@@ -143,8 +145,8 @@ TrainConfig parse_train_config_toml(std::string_view text, std::string_view sour
         for (const Field& f : kFields)
             if (f.key == key) field = &f;
         if (!field) {
-            MT_USER_THROW("[train-config] {}: unknown key '{}' in [train] (did you mean '{}'?)",
-                          where, key, closest_match(key, train_config_keys()));
+            MT_USER_THROW("[train-config] {}: unknown key {} in [train] (did you mean '{}'?)",
+                          where, printable(key), closest_match(key, train_config_keys()));
         }
         assign(config, *field, value, where);
     }
@@ -173,37 +175,56 @@ TrainConfig load_train_config(const std::string& path) {
     return parse_train_config_toml(text, file.string());
 }
 
+namespace {
+
+// "key must lie in [min, max], got value": every key of the table is checked this way, so that a
+// typo such as weight_decay = inf or grad_clip = nan never reaches the optimizer.
+void check_whole(std::string_view key, int64_t value, int64_t min, int64_t max) {
+    MT_USER_CHECK(value >= min && value <= max, "[train-config] {} must lie in [{}, {}], got {}",
+                  key, min, max, value);
+}
+
+enum class Lower { inclusive, exclusive };
+
+void check_finite(std::string_view key, double value, double min, double max,
+                  Lower lower = Lower::inclusive) {
+    const bool above_min = lower == Lower::inclusive ? value >= min : value > min;
+    MT_USER_CHECK(std::isfinite(value) && above_min && value <= max,
+                  "[train-config] {} must lie in {}{}, {}] (a finite number), got {}", key,
+                  lower == Lower::inclusive ? "[" : "(", min, max, value);
+}
+
+}  // namespace
+
 void validate_train_config(const TrainConfig& c) {
-    MT_USER_CHECK(c.batch_size >= 1, "[train-config] batch_size must be >= 1, got {}",
-                  c.batch_size);
-    MT_USER_CHECK(c.seq_len >= 2, "[train-config] seq_len must be >= 2, got {}", c.seq_len);
-    MT_USER_CHECK(c.grad_accum >= 1, "[train-config] grad_accum must be >= 1, got {}",
-                  c.grad_accum);
-    MT_USER_CHECK(c.steps >= 1, "[train-config] steps must be >= 1, got {}", c.steps);
-    MT_USER_CHECK(c.lr > 0, "[train-config] lr must be > 0, got {}", c.lr);
-    MT_USER_CHECK(c.min_lr >= 0 && c.min_lr <= c.lr,
-                  "[train-config] min_lr must lie in [0, lr = {}], got {}", c.lr, c.min_lr);
-    MT_USER_CHECK(c.warmup_steps >= 0, "[train-config] warmup_steps must be >= 0, got {}",
-                  c.warmup_steps);
-    MT_USER_CHECK(c.weight_decay >= 0, "[train-config] weight_decay must be >= 0, got {}",
-                  c.weight_decay);
-    MT_USER_CHECK(c.beta1 >= 0 && c.beta1 < 1, "[train-config] beta1 must lie in [0, 1), got {}",
-                  c.beta1);
-    MT_USER_CHECK(c.beta2 >= 0 && c.beta2 < 1, "[train-config] beta2 must lie in [0, 1), got {}",
-                  c.beta2);
-    MT_USER_CHECK(c.eps > 0, "[train-config] eps must be > 0, got {}", c.eps);
-    MT_USER_CHECK(c.bias_update_speed >= 0, "[train-config] bias_update_speed must be >= 0, got {}",
-                  c.bias_update_speed);
-    MT_USER_CHECK(c.balance_loss_alpha >= 0,
-                  "[train-config] balance_loss_alpha must be >= 0, got {}", c.balance_loss_alpha);
-    MT_USER_CHECK(c.mtp_lambda >= 0, "[train-config] mtp_lambda must be >= 0, got {}",
-                  c.mtp_lambda);
-    MT_USER_CHECK(c.eval_every >= 0, "[train-config] eval_every must be >= 0, got {}",
-                  c.eval_every);
-    MT_USER_CHECK(c.eval_batches >= 1, "[train-config] eval_batches must be >= 1, got {}",
-                  c.eval_batches);
-    MT_USER_CHECK(c.val_fraction > 0 && c.val_fraction < 1,
-                  "[train-config] val_fraction must lie in (0, 1), got {}", c.val_fraction);
+    constexpr int64_t kAny = std::numeric_limits<int64_t>::max();
+    check_whole("batch_size", c.batch_size, 1, kMaxBatchSize);
+    check_whole("seq_len", c.seq_len, 2, kMaxSeqLen);
+    check_whole("grad_accum", c.grad_accum, 1, kMaxGradAccum);
+    checked_product({c.batch_size, c.seq_len, c.grad_accum},
+                    "[train-config] tokens per step (batch_size x seq_len x grad_accum)");
+    check_whole("steps", c.steps, 1, kMaxTrainSteps);
+    check_finite("lr", c.lr, 0, kMaxLearningRate, Lower::exclusive);
+    check_finite("min_lr", c.min_lr, 0, c.lr);
+    check_whole("warmup_steps", c.warmup_steps, 0, kAny);
+    check_finite("weight_decay", c.weight_decay, 0, 1e3);
+    check_finite("beta1", c.beta1, 0, 1);
+    MT_USER_CHECK(c.beta1 < 1, "[train-config] beta1 must lie in [0, 1), got {}", c.beta1);
+    check_finite("beta2", c.beta2, 0, 1);
+    MT_USER_CHECK(c.beta2 < 1, "[train-config] beta2 must lie in [0, 1), got {}", c.beta2);
+    check_finite("eps", c.eps, 0, 1, Lower::exclusive);
+    MT_USER_CHECK(
+        std::isfinite(c.grad_clip),
+        "[train-config] grad_clip must be a finite number (<= 0 disables clipping), got {}",
+        c.grad_clip);
+    check_finite("bias_update_speed", c.bias_update_speed, 0, 1e3);
+    check_finite("balance_loss_alpha", c.balance_loss_alpha, 0, 1e3);
+    check_finite("mtp_lambda", c.mtp_lambda, 0, 1e3);
+    check_whole("eval_every", c.eval_every, 0, kAny);
+    check_whole("eval_batches", c.eval_batches, 1, int64_t{1} << 30);
+    check_finite("val_fraction", c.val_fraction, 0, 1, Lower::exclusive);
+    MT_USER_CHECK(c.val_fraction < 1, "[train-config] val_fraction must lie in (0, 1), got {}",
+                  c.val_fraction);
 }
 
 }  // namespace moetron

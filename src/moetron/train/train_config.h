@@ -10,6 +10,15 @@
 
 namespace moetron {
 
+// Bounds of the [train] keys, shared by the presets' checks and the command line's overrides.
+// Large enough for any real run; what matters is that nothing beyond them reaches the arithmetic
+// (memory that cannot fit is refused separately, with the planned size).
+inline constexpr int64_t kMaxTrainSteps = 1'000'000'000'000;
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 40;
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 20;
+inline constexpr int64_t kMaxGradAccum = int64_t{1} << 20;
+inline constexpr double kMaxLearningRate = 10.0;
+
 struct TrainConfig {
     int64_t batch_size = 8;     // B: sequences per micro-batch
     int64_t seq_len = 64;       // S: tokens per sequence (each window holds S + 1 tokens)

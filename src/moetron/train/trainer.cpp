@@ -230,6 +230,7 @@ StepRecord Trainer::step() {
     // of the last good step, while the data and the schedule move on (the step is counted).
     // Every rank sees the same summed loss and global norm, so they all skip together.
     r.lr = schedule_.lr_at(steps_done_);
+    last_loss_ = r.loss;
     last_step_skipped_ = !(std::isfinite(r.loss) && std::isfinite(r.grad_norm));
     if (last_step_skipped_) {
         ++skipped_steps_;
@@ -310,6 +311,28 @@ double Trainer::evaluate() {
     }
     sum_over_ranks(groups_, sums);
     return sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+}
+
+void Trainer::check_safe_to_save(std::string_view what) const {
+    MT_CHECK(std::isfinite(last_loss_),
+             "[train] step {}'s loss was {}: refusing to save the parameters that produced it as "
+             "{}. Last good checkpoint: {}. Try a lower --lr or weight_decay",
+             steps_done_, last_loss_, what,
+             last_checkpoint_.empty() ? std::string("none") : last_checkpoint_);
+    const float* params = model_->params();
+    for (const ParamEntry& e : model_->param_entries()) {
+        const float* p = params + e.offset;
+        for (int64_t i = 0; i < e.numel; ++i) {
+            if (std::isfinite(p[i])) [[likely]]
+                continue;
+            MT_THROW(
+                "[train] after step {}, parameter '{}' holds {} at element {}: the update "
+                "overflowed; refusing to save it as {}. Last good checkpoint: {}. Try a lower "
+                "--lr or weight_decay",
+                steps_done_, e.name, p[i], i, what,
+                last_checkpoint_.empty() ? std::string("none") : last_checkpoint_);
+        }
+    }
 }
 
 TrainSummary Trainer::run(MetricsLog& log) {

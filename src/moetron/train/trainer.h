@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "moetron/core/trace.h"
 #include "moetron/model/config.h"
@@ -109,6 +110,13 @@ class Trainer {
     // rank), replaced by the checkpoint's when the run resumes.
     const std::string& run_id() const { return run_id_; }
     void set_run_id(std::string id) { run_id_ = std::move(id); }
+    // Throws, naming `what` ("a checkpoint", "--save-final") and the last good checkpoint, when the
+    // parameters are not fit to be saved as good: the last step's loss was not finite (the
+    // parameters, though finite, produce NaN), or a parameter of this rank holds a NaN or an
+    // infinity (a step with a finite loss can still overflow them in its update: a huge lr or
+    // weight_decay). A skipped step whose loss was finite (one NaN gradient) keeps the parameters
+    // of the last good step, and they may be saved.
+    void check_safe_to_save(std::string_view what) const;
     // Test hook: sees the step's gradients after the backward, before clipping (e.g. to poison
     // one with a NaN). Null (the default) for none.
     void set_grad_hook(std::function<void(int64_t step, float* grads)> hook) {
@@ -168,6 +176,7 @@ class Trainer {
     int64_t consecutive_skipped_ = 0;
     int64_t max_skipped_steps_ = 5;
     bool last_step_skipped_ = false;
+    double last_loss_ = 0;  // the last step's loss, summed over ranks
     std::string last_checkpoint_;
     std::string run_id_;
     std::function<void(int64_t, float*)> grad_hook_;

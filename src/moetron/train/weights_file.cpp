@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "moetron/core/error.h"
+#include "moetron/core/strings.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/train/atomic_file.h"
@@ -142,7 +143,8 @@ void load_weights(const std::string& path, const std::vector<ParamEntry>& entrie
         const std::string name = in.string(name_size, "a tensor name");
         const auto ndim = in.value<uint32_t>("a tensor shape");
         MT_CHECK(ndim <= static_cast<uint32_t>(kMaxDims),
-                 "[weights] '{}' is corrupt: tensor '{}' has {} dimensions", path, name, ndim);
+                 "[weights] '{}' is corrupt: tensor {} has {} dimensions", path, printable(name),
+                 ndim);
         std::vector<int64_t> dims(ndim);
         in.read(dims.data(), sizeof(int64_t) * ndim, "a tensor shape");
         const std::vector<int64_t> model_dims(e.shape.dims.begin(),

@@ -1,0 +1,136 @@
+// Bad numbers through the moetron binary: every out-of-range flag, preset key or size ends with
+// a non-zero exit and a message naming the flag or key, the value as typed and what is allowed,
+// before any work starts (no crash, no saturated value, no std::bad_alloc, no 309-digit bound).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "temp_dir.h"
+
+namespace moetron {
+namespace {
+
+using moetron::testing::TempDir;
+
+struct Output {
+    int exit_code = -1;  // -1: killed by a signal
+    std::string text;    // stdout and stderr together
+};
+
+Output run(const std::string& args) {
+    const std::string command = std::string(MOETRON_BINARY) + " " + args + " 2>&1";
+    Output out;
+    std::FILE* pipe = ::popen(command.c_str(), "r");
+    if (pipe == nullptr) return out;
+    std::array<char, 4096> buffer;
+    size_t n;
+    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+        out.text.append(buffer.data(), n);
+    const int status = ::pclose(pipe);
+    out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return out;
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// A refusal: a normal, non-zero exit whose message holds every needle.
+void expect_refused(const std::string& args, std::initializer_list<std::string> needles) {
+    SCOPED_TRACE(args);
+    const Output out = run(args);
+    EXPECT_GT(out.exit_code, 0) << out.text;
+    for (const std::string& needle : needles) EXPECT_CONTAINS(out.text, needle);
+    // No bound printed as a double's 309 digits.
+    EXPECT_FALSE(std::regex_search(out.text, std::regex("[0-9]{25}"))) << out.text;
+}
+
+// The tiny preset with one key's line replaced by `key = value`.
+std::string tiny_with(const TempDir& dir, const std::string& key, const std::string& value) {
+    std::ifstream tiny(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+    std::string text((std::istreambuf_iterator<char>(tiny)), std::istreambuf_iterator<char>());
+    const std::regex line("^" + key + " = .*$", std::regex::multiline);
+    EXPECT_TRUE(std::regex_search(text, line)) << key << " is not in tiny.toml";
+    const std::string path = dir.file(key + ".toml");
+    std::ofstream(path) << std::regex_replace(text, line, key + " = " + value);
+    return path;
+}
+
+const std::string kQuick = " --threads 1 --batch-size 2 --seq-len 16 --eval-every 0";
+
+TEST(InputBoundsCli, ThreadsAboveTheMachinesProcessorsAreRefused) {
+    // Once a SIGSEGV in the OpenMP runtime (100000) or minutes per step (20000).
+    expect_refused("train --steps 1 --threads 100000", {"--threads", "100000", "allowed: 1 to"});
+    const unsigned processors = std::thread::hardware_concurrency();
+    ASSERT_GT(processors, 0u);
+    const std::string too_many = std::to_string(processors + 1);
+    expect_refused("train --steps 1 --batch-size 2 --seq-len 16 --threads " + too_many,
+                   {"--threads asks for " + too_many, "offers " + std::to_string(processors)});
+    expect_refused("sample --weights none.bin --new-tokens 1 --threads " + too_many,
+                   {"--threads asks for " + too_many});
+}
+
+TEST(InputBoundsCli, OutOfRangeFlagsNameTheFlagTheValueAndTheRange) {
+    // Once saturated silently to 2^63 - 1 steps.
+    expect_refused("train --steps 99999999999999999999" + kQuick,
+                   {"--steps", "99999999999999999999 is out of range", "allowed: 1 to"});
+    // Once "Value 0 not in range 0.000000 to 1797693134862315708145274237...".
+    expect_refused("train --steps 0" + kQuick, {"--steps", "0 is out of range", "allowed: 1 to"});
+    expect_refused("train --steps 12abc" + kQuick, {"--steps", "'12abc' is not a whole number"});
+    // Once a negative byte count in the distributed run's bucket size.
+    expect_refused("train --steps 1 --bucket-mb 1e300" + kQuick,
+                   {"--bucket-mb", "1e300 is out of range", "at most 65536"});
+    expect_refused("train --steps 1 --lr nan" + kQuick, {"--lr", "nan is not a finite number"});
+    expect_refused("train --steps 1 --comm-timeout-s inf" + kQuick,
+                   {"--comm-timeout-s", "inf is not a finite number"});
+    expect_refused("info --config " MOETRON_SOURCE_DIR "/configs/models/tiny.toml --seq-len 0",
+                   {"--seq-len", "0 is out of range", "allowed: 1 to 16777216"});
+}
+
+TEST(InputBoundsCli, MemoryThatCannotFitIsRefusedWithThePlannedSize) {
+    // Once std::bad_alloc from the expert dispatcher's buffers.
+    expect_refused(
+        "train --steps 1 --threads 1 --batch-size 3000000000",
+        {"batch_size 3000000000", "TiB", "more than this machine's", "lower --batch-size"});
+}
+
+TEST(InputBoundsCli, PresetKeysMustBeFiniteAndInRange) {
+    TempDir dir;
+    // Both once accepted: the optimizer then ran with an infinite decay or a NaN clip bound.
+    expect_refused("train --steps 1 --config " + tiny_with(dir, "weight_decay", "inf") + kQuick,
+                   {"weight_decay", "inf", "finite"});
+    expect_refused("train --steps 1 --config " + tiny_with(dir, "grad_clip", "nan") + kQuick,
+                   {"grad_clip", "nan", "finite"});
+    expect_refused("train --config " + tiny_with(dir, "steps", "9223372036854775807") + kQuick,
+                   {"steps", "9223372036854775807", "1000000000000"});
+}
+
+TEST(InputBoundsCli, ARunWhoseLossTurnsNaNSavesNoCheckpointOfIt) {
+    // lr 10 with weight_decay 1000 multiplies the parameters by -9999 per step: within a few
+    // steps they overflow and the loss turns NaN. Such steps were skipped, then saved as
+    // checkpoints, and the run ended with exit 0 at a NaN validation loss.
+    TempDir dir;
+    const Output out = run("train --config " + tiny_with(dir, "weight_decay", "1000") +
+                           " --lr 10 --steps 12 --save-every 1 --max-skipped-steps 20 --save " +
+                           dir.file("ck") + kQuick);
+    EXPECT_EQ(out.exit_code, 1) << out.text;
+    EXPECT_CONTAINS(out.text, "refusing to save the parameters that produced it as a checkpoint");
+    EXPECT_CONTAINS(out.text, "Last good checkpoint: " + dir.file("ck") + "/step-");
+}
+
+TEST(InputBoundsCli, AHugeModelShapeIsRefusedBeforeAnyCount) {
+    TempDir dir;
+    // Once printed "14088700.786e15" parameters: counts computed from a shape nothing can hold.
+    expect_refused("info --config " + tiny_with(dir, "hidden_size", "4611686018427387904"),
+                   {"hidden_size = 4611686018427387904 is out of range", "at most 1048576"});
+}
+
+}  // namespace
+}  // namespace moetron
