@@ -11,6 +11,7 @@
 
 #include "moetron/cli/commands.h"
 #include "moetron/cli/number_options.h"
+#include "moetron/cli/sim_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
@@ -164,31 +165,8 @@ void register_plan(CLI::App& app) {
         ->capture_default_str();
     cmd->add_flag("--overlap-ep", f->overlap_ep, "hide EP all-to-all behind another micro-batch");
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
-    cmd->add_option("--pp-schedule", f->pipeline_schedule,
-                    "pipeline schedule: 1f1b (interleaved with vpp > 1), zb-h1 (zero bubble), "
-                    "dualpipe")
-        ->capture_default_str();
-    cmd->add_option("--main-grads-dtype", f->memory.main_grads,
-                    "main gradients: fp32 or bf16 (precision-aware optimizer)")
-        ->capture_default_str();
-    cmd->add_option("--main-params-dtype", f->memory.main_params,
-                    "optimizer's main parameters: fp32 or fp16")
-        ->capture_default_str();
-    cmd->add_option("--exp-avg-dtype", f->memory.exp_avg, "Adam first moment: fp32, bf16, fp8")
-        ->capture_default_str();
-    cmd->add_option("--exp-avg-sq-dtype", f->memory.exp_avg_sq,
-                    "Adam second moment: fp32, bf16, fp8")
-        ->capture_default_str();
-    cmd->add_flag("--no-distributed-optimizer", f->memory.no_distributed_optimizer,
-                  "keep the whole optimizer state on every data-parallel rank");
-    cmd->add_flag("--bf16-primary-weights", f->memory.bf16_primary_weights,
-                  "low precision: keep bf16 weights beside the quantized copies");
-    cmd->add_flag("--low-precision-swiglu-input", f->memory.low_precision_swiglu_input,
-                  "keep the MoE SwiGLU input for backward in the GEMM format (DeepSeek-V3)");
-    cmd->add_option("--offload-activations", f->memory.offload,
-                    "modules whose saved activations go to host memory (as --recompute names "
-                    "them)")
-        ->capture_default_str();
+    add_pipeline_schedule_option(*cmd, f->pipeline_schedule);
+    add_memory_options(*cmd, f->memory);
     cmd->add_option("--top", f->top, "how many layouts to explain")->capture_default_str();
     cmd->add_option("--scaling", f->scaling,
                     "GPU counts for weak scaling with the best layout, e.g. 256,512,1024");

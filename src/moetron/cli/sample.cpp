@@ -59,6 +59,7 @@ int32_t sample_token(const float* logits, int64_t vocab_size, double temperature
 }
 
 void run_sample(const SampleOptions& o) {
+    if (o.threads > 0) check_thread_count(o.threads, "--threads");  // flags before files
     const TrainedWeightsSource weights = inspect_trained_weights(o.weights_path);
     // A checkpoint knows its model and settings; a weights file needs --config (default tiny).
     const std::string config_path = !o.config_path.empty()  ? model_config_path(o.config_path)

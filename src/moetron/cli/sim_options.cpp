@@ -1,0 +1,38 @@
+#include "moetron/cli/sim_options.h"
+
+#include <CLI/CLI.hpp>
+
+#include "moetron/sim/memory.h"
+
+namespace moetron::cli {
+
+void add_pipeline_schedule_option(CLI::App& cmd, std::string& schedule) {
+    cmd.add_option("--pp-schedule", schedule,
+                   "pipeline schedule: 1f1b (interleaved with vpp > 1), zb-h1 (zero bubble), "
+                   "dualpipe")
+        ->capture_default_str();
+}
+
+void add_memory_options(CLI::App& cmd, sim::MemoryFlags& memory) {
+    cmd.add_option("--main-grads-dtype", memory.main_grads,
+                   "main gradients: fp32 or bf16 (precision-aware optimizer)")
+        ->capture_default_str();
+    cmd.add_option("--main-params-dtype", memory.main_params,
+                   "optimizer's main parameters: fp32 or fp16")
+        ->capture_default_str();
+    cmd.add_option("--exp-avg-dtype", memory.exp_avg, "Adam first moment: fp32, bf16, fp8")
+        ->capture_default_str();
+    cmd.add_option("--exp-avg-sq-dtype", memory.exp_avg_sq, "Adam second moment: fp32, bf16, fp8")
+        ->capture_default_str();
+    cmd.add_flag("--no-distributed-optimizer", memory.no_distributed_optimizer,
+                 "keep the whole optimizer state on every data-parallel rank");
+    cmd.add_flag("--bf16-primary-weights", memory.bf16_primary_weights,
+                 "low precision: keep bf16 weights beside the quantized copies");
+    cmd.add_flag("--low-precision-swiglu-input", memory.low_precision_swiglu_input,
+                 "keep the MoE SwiGLU input for backward in the GEMM format (DeepSeek-V3)");
+    cmd.add_option("--offload-activations", memory.offload,
+                   "modules whose saved activations go to host memory (as --recompute names them)")
+        ->capture_default_str();
+}
+
+}  // namespace moetron::cli
