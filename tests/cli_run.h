@@ -7,15 +7,19 @@
 #include <cstdio>
 #include <string>
 
+#include "expect_contains.h"
+
 namespace moetron::testing {
 
 struct CliOutput {
-    int exit_code = -1;
-    std::string text;  // stdout and stderr together
+    int exit_code = -1;  // -1: killed by a signal, or the command could not start
+    std::string text;    // stdout and stderr together
 };
 
-inline CliOutput run_cli(const std::string& args) {
-    const std::string command = std::string(MOETRON_BINARY) + " " + args + " 2>&1";
+// Runs `sh -c "PREFIX MOETRON_BINARY ARGS 2>&1"`: args and prefix are shell text (quote paths
+// that may hold spaces); prefix runs first in the same shell, e.g. "ulimit -f 100;".
+inline CliOutput run_cli(const std::string& args, const std::string& prefix = "") {
+    const std::string command = prefix + " " + MOETRON_BINARY + " " + args + " 2>&1";
     CliOutput out;
     std::FILE* pipe = ::popen(command.c_str(), "r");
     if (pipe == nullptr) return out;
@@ -29,8 +33,3 @@ inline CliOutput run_cli(const std::string& args) {
 }
 
 }  // namespace moetron::testing
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
-#define EXPECT_LACKS(haystack, needle) \
-    EXPECT_EQ(std::string(haystack).find(needle), std::string::npos) << (haystack)

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_contains.h"
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/atomic_file.h"
@@ -33,9 +34,6 @@ using moetron::testing::error_of;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 // The writer of the checkpoints these tests save: a run id, as the trainer's.
 constexpr std::string_view kRun = "0123456789abcdef";

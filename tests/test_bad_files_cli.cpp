@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
 #include "moetron/train/hf_export.h"
@@ -24,27 +25,8 @@ namespace {
 
 using moetron::testing::TempDir;
 
-struct Output {
-    int exit_code = -1;
-    std::string text;  // stdout and stderr together
-};
-
-Output run(const std::string& args) {
-    const std::string command = std::string(MOETRON_BINARY) + " " + args + " 2>&1";
-    Output out;
-    std::FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) return out;
-    std::array<char, 4096> buffer;
-    size_t n;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-        out.text.append(buffer.data(), n);
-    const int status = ::pclose(pipe);
-    out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+using Output = moetron::testing::CliOutput;
+using moetron::testing::run_cli;
 
 ModelConfig tiny() {
     return load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
@@ -65,13 +47,13 @@ TEST(BadFilesCli, ABinaryConfigJsonIsNotCalledATomlSyntaxError) {
     TempDir dir;
     const char bytes[] = {'P', 'K', 3, 4, 0, 0, 0, 0, 1, 2, 3};
     std::ofstream(dir.file("config.json"), std::ios::binary).write(bytes, sizeof bytes);
-    const Output out = run("info --config " + dir.path().string());
+    const Output out = run_cli("info --config " + dir.path().string());
     EXPECT_EQ(out.exit_code, 1) << out.text;
     EXPECT_CONTAINS(out.text, "is not a text file (byte 4 is \\x00)");
     EXPECT_EQ(out.text.find("TOML syntax error"), std::string::npos) << out.text;
     // Text, but not JSON, under a .json name.
     std::ofstream(dir.file("config.json")) << "hidden_size = 64\n";
-    const Output toml = run("info --config " + dir.file("config.json"));
+    const Output toml = run_cli("info --config " + dir.file("config.json"));
     EXPECT_EQ(toml.exit_code, 1) << toml.text;
     EXPECT_CONTAINS(toml.text, "is not JSON");
 }
@@ -83,7 +65,7 @@ TEST(BadFilesCli, AHugeHuggingFaceConfigIsRefusedBeforeAllocating) {
     huge.hidden_size = int64_t{1} << 20;  // 2^44 embedding parameters: 64 TiB of floats
     write_hf_dir(dir, huge, "model.embed_tokens.weight", 16);
     // Once std::bad_alloc (or, for a model that fits, gigabytes zeroed before the first tensor).
-    const Output out = run("import --hf " + dir.path().string() + " --out " + dir.file("ck"));
+    const Output out = run_cli("import --hf " + dir.path().string() + " --out " + dir.file("ck"));
     EXPECT_EQ(out.exit_code, 1) << out.text;
     EXPECT_CONTAINS(out.text, "but its safetensors files hold only 16 elements");
 }
@@ -93,7 +75,7 @@ TEST(BadFilesCli, TensorNamesWithTerminalEscapesArePrintedEscaped) {
     const ModelConfig config = tiny();
     const int64_t numel = ParamTable(model_param_specs(config)).total_numel();
     write_hf_dir(dir, config, "\x1b[2J\x1b[31mred", numel);
-    const Output out = run("import --hf " + dir.path().string() + " --out " + dir.file("ck"));
+    const Output out = run_cli("import --hf " + dir.path().string() + " --out " + dir.file("ck"));
     EXPECT_EQ(out.exit_code, 1) << out.text;
     EXPECT_CONTAINS(out.text, "tensor '\\x1b[2J\\x1b[31mred' is not a DeepSeek-V3 tensor");
     EXPECT_EQ(out.text.find('\x1b'), std::string::npos) << "a raw escape byte was printed";

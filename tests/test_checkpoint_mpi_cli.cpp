@@ -58,11 +58,14 @@ pid_t start_job(const fs::path& root, const fs::path& log,
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
     ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     ::setenv("OMP_NUM_THREADS", "1", 1);
+    // --save-every 25, not smaller: once mpirun 4.1 has its SIGTERM it stops reading the ranks'
+    // output, and a rank that fills the pipe (a "saved" line every few milliseconds) blocks in
+    // its write and never reaches the stop: seen as a SIGKILL at step 768 on a quiet machine.
     std::vector<std::string> args = {"mpirun", "--oversubscribe"};
     args.insert(args.end(), mpirun_flags.begin(), mpirun_flags.end());
     for (const char* a : {"-np",          "2",       MOETRON_BINARY, "train", "--layout",     "ep2",
                           "--steps",      "1000000", "--batch-size", "4",     "--seq-len",    "16",
-                          "--eval-every", "0",       "--threads",    "1",     "--save-every", "3",
+                          "--eval-every", "0",       "--threads",    "1",     "--save-every", "25",
                           "--keep",       "2",       "--save"})
         args.emplace_back(a);
     args.push_back(root.string());

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_contains.h"
 #include "moetron/core/error.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint_root.h"
@@ -22,9 +23,6 @@ using moetron::testing::read_file;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 constexpr const char* kRunA = "aaaaaaaaaaaaaaaa";
 constexpr const char* kRunB = "bbbbbbbbbbbbbbbb";

@@ -10,23 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
 #include "moetron/train/atomic_dir.h"
-#include "run_moetron.h"
 #include "temp_dir.h"
 
 namespace moetron {
 namespace {
 
 using moetron::testing::read_file;
-using moetron::testing::run_moetron;
+using moetron::testing::run_cli;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
-#define EXPECT_NOT_CONTAINS(haystack, needle) \
-    EXPECT_EQ(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 // A tiny run: a few milliseconds per step.
 const std::string kTiny = "--batch-size 2 --seq-len 16 --threads 1 --eval-every 0 ";
@@ -56,8 +51,7 @@ std::vector<std::string> checkpoints_in(const fs::path& root) {
 
 // Saves steps 10 and 20 of one run into root.
 void train_twenty_steps(const fs::path& root) {
-    const auto r =
-        run_moetron("train --steps 20 " + kTiny + "--save " + q(root) + " --save-every 10");
+    const auto r = run_cli("train --steps 20 " + kTiny + "--save " + q(root) + " --save-every 10");
     ASSERT_EQ(r.exit_code, 0) << r.text;
     ASSERT_EQ(checkpoints_in(root), (std::vector<std::string>{"step-00000010", "step-00000020"}));
 }
@@ -70,9 +64,8 @@ TEST(DataSafetyCli, ResumingAnOlderCheckpointNeverDeletesNewerOnes) {
     train_twenty_steps(ck);
     for (const std::string keep : {" --keep 1", ""}) {
         SCOPED_TRACE(keep);
-        const auto r =
-            run_moetron("train --steps 20 " + kTiny + "--resume " + q(ck / "step-00000010") +
-                        " --save " + q(ck) + " --save-every 5" + keep);
+        const auto r = run_cli("train --steps 20 " + kTiny + "--resume " + q(ck / "step-00000010") +
+                               " --save " + q(ck) + " --save-every 5" + keep);
         EXPECT_EQ(r.exit_code, 1) << r.text;
         EXPECT_CONTAINS(r.text, "holds step-00000020, newer than step 10 where this run starts");
         EXPECT_NOT_CONTAINS(r.text, kComputed);
@@ -80,13 +73,13 @@ TEST(DataSafetyCli, ResumingAnOlderCheckpointNeverDeletesNewerOnes) {
         EXPECT_EQ(read_latest_pointer(ck), "step-00000020");
     }
     // Into a new root it is a fork of the run, and fine.
-    const auto r = run_moetron("train --steps 20 " + kTiny + "--resume " + q(ck / "step-00000010") +
-                               " --save " + q(dir.path() / "fork") + " --save-every 5 --keep 1");
+    const auto r = run_cli("train --steps 20 " + kTiny + "--resume " + q(ck / "step-00000010") +
+                           " --save " + q(dir.path() / "fork") + " --save-every 5 --keep 1");
     EXPECT_EQ(r.exit_code, 0) << r.text;
     EXPECT_EQ(checkpoints_in(dir.path() / "fork"), std::vector<std::string>{"step-00000020"});
     // Continuing from the newest, with --keep 1, deletes the run's own older checkpoints.
-    const auto more = run_moetron("train --steps 30 " + kTiny + "--resume " + q(ck) + " --save " +
-                                  q(ck) + " --keep 1");
+    const auto more = run_cli("train --steps 30 " + kTiny + "--resume " + q(ck) + " --save " +
+                              q(ck) + " --keep 1");
     EXPECT_EQ(more.exit_code, 0) << more.text;
     EXPECT_EQ(checkpoints_in(ck), std::vector<std::string>{"step-00000030"});
 }
@@ -95,11 +88,11 @@ TEST(DataSafetyCli, ResumingAnOlderCheckpointNeverDeletesNewerOnes) {
 TEST(DataSafetyCli, AnotherRunsRootIsRefusedAndItsCheckpointsNeverDeleted) {
     TempDir dir;
     const fs::path a = dir.path() / "a", b = dir.path() / "b";
-    ASSERT_EQ(run_moetron("train --steps 5 " + kTiny + "--save " + q(a)).exit_code, 0);
-    ASSERT_EQ(run_moetron("train --steps 5 " + kTiny + "--save " + q(b)).exit_code, 0);
+    ASSERT_EQ(run_cli("train --steps 5 " + kTiny + "--save " + q(a)).exit_code, 0);
+    ASSERT_EQ(run_cli("train --steps 5 " + kTiny + "--save " + q(b)).exit_code, 0);
     const std::string resume_b =
         "train --steps 10 " + kTiny + "--resume " + q(b) + " --save " + q(a) + " --keep 1";
-    const auto refused = run_moetron(resume_b);
+    const auto refused = run_cli(resume_b);
     EXPECT_EQ(refused.exit_code, 1) << refused.text;
     EXPECT_CONTAINS(refused.text, "belongs to another run");
     EXPECT_CONTAINS(refused.text, "--share-save-root");
@@ -107,11 +100,11 @@ TEST(DataSafetyCli, AnotherRunsRootIsRefusedAndItsCheckpointsNeverDeleted) {
     EXPECT_NOT_CONTAINS(refused.text, ".cpp:");  // a user's mistake, not a bug report
     EXPECT_EQ(checkpoints_in(a), std::vector<std::string>{"step-00000005"});
 
-    const auto shared = run_moetron(resume_b + " --share-save-root");
+    const auto shared = run_cli(resume_b + " --share-save-root");
     EXPECT_EQ(shared.exit_code, 0) << shared.text;
     EXPECT_EQ(checkpoints_in(a), (std::vector<std::string>{"step-00000005", "step-00000010"}));
     // A fresh run into a root with checkpoints is refused the same way.
-    const auto fresh = run_moetron("train --steps 5 " + kTiny + "--save " + q(a));
+    const auto fresh = run_cli("train --steps 5 " + kTiny + "--save " + q(a));
     EXPECT_EQ(fresh.exit_code, 1) << fresh.text;
     EXPECT_CONTAINS(fresh.text, "belongs to another run");
 }
@@ -122,18 +115,18 @@ TEST(DataSafetyCli, ImportIntoAnExistingRootIsRefused) {
     TempDir dir;
     const fs::path ck = dir.path() / "ck", hf = dir.path() / "hf";
     train_twenty_steps(ck);
-    const auto exported = run_moetron("export --weights " + q(ck) + " --out " + q(hf));
+    const auto exported = run_cli("export --weights " + q(ck) + " --out " + q(hf));
     ASSERT_EQ(exported.exit_code, 0) << exported.text;
-    const auto r = run_moetron("import --hf " + q(hf) + " --out " + q(ck));
+    const auto r = run_cli("import --hf " + q(hf) + " --out " + q(ck));
     EXPECT_EQ(r.exit_code, 1) << r.text;
     EXPECT_CONTAINS(r.text, "belongs to another run");
     EXPECT_EQ(read_latest_pointer(ck), "step-00000020");
     EXPECT_EQ(checkpoints_in(ck), (std::vector<std::string>{"step-00000010", "step-00000020"}));
     // Into a new root it works, and a run continues the import's identity there.
     const fs::path imported = dir.path() / "imported";
-    ASSERT_EQ(run_moetron("import --hf " + q(hf) + " --out " + q(imported)).exit_code, 0);
-    const auto resumed = run_moetron("train --steps 3 " + kTiny + "--resume " + q(imported) +
-                                     " --save " + q(imported) + " --keep 1");
+    ASSERT_EQ(run_cli("import --hf " + q(hf) + " --out " + q(imported)).exit_code, 0);
+    const auto resumed = run_cli("train --steps 3 " + kTiny + "--resume " + q(imported) +
+                                 " --save " + q(imported) + " --keep 1");
     EXPECT_EQ(resumed.exit_code, 0) << resumed.text;
     EXPECT_EQ(checkpoints_in(imported), std::vector<std::string>{"step-00000003"});
 }
@@ -145,7 +138,7 @@ TEST(DataSafetyCli, FilesThatLookLikeLeftoversSurvive) {
     fs::create_directories(root / "notes.deleting-1");
     write_text(root / "notes.deleting-1" / "notes.txt", "mine");
     write_text(root / "report.tmp-2024", "my report");
-    const auto r = run_moetron("train --steps 3 " + kTiny + "--save " + q(root));
+    const auto r = run_cli("train --steps 3 " + kTiny + "--save " + q(root));
     EXPECT_EQ(r.exit_code, 0) << r.text;
     EXPECT_EQ(read_file(root / "report.tmp-2024"), "my report");
     EXPECT_EQ(read_file(root / "notes.deleting-1" / "notes.txt"), "mine");
@@ -158,13 +151,12 @@ TEST(DataSafetyCli, PrepareRefusesToOverwriteItsInput) {
     fs::create_symlink(text, dir.path() / "link.txt");
     for (const std::string out : {"./a.txt", "a.txt", "link.txt"}) {
         SCOPED_TRACE(out);
-        const auto r =
-            run_moetron("prepare --text a.txt --out " + out, "cd " + q(dir.path()) + ";");
+        const auto r = run_cli("prepare --text a.txt --out " + out, "cd " + q(dir.path()) + ";");
         EXPECT_EQ(r.exit_code, 1) << r.text;
         EXPECT_CONTAINS(r.text, "is the same file as --text");
         EXPECT_EQ(read_file(text), "hello, shards");
     }
-    const auto ok = run_moetron("prepare --text a.txt --out a.bin", "cd " + q(dir.path()) + ";");
+    const auto ok = run_cli("prepare --text a.txt --out a.bin", "cd " + q(dir.path()) + ";");
     EXPECT_EQ(ok.exit_code, 0) << ok.text;
     EXPECT_TRUE(fs::exists(dir.path() / "a.bin"));
 }
@@ -176,12 +168,11 @@ TEST(DataSafetyCli, ExportRefusesACheckpointDirectory) {
     train_twenty_steps(ck);
     const fs::path step = ck / "step-00000020";
     const std::string before = read_file(step / "model.safetensors");
-    const auto r = run_moetron("export --weights " + q(ck) + " --out " + q(step));
+    const auto r = run_cli("export --weights " + q(ck) + " --out " + q(step));
     EXPECT_EQ(r.exit_code, 1) << r.text;
     EXPECT_CONTAINS(r.text, "is a moetron checkpoint directory");
     EXPECT_TRUE(read_file(step / "model.safetensors") == before);
-    const auto other =
-        run_moetron("export --weights " + q(ck) + " --out " + q(ck / "step-00000010"));
+    const auto other = run_cli("export --weights " + q(ck) + " --out " + q(ck / "step-00000010"));
     EXPECT_EQ(other.exit_code, 1) << other.text;
 }
 
@@ -191,14 +182,13 @@ TEST(DataSafetyCli, FailedExportLeavesThePreviousExportWhole) {
     TempDir dir;
     const fs::path ck = dir.path() / "ck", hf = dir.path() / "hf";
     train_twenty_steps(ck);
-    ASSERT_EQ(
-        run_moetron("export --weights " + q(ck / "step-00000010") + " --out " + q(hf)).exit_code,
-        0);
+    ASSERT_EQ(run_cli("export --weights " + q(ck / "step-00000010") + " --out " + q(hf)).exit_code,
+              0);
     const std::string before = read_file(hf / "model.safetensors");
     ASSERT_GT(before.size(), 200000u);
     // SIGXFSZ ignored: the write fails with EFBIG instead of killing the process.
-    const auto r = run_moetron("export --weights " + q(ck) + " --out " + q(hf),
-                               "trap '' XFSZ; ulimit -f 100;");
+    const auto r =
+        run_cli("export --weights " + q(ck) + " --out " + q(hf), "trap '' XFSZ; ulimit -f 100;");
     EXPECT_EQ(r.exit_code, 1) << r.text;
     EXPECT_CONTAINS(r.text, "File too large");
     EXPECT_TRUE(read_file(hf / "model.safetensors") == before) << "the previous export was damaged";
@@ -242,7 +232,7 @@ TEST(DataSafetyCli, OutputPathsAreCheckedBeforeTheFirstStep) {
     };
     for (const Case& c : cases) {
         SCOPED_TRACE(c.args);
-        const auto r = run_moetron(train + c.args);
+        const auto r = run_cli(train + c.args);
         EXPECT_EQ(r.exit_code, 1) << r.text;
         EXPECT_CONTAINS(r.text, c.message);
         EXPECT_NOT_CONTAINS(r.text, kComputed);
@@ -259,26 +249,26 @@ TEST(DataSafetyCli, OutputsNeverLandInACheckpoint) {
     const fs::path step = ck / "step-00000020";
     const std::string model = read_file(step / "model.safetensors");
     const std::string train = "train --steps 3 " + kTiny;
-    const auto weights = run_moetron(train + "--save-final " + q(step / "model.safetensors"));
+    const auto weights = run_cli(train + "--save-final " + q(step / "model.safetensors"));
     EXPECT_EQ(weights.exit_code, 1) << weights.text;
     EXPECT_CONTAINS(weights.text, "lies in the checkpoint directory");
-    const auto log = run_moetron(train + "--log-jsonl " + q(ck / "latest"));
+    const auto log = run_cli(train + "--log-jsonl " + q(ck / "latest"));
     EXPECT_EQ(log.exit_code, 1) << log.text;
     EXPECT_CONTAINS(log.text, "would replace the `latest` file of the checkpoint root");
     write_text(dir.path() / "a.txt", "text");
-    const auto shard = run_moetron("prepare --text " + q(dir.path() / "a.txt") + " --out " +
-                                   q(step / "state.json"));
+    const auto shard =
+        run_cli("prepare --text " + q(dir.path() / "a.txt") + " --out " + q(step / "state.json"));
     EXPECT_EQ(shard.exit_code, 1) << shard.text;
     EXPECT_CONTAINS(shard.text, "lies in the checkpoint directory");
     EXPECT_TRUE(read_file(step / "model.safetensors") == model);
     EXPECT_EQ(read_latest_pointer(ck), "step-00000020");
-    const auto resumed = run_moetron("train --steps 21 " + kTiny + "--resume " + q(ck));
+    const auto resumed = run_cli("train --steps 21 " + kTiny + "--resume " + q(ck));
     EXPECT_EQ(resumed.exit_code, 0) << resumed.text;
 }
 
 // calibrate measures for minutes before it writes: a bad --out once cost the measurements.
 TEST(DataSafetyCli, CalibrateChecksItsOutputBeforeMeasuring) {
-    const auto r = run_moetron("calibrate --quick --out /proc/moetron-cluster.toml");
+    const auto r = run_cli("calibrate --quick --out /proc/moetron-cluster.toml");
     EXPECT_EQ(r.exit_code, 1) << r.text;
     EXPECT_CONTAINS(r.text, "cannot create files in '/proc'");
     EXPECT_NOT_CONTAINS(r.text, "measuring");
@@ -287,7 +277,7 @@ TEST(DataSafetyCli, CalibrateChecksItsOutputBeforeMeasuring) {
 TEST(DataSafetyCli, CheckpointOptionsWithoutSaveAreAnError) {
     for (const std::string option : {"--save-every 5", "--keep 2", "--share-save-root"}) {
         SCOPED_TRACE(option);
-        const auto r = run_moetron("train --steps 3 " + kTiny + option);
+        const auto r = run_cli("train --steps 3 " + kTiny + option);
         EXPECT_NE(r.exit_code, 0) << r.text;
         EXPECT_CONTAINS(r.text, "requires --save");
         EXPECT_NOT_CONTAINS(r.text, kComputed);

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "cli_run.h"
 #include "temp_dir.h"
 
 namespace moetron {
@@ -20,32 +21,13 @@ namespace {
 
 using moetron::testing::TempDir;
 
-struct Output {
-    int exit_code = -1;  // -1: killed by a signal
-    std::string text;    // stdout and stderr together
-};
-
-Output run(const std::string& args) {
-    const std::string command = std::string(MOETRON_BINARY) + " " + args + " 2>&1";
-    Output out;
-    std::FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) return out;
-    std::array<char, 4096> buffer;
-    size_t n;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-        out.text.append(buffer.data(), n);
-    const int status = ::pclose(pipe);
-    out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+using Output = moetron::testing::CliOutput;
+using moetron::testing::run_cli;
 
 // A refusal: a normal, non-zero exit whose message holds every needle.
 void expect_refused(const std::string& args, std::initializer_list<std::string> needles) {
     SCOPED_TRACE(args);
-    const Output out = run(args);
+    const Output out = run_cli(args);
     EXPECT_GT(out.exit_code, 0) << out.text;
     for (const std::string& needle : needles) EXPECT_CONTAINS(out.text, needle);
     // No bound printed as a double's 309 digits.
@@ -117,9 +99,9 @@ TEST(InputBoundsCli, ARunWhoseLossTurnsNaNSavesNoCheckpointOfIt) {
     // steps they overflow and the loss turns NaN. Such steps were skipped, then saved as
     // checkpoints, and the run ended with exit 0 at a NaN validation loss.
     TempDir dir;
-    const Output out = run("train --config " + tiny_with(dir, "weight_decay", "1000") +
-                           " --lr 10 --steps 12 --save-every 1 --max-skipped-steps 20 --save " +
-                           dir.file("ck") + kQuick);
+    const Output out = run_cli("train --config " + tiny_with(dir, "weight_decay", "1000") +
+                               " --lr 10 --steps 12 --save-every 1 --max-skipped-steps 20 --save " +
+                               dir.file("ck") + kQuick);
     EXPECT_EQ(out.exit_code, 1) << out.text;
     EXPECT_CONTAINS(out.text, "refusing to save the parameters that produced it as a checkpoint");
     EXPECT_CONTAINS(out.text, "Last good checkpoint: " + dir.file("ck") + "/step-");

@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 
+#include "expect_contains.h"
 #include "moetron/model/config.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
@@ -23,9 +24,6 @@ namespace {
 
 using moetron::testing::error_of;
 using moetron::testing::TempDir;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 TEST(NonFiniteCheckpoint, ParametersWithANaNAreNotSavedAndLatestStaysTheLastGoodOne) {
     const ModelConfig model = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "expect_contains.h"
 #include "moetron/core/user_error.h"
 #include "moetron/train/output_paths.h"
 #include "temp_dir.h"
@@ -18,9 +19,6 @@ using moetron::testing::error_of;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 void write_text(const fs::path& path, const std::string& text) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);

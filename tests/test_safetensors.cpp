@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_contains.h"
 #include "fuzz/safetensors_check.h"
 #include "moetron/core/error.h"
 #include "moetron/train/checksum.h"
@@ -20,9 +21,6 @@ namespace moetron {
 namespace {
 
 namespace fs = std::filesystem;
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 std::string error_of(const auto& f) {
     try {

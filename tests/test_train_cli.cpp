@@ -12,32 +12,15 @@
 #include <fstream>
 #include <string>
 
+#include "cli_run.h"
+
 namespace moetron {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Output {
-    int exit_code = -1;
-    std::string text;  // stdout and stderr together
-};
-
-Output run(const std::string& args) {
-    const std::string command = std::string(MOETRON_BINARY) + " " + args + " 2>&1";
-    Output out;
-    std::FILE* pipe = ::popen(command.c_str(), "r");
-    if (pipe == nullptr) return out;
-    std::array<char, 4096> buffer;
-    size_t n;
-    while ((n = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-        out.text.append(buffer.data(), n);
-    const int status = ::pclose(pipe);
-    out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return out;
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+using Output = moetron::testing::CliOutput;
+using moetron::testing::run_cli;
 
 class TrainCli : public ::testing::Test {
   protected:
@@ -59,16 +42,17 @@ TEST_F(TrainCli, PrepareTrainSampleRoundTrip) {
         for (int i = 0; i < 400; ++i)
             text << "the quick brown fox jumps over the lazy dog " << i << "\n";
     }
-    Output prepared = run("prepare --text " + file("corpus.txt") + " --out " + file("corpus.tok"));
+    Output prepared =
+        run_cli("prepare --text " + file("corpus.txt") + " --out " + file("corpus.tok"));
     ASSERT_EQ(prepared.exit_code, 0) << prepared.text;
     EXPECT_CONTAINS(prepared.text, "tokens (byte-level, vocab 256)");
     EXPECT_EQ(fs::file_size(file("corpus.tok")), 32 + 4 * fs::file_size(file("corpus.txt")));
 
     const std::string config = MOETRON_SOURCE_DIR "/configs/models/tiny.toml";
     Output trained =
-        run("train --config " + config + " --data " + file("corpus.tok") +
-            " --steps 6 --batch-size 2 --seq-len 32 --eval-every 3 --threads 1 --log-jsonl " +
-            file("log.jsonl") + " --save-final " + file("w.bin"));
+        run_cli("train --config " + config + " --data " + file("corpus.tok") +
+                " --steps 6 --batch-size 2 --seq-len 32 --eval-every 3 --threads 1 --log-jsonl " +
+                file("log.jsonl") + " --save-final " + file("w.bin"));
     ASSERT_EQ(trained.exit_code, 0) << trained.text;
     EXPECT_CONTAINS(trained.text, "moetron shard v1");
     EXPECT_CONTAINS(trained.text, "step 6/6");
@@ -78,15 +62,15 @@ TEST_F(TrainCli, PrepareTrainSampleRoundTrip) {
     for (std::string line; std::getline(log, line);) ++lines;
     EXPECT_EQ(lines, 6);
 
-    Output sampled = run("sample --config " + config + " --weights " + file("w.bin") +
-                         " --prompt 'the quick' --new-tokens 20 --temperature 0 --threads 1");
+    Output sampled = run_cli("sample --config " + config + " --weights " + file("w.bin") +
+                             " --prompt 'the quick' --new-tokens 20 --temperature 0 --threads 1");
     ASSERT_EQ(sampled.exit_code, 0) << sampled.text;
     EXPECT_EQ(sampled.text.rfind("the quick", 0), 0u) << sampled.text;
     EXPECT_EQ(sampled.text.size(), std::string("the quick").size() + 20 + 1);  // + newline
 }
 
 TEST_F(TrainCli, BadInputEndsWithAClearError) {
-    Output missing = run("train --data " + file("missing.bin") + " --steps 1");
+    Output missing = run_cli("train --data " + file("missing.bin") + " --steps 1");
     EXPECT_EQ(missing.exit_code, 1);
     EXPECT_CONTAINS(missing.text, file("missing.bin"));
     EXPECT_CONTAINS(missing.text, "does not exist");
@@ -97,15 +81,15 @@ TEST_F(TrainCli, BadInputEndsWithAClearError) {
         std::ofstream bad(file("bad.toml"));
         bad << tiny.rdbuf() << "\nlearning_rate = 1e-3\n";
     }
-    Output typo = run("train --config " + file("bad.toml") + " --steps 1");
+    Output typo = run_cli("train --config " + file("bad.toml") + " --steps 1");
     EXPECT_EQ(typo.exit_code, 1);
     EXPECT_CONTAINS(typo.text, "unknown key 'learning_rate' in [train] (did you mean");
 
-    Output no_weights = run("sample --weights " + file("none.bin") + " --new-tokens 1");
+    Output no_weights = run_cli("sample --weights " + file("none.bin") + " --new-tokens 1");
     EXPECT_EQ(no_weights.exit_code, 1);
     EXPECT_CONTAINS(no_weights.text, "does not exist");
 
-    Output no_text = run("prepare --text " + file("none.txt") + " --out " + file("x.tok"));
+    Output no_text = run_cli("prepare --text " + file("none.txt") + " --out " + file("x.tok"));
     EXPECT_EQ(no_text.exit_code, 1);
     EXPECT_CONTAINS(no_text.text, "does not exist");
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_contains.h"
 #include "moetron/core/error.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/synthetic_data.h"
@@ -46,9 +47,6 @@ void write_llmc(const std::string& path, int32_t magic, int32_t version,
     std::memcpy(bytes.data() + header.size() * 4, tokens.data(), tokens.size() * sizeof(T));
     write_bytes(path, bytes.data(), bytes.size());
 }
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 TEST(Tokenizer, ByteLevelRoundTripsAnyBytes) {
     std::string text = "Hello, world!\n";

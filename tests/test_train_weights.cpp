@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_contains.h"
 #include "moetron/core/error.h"
 #include "moetron/train/weights_file.h"
 
@@ -39,9 +40,6 @@ std::string error_of(const auto& f) {
     }
     return "(no error)";
 }
-
-#define EXPECT_CONTAINS(haystack, needle) \
-    EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 class WeightsFile : public ::testing::Test {
   protected:
