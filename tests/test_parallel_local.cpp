@@ -188,12 +188,12 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
                             "3 tokens, but the layout holds at most max_tokens = 2");
 
     DispatchConfig tight = cfg;
-    tight.recv_capacity_rows = 3;
+    tight.pair_capacity_rows = 3;
     DispatchLayout small(tight, 1, 0);
     DispatchBuffer small_buffer(tight, 1);
     expect_error_containing(
         [&] { dispatch_layout(small, ok.data(), w.data(), 2, small_buffer, ep); },
-        "receives 4 rows for its 4 experts, but the dispatch buffer holds 3");
+        "rank 0 sends 4 rows to EP rank 0, more than the 3 planned");
 
     // A buffer planned for other shapes is refused before any data moves.
     dispatch_layout(layout, ok.data(), w.data(), 2, buffer, ep);

@@ -370,7 +370,7 @@ struct Model::Impl {
             const bool dual = par.moe_overlap == MoeOverlap::dual;
             dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
             dc.num_buffers = dual ? 2 : 1;
-            dc.recv_capacity_rows = par.dispatch_capacity_rows;
+            dc.capacity_factor = par.moe_capacity_factor;
             dc.kind = par.dispatch;
             dc.domain_size = par.domain_size;
             check_domain_limited_routing(c, par);

@@ -57,9 +57,10 @@ struct ModelParallel {
     // that routes different tokens (the world; with tp > 1 each TP rank counts its own share).
     // Null: this process only.
     parallel::Communicator* load = nullptr;
-    // Expert-side rows per MoE layer (see DispatchConfig::recv_capacity_rows); 0: dropless worst
-    // case. Only used with expert parallelism.
-    int64_t dispatch_capacity_rows = 0;
+    // The expert-side buffers hold this many times the balanced load (ExpertDispatchConfig::
+    // capacity_factor; 0: the worst case); a step that exceeds it runs in rounds, dropless. Only
+    // used with expert parallelism.
+    double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     // How the EP group's all-to-all crosses scale-up domains (parallel/expert_dispatcher.h), the
     // EP ranks per domain, and the groups two_tier works over (ParallelGroups::ep_rail and
     // ep_domain). two_tier needs n_group to be a multiple of the EP domains (domain-limited
