@@ -82,6 +82,31 @@ int64_t DispatchConfig::ranks_per_domain(int ep_size) const {
     return domain_size == 0 ? ep_size : std::min<int64_t>(domain_size, ep_size);
 }
 
+int64_t split_into_rounds(std::span<int64_t> ends, std::span<int64_t> rows_to_rank,
+                          const int32_t* topk_ids, int64_t num_tokens, const DispatchConfig& config,
+                          int ep_size) {
+    MT_CHECK(static_cast<int64_t>(ends.size()) >= std::max<int64_t>(1, num_tokens) &&
+                 static_cast<int64_t>(rows_to_rank.size()) == ep_size,
+             "[dispatch] split_into_rounds: {} ends and {} counters for {} tokens and {} ranks",
+             ends.size(), rows_to_rank.size(), num_tokens, ep_size);
+    const int64_t K = config.top_k, El = config.local_experts(ep_size);
+    const int64_t budget = config.pair_rows(ep_size);
+    std::fill(rows_to_rank.begin(), rows_to_rank.end(), 0);
+    int64_t count = 0;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const int32_t* ids = topk_ids + t * K;
+        bool fits = true;
+        for (int64_t j = 0; j < K; ++j) fits = ++rows_to_rank[ids[j] / El] <= budget && fits;
+        if (fits) continue;
+        // The token opens the next round (alone it fits: budget >= min(K, El)).
+        ends[static_cast<size_t>(count++)] = t;
+        std::fill(rows_to_rank.begin(), rows_to_rank.end(), 0);
+        for (int64_t j = 0; j < K; ++j) ++rows_to_rank[ids[j] / El];
+    }
+    ends[static_cast<size_t>(count++)] = num_tokens;
+    return count;
+}
+
 // ---- Hop ----
 
 Hop::Hop(HopSpec spec, int64_t hidden, int64_t top_k)

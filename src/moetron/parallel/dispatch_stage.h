@@ -64,6 +64,14 @@ struct DispatchConfig {
     int64_t record_words() const { return 2 * top_k + 1; }
 };
 
+// Splits num_tokens tokens (topk_ids (N, K), global expert ids) into rounds that each send at most
+// config.pair_rows rows to every EP rank, greedily in token order (a token alone always fits):
+// round i is tokens [ends[i-1], ends[i]) (ends[-1] = 0). Returns the number of rounds (1 for no
+// tokens). ends holds max(1, N) at least; rows_to_rank (ep_size) is scratch.
+int64_t split_into_rounds(std::span<int64_t> ends, std::span<int64_t> rows_to_rank,
+                          const int32_t* topk_ids, int64_t num_tokens, const DispatchConfig& config,
+                          int ep_size);
+
 // Bytes a rank sent to other ranks (its own rows excluded), split by tier: to ranks of its own
 // scale-up domain, and to ranks of other domains. Everything the dispatch sends counts: rows,
 // route records, counts and weight gradients.

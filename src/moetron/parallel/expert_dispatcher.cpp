@@ -255,27 +255,14 @@ class RoutedDispatcher final : public ExpertDispatcher {
             r.count = 1;
             return round_ends(slot);
         }
-        // Greedy, in token order: a round ends before the token that would send one rank more
-        // rows than the budget (a token alone always fits: the budget holds min(K, El) rows).
-        const int64_t K = route_config_.top_k, El = route_config_.local_experts(ep_.size());
-        const int64_t budget = route_config_.pair_rows(ep_.size());
-        std::fill(rows_to_rank_.begin(), rows_to_rank_.end(), 0);
-        int64_t count = 0;
-        for (int64_t t = 0; t < num_tokens; ++t) {
-            const int32_t* ids = topk_ids + t * K;
-            bool fits = true;
-            for (int64_t j = 0; j < K; ++j) fits = ++rows_to_rank_[ids[j] / El] <= budget && fits;
-            if (fits) continue;
-            r.ends[static_cast<size_t>(count++)] = t;
-            std::fill(rows_to_rank_.begin(), rows_to_rank_.end(), 0);
-            for (int64_t j = 0; j < K; ++j) ++rows_to_rank_[ids[j] / El];
-        }
-        r.ends[static_cast<size_t>(count++)] = num_tokens;
+        const int64_t count = split_into_rounds(r.ends, rows_to_rank_, topk_ids, num_tokens,
+                                                route_config_, ep_.size());
         // Every rank takes the most rounds any rank needs.
         std::fill(rounds_of_rank_.begin(), rounds_of_rank_.end(), 0);
-        rounds_of_rank_[static_cast<size_t>(ep_.rank())] = count;
-        ep_.all_reduce_sum(std::span<int64_t>(rounds_of_rank_));
-        const int64_t agreed = *std::max_element(rounds_of_rank_.begin(), rounds_of_rank_.end());
+        rounds_of_rank_[static_cast<size_t>(ep_.rank())] = static_cast<double>(count);
+        ep_.all_reduce_sum(std::span<double>(rounds_of_rank_));
+        const auto agreed =
+            static_cast<int64_t>(*std::max_element(rounds_of_rank_.begin(), rounds_of_rank_.end()));
         std::fill(r.ends.begin() + count, r.ends.begin() + agreed, num_tokens);
         r.count = agreed;
         if (agreed > 1) {
@@ -354,10 +341,10 @@ class RoutedDispatcher final : public ExpertDispatcher {
     std::vector<Communicator*> groups_;  // one per hop
     const char* kind_;
     DispatchConfig route_config_;
-    std::vector<int64_t> rows_to_rank_;    // (ep) scratch of plan_rounds
-    std::vector<int64_t> rounds_of_rank_;  // (ep) scratch of plan_rounds
-    std::vector<Rounds> rounds_;           // (num_slots)
-    std::vector<Buffer> buffers_;          // (num_buffers)
+    std::vector<int64_t> rows_to_rank_;   // (ep) scratch of plan_rounds
+    std::vector<double> rounds_of_rank_;  // (ep) scratch of plan_rounds (sums: f32, f64 only)
+    std::vector<Rounds> rounds_;          // (num_slots)
+    std::vector<Buffer> buffers_;         // (num_buffers)
     std::vector<Layout> slots_;
     std::vector<RouteTransfer> transfers_;  // (num_slots) each slot's movement in flight
     int64_t num_slots_ = 0;
