@@ -174,6 +174,19 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
     Model model(c, {micro_batch, kSeq}, kLossWeights, mp);
     model.init_parameters(kSeed);
     if (k.adversarial) route_everything_to_rank_zero(model);
+    // moetron info's per-rank plan (plan_rank_memory) is this rank's arenas, in every layout.
+    RankMemoryLayout memory_layout;
+    memory_layout.tp = topo.tp;
+    memory_layout.ep = topo.ep;
+    memory_layout.dp = topo.dp;
+    memory_layout.edp = topo.edp;
+    memory_layout.moe_overlap = k.moe_overlap;
+    memory_layout.capacity_factor = k.capacity_factor;
+    const RankMemoryPlan memory = plan_rank_memory(c, {micro_batch, kSeq}, memory_layout);
+    EXPECT_EQ(memory.parameters + memory.gradients + memory.activations + memory.expert_side +
+                  memory.communication,
+              model.planned_bytes())
+        << k.layout;
     parallel::GradSyncOptions so;
     so.bucket_bytes = k.bucket_bytes;
     so.zero1 = k.zero1;

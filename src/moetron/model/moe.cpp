@@ -159,6 +159,12 @@ bool is_routed_expert_param(std::string_view name) {
     return name.ends_with("experts.gate_up") || name.ends_with("experts.down");
 }
 
+bool is_expert_side_buffer(std::string_view name) {
+    for (std::string_view suffix : {"permuted", "expert_gate_up", "expert_hidden", "expert_out"})
+        if (name.ends_with(suffix)) return true;  // also d_expert_*, the scratch gradients
+    return false;
+}
+
 void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix,
                      const ModelConfig& c) {
     const int64_t E = c.n_routed_experts, D = c.hidden_size, F = c.moe_intermediate_size;

@@ -121,6 +121,10 @@ struct MoeScratch {
                                           // bound only when tp > 1
 };
 
+// True for the buffers bind_moe_activations and bind_moe_scratch size by R, the expert-side rows
+// (for memory reports).
+bool is_expert_side_buffer(std::string_view name);
+
 void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix, const ModelConfig& c);
 void bind_moe_activations(BufferBinder& b, MoeActivations& a, const std::string& prefix,
                           const ModelConfig& c, int tp_size, int64_t batch, int64_t seq_len);

@@ -55,10 +55,11 @@ void DispatchConfig::validate(int ep_size) const {
              "[dispatch] ep*max_tokens*D = {}*{}*{} staging floats exceed MPI's int count limit; "
              "use smaller micro-batches",
              ep_size, max_tokens, hidden);
-    MT_CHECK(capacity_rows(ep_size) * hidden <= INT_MAX,
-             "[dispatch] receive capacity {} rows x {} floats exceeds MPI's int count limit; set "
-             "a smaller MoE capacity factor (the worst case is {} rows)",
-             capacity_rows(ep_size), hidden, worst_case_recv_rows(ep_size));
+    // The expert rows stay on this rank (no MPI count), indexed by int32.
+    MT_CHECK(capacity_rows(ep_size) <= INT_MAX,
+             "[dispatch] {} expert-side rows exceed the int32 row index; set a smaller MoE "
+             "capacity factor (the worst case is {} rows)",
+             capacity_rows(ep_size), worst_case_recv_rows(ep_size));
 }
 
 int64_t DispatchConfig::worst_case_recv_rows(int ep_size) const {

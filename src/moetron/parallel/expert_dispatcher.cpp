@@ -353,13 +353,42 @@ class RoutedDispatcher final : public ExpertDispatcher {
 
 }  // namespace
 
+namespace {
+
+// Whether an EP group of ep_size ranks routes in two tiers: two_tier asked over several domains.
+bool routes_in_two_tiers(const ExpertDispatchConfig& config, int ep_size) {
+    const int64_t L = config.domain_size == 0 ? ep_size : config.domain_size;
+    const int64_t G = ep_size / std::min<int64_t>(L, ep_size);
+    return config.kind == DispatchKind::two_tier && G > 1;
+}
+
+}  // namespace
+
+int64_t planned_expert_rows(const ExpertDispatchConfig& config, int ep_size) {
+    if (ep_size <= 1) return config.max_tokens * config.top_k;  // LocalDispatcher
+    return route_config(config, ep_size).capacity_rows(ep_size);
+}
+
+size_t planned_buffer_bytes(const ExpertDispatchConfig& config, int ep_size) {
+    if (ep_size <= 1) {  // LocalDispatcher's Slot
+        const auto per_slot =
+            static_cast<size_t>(config.max_tokens * config.top_k) * sizeof(int32_t) +
+            static_cast<size_t>(config.num_experts + 1) * sizeof(int64_t);
+        return per_slot * static_cast<size_t>(config.num_slots);
+    }
+    const DispatchConfig d = route_config(config, ep_size);
+    const ArenaPlan one = routes_in_two_tiers(config, ep_size) ? TwoTierBuffer::plan(d, ep_size)
+                                                               : DispatchBuffer::plan(d, ep_size);
+    return one.total_bytes() * static_cast<size_t>(config.num_buffers);
+}
+
 std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchConfig& config,
                                                          const ExpertGroups& groups) {
     Communicator* ep = groups.ep;
     if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config);
     const int64_t L = config.domain_size == 0 ? ep->size() : config.domain_size;
     const int64_t G = ep->size() / std::min<int64_t>(L, ep->size());
-    if (config.kind == DispatchKind::flat || G == 1) {
+    if (!routes_in_two_tiers(config, ep->size())) {
         std::string why =
             config.kind == DispatchKind::flat
                 ? fmt::format("flat over EP group '{}' of {} ranks", ep->name(), ep->size())

@@ -82,6 +82,12 @@ struct ExpertDispatchConfig {
 // DispatchConfig::pair_capacity_rows for a capacity factor over an EP group of ep_size ranks.
 int64_t pair_rows_for_capacity_factor(const ExpertDispatchConfig& config, int ep_size);
 
+// What make_expert_dispatcher(config, groups with an EP group of ep_size ranks) plans, without
+// building it: its capacity_rows() and its buffer_bytes() (with one rank: the routing's index
+// arrays of every slot).
+int64_t planned_expert_rows(const ExpertDispatchConfig& config, int ep_size);
+size_t planned_buffer_bytes(const ExpertDispatchConfig& config, int ep_size);
+
 // What the dispatcher sent and how far the tokens spread, since construction or reset_stats().
 struct DispatchStats {
     DispatchBytes bytes;   // to other ranks, by tier
