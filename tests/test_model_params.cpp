@@ -108,6 +108,26 @@ TEST(ModelParams, CountMatchesFlopsAccounting) {
     EXPECT_EQ(last.offset + last.numel, model.num_params());  // packed, no padding
 }
 
+// moetron info's per-rank plan is the engine's own: on one process it adds up to the arenas a
+// Model allocates, and the expert side is the MoE layers' R = N * K rows.
+TEST(ModelMemoryPlan, AddsUpToTheModelsArenas) {
+    const ModelConfig c = tiny_config();
+    const ModelRuntime runtime{2, 16};
+    const Model model(c, runtime, {});
+    const RankMemoryPlan p = plan_rank_memory(c, runtime, {});
+    EXPECT_EQ(p.parameters + p.gradients + p.activations + p.expert_side + p.communication,
+              model.planned_bytes());
+    EXPECT_EQ(p.parameters, static_cast<size_t>(model.num_params()) * sizeof(float));
+    EXPECT_EQ(p.expert_rows, 2 * 16 * c.num_experts_per_tok);
+    // 3 MoE blocks (layers 1-2 and the MTP block's), saved (2D + 3F) + scratch (D + 3F) floats
+    // per row; the scratch is shared by every layer.
+    const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
+    EXPECT_EQ(p.expert_side,
+              static_cast<size_t>(p.expert_rows * (3 * (2 * D + 3 * F) + (D + 3 * F))) * 4);
+    // One process exchanges nothing: the dispatcher holds each MoE block's routing indices.
+    EXPECT_EQ(p.communication, model.expert_dispatcher()->buffer_bytes());
+}
+
 TEST(ModelParams, FlagsOfNormsBiasesAndWeights) {
     for (const TensorSpec& s : model_param_specs(tiny_config())) {
         const bool is_norm = s.name.ends_with("norm");

@@ -7,6 +7,8 @@
 
 #include "moetron/core/error.h"
 #include "moetron/parallel/dispatch_flat.h"
+#include "moetron/parallel/dispatch_two_tier.h"
+#include "moetron/parallel/expert_dispatcher.h"
 #include "moetron/parallel/local_communicator.h"
 #include "mpi/dispatch_reference.h"
 
@@ -188,12 +190,12 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
                             "3 tokens, but the layout holds at most max_tokens = 2");
 
     DispatchConfig tight = cfg;
-    tight.recv_capacity_rows = 3;
+    tight.pair_capacity_rows = 3;
     DispatchLayout small(tight, 1, 0);
     DispatchBuffer small_buffer(tight, 1);
     expect_error_containing(
         [&] { dispatch_layout(small, ok.data(), w.data(), 2, small_buffer, ep); },
-        "receives 4 rows for its 4 experts, but the dispatch buffer holds 3");
+        "rank 0 sends 4 rows to EP rank 0, more than the 3 planned");
 
     // A buffer planned for other shapes is refused before any data moves.
     dispatch_layout(layout, ok.data(), w.data(), 2, buffer, ep);
@@ -203,6 +205,88 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
     std::vector<float> x(6), y(24);
     expect_error_containing([&] { dispatch_forward(y.data(), x.data(), layout, wrong, ep); },
                             "does not fit the layout");
+}
+
+// The expert-side buffers from the capacity factor, at DeepSeek-V3 scale (E 256, K 8, ep 64,
+// 4096 tokens per rank): the balanced load is 4096 * 8 / 64 = 512 rows from each rank to each
+// rank, 32,768 per rank; the worst case 4096 * min(8, 4) = 16,384 from each, 1,048,576 per rank.
+TEST(MoeCapacity, PlannedFromTheBalancedLoadTimesTheFactor) {
+    ExpertDispatchConfig c;
+    c.num_experts = 256;
+    c.top_k = 8;
+    c.hidden = 7168;
+    c.max_tokens = 4096;
+    c.capacity_factor = 2.0;
+    EXPECT_EQ(pair_rows_for_capacity_factor(c, 64), 1024);
+    DispatchConfig d;
+    d.num_experts = 256;
+    d.top_k = 8;
+    d.hidden = 7168;
+    d.max_tokens = 4096;
+    EXPECT_EQ(d.capacity_rows(64), 1048576);  // 0: the worst case
+    EXPECT_FALSE(d.can_overflow(64));
+    d.pair_capacity_rows = pair_rows_for_capacity_factor(c, 64);
+    EXPECT_EQ(d.capacity_rows(64), 65536);
+    EXPECT_TRUE(d.can_overflow(64));
+    // The flat hop receives each source's tokens once, within the budget; the two-tier rail hop
+    // (8 domains of 8) within the budget towards the domain's 8 ranks.
+    EXPECT_EQ(flat_hops(d, 64, 0)[0].max_recv, 64 * 1024);
+    d.domain_size = 8;
+    const std::vector<HopSpec> two = two_tier_hops(d, 64, 0);
+    EXPECT_EQ(two[0].max_recv, 8 * 4096);  // min(4096, 8 * 1024) from each of 8 rail peers
+    EXPECT_EQ(two[1].max_recv, 64 * 1024);
+
+    // Never below one token's copies on a rank, never above the worst case (0 then: one round).
+    c.capacity_factor = 1e-6;
+    EXPECT_EQ(pair_rows_for_capacity_factor(c, 64), 4);
+    c.capacity_factor = 100;
+    EXPECT_EQ(pair_rows_for_capacity_factor(c, 64), 0);
+    c.capacity_factor = 0;
+    EXPECT_EQ(pair_rows_for_capacity_factor(c, 64), 0);
+    c.capacity_factor = -1;
+    expect_error_containing([&] { pair_rows_for_capacity_factor(c, 64); },
+                            "capacity factor must be a finite number >= 0");
+}
+
+// Rounds in token order, each as long as no rank gets more than the budget; a rank's copies of
+// one token count once per expert.
+TEST(MoeCapacity, RoutingSplitsIntoRoundsWithinThePairBudget) {
+    DispatchConfig d;
+    d.num_experts = 4;  // 2 ranks of 2 experts
+    d.top_k = 2;
+    d.hidden = 1;
+    d.max_tokens = 6;
+    d.pair_capacity_rows = 3;
+    // Rows to rank 0 per token: 2, 1, 0, 2, 1, 1 (rank 1: 0, 1, 2, 0, 1, 1): token 3 would bring
+    // rank 0 to 5 rows, token 5 (in the next round) to 4, so each opens a round.
+    const std::vector<int32_t> ids = {0, 1, 0, 2, 2, 3, 1, 0, 0, 3, 1, 2};
+    std::vector<int64_t> ends(6), rows(2);
+    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 6, d, 2), 3);
+    EXPECT_EQ(std::vector<int64_t>(ends.begin(), ends.begin() + 3),
+              (std::vector<int64_t>{3, 5, 6}));
+    // A budget that holds everything (7 rows to rank 0): one round; no tokens: one empty round.
+    d.pair_capacity_rows = 7;
+    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 6, d, 2), 1);
+    EXPECT_EQ(ends[0], 6);
+    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 0, d, 2), 1);
+    EXPECT_EQ(ends[0], 0);
+}
+
+// With one rank every expert is here, the buffers hold every copy: one round, no collective.
+TEST(MoeCapacity, OneRankRoutesInOneRound) {
+    ExpertDispatchConfig c;
+    c.num_experts = 4;
+    c.top_k = 2;
+    c.hidden = 1;
+    c.max_tokens = 3;
+    c.num_slots = 1;
+    c.capacity_factor = 0.1;
+    const auto d = make_expert_dispatcher(c, {});
+    const std::vector<int32_t> ids = {0, 1, 0, 1, 0, 1};
+    const std::span<const int64_t> rounds = d->plan_rounds(0, ids.data(), 3);
+    ASSERT_EQ(rounds.size(), 1u);
+    EXPECT_EQ(rounds[0], 3);
+    EXPECT_EQ(d->capacity_rows(), 6);
 }
 
 }  // namespace

@@ -94,5 +94,25 @@ TEST_F(TrainCli, BadInputEndsWithAClearError) {
     EXPECT_CONTAINS(no_text.text, "does not exist");
 }
 
+// moetron info --layout plans one rank's memory by category; at DeepSeek-V3 scale the expert side
+// is planned from the capacity factor (4 x the balanced 32,768 rows), not the worst case.
+TEST_F(TrainCli, InfoPlansTheMemoryOfOneRank) {
+    const std::string dsv3 = std::string(MOETRON_SOURCE_DIR) + "/configs/models/dsv3-671b.toml";
+    const Output planned = run_cli("info --config " + dsv3 + " --layout ep64");
+    ASSERT_EQ(planned.exit_code, 0) << planned.text;
+    EXPECT_CONTAINS(planned.text, "planned memory per rank");
+    EXPECT_CONTAINS(planned.text, "expert-side buffers");
+    EXPECT_CONTAINS(
+        planned.text,
+        "expert-side rows per MoE layer: 131072 (capacity factor 4; worst case 1048576)");
+    const Output worst =
+        run_cli("info --config " + dsv3 + " --layout ep64 --moe-capacity-factor 0");
+    ASSERT_EQ(worst.exit_code, 0) << worst.text;
+    EXPECT_CONTAINS(worst.text, "expert-side rows per MoE layer: 1048576 (capacity factor 0");
+    const Output bad = run_cli("info --config " + dsv3 + " --layout ep3");
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_CONTAINS(bad.text, "ep 3 does not divide the 256 routed experts");
+}
+
 }  // namespace
 }  // namespace moetron

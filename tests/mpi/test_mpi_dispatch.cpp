@@ -118,35 +118,27 @@ TEST(MpiDispatch, LayoutAndBufferReusedAcrossRoutings) {
     }
 }
 
-TEST(MpiDispatch, OverflowingTheReceiveCapacityIsAnError) {
+// A routing beyond the pair budget is refused by each sending rank on its own, before any
+// collective (ExpertDispatcher::plan_rounds splits such a routing into rounds instead).
+TEST(MpiDispatch, OverflowingThePairBudgetIsRefusedBeforeAnyCollective) {
     parallel::Communicator& ep = mpi_world();
     DispatchCase c;
     c.routing = Routing::first_experts;  // every copy lands on rank 0
     c.top_k = 1;
     parallel::DispatchConfig cfg = config_for(c);
-    cfg.recv_capacity_rows = c.max_tokens();  // rank 0 receives size() * 7 rows
+    cfg.pair_capacity_rows = 3;  // each rank sends 7 rows to rank 0
     DispatchLayout layout(cfg, ep.size(), ep.rank());
     DispatchBuffer buffer(cfg, ep.size());
+    EXPECT_EQ(buffer.config().capacity_rows(ep.size()), 3 * ep.size());
     const RankInputs in = make_inputs(c, ep.rank(), ep.size());
-    auto route = [&] {
+    try {
         parallel::dispatch_layout(layout, in.ids.data(), in.weights.data(), in.num_tokens, buffer,
                                   ep);
-    };
-    if (ep.size() == 1) {
-        EXPECT_NO_THROW(route());
-        return;
-    }
-    // Only the receiving rank can know; the others finish the layout normally.
-    if (ep.rank() == 0) {
-        try {
-            route();
-            ADD_FAILURE() << "no error for an overflowing receive buffer";
-        } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find("recv_capacity_rows"), std::string::npos)
-                << e.what();
-        }
-    } else {
-        EXPECT_NO_THROW(route());
+        ADD_FAILURE() << "no error for a routing beyond the pair budget";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("sends 7 rows to EP rank 0, more than the 3 planned"),
+                  std::string::npos)
+            << e.what();
     }
 }
 

@@ -74,6 +74,17 @@ GlobalBatch global_batch(const ModelConfig& c, int step) {
     return b;
 }
 
+// Every token's experts on EP rank 0, whatever the EP group: a correction bias far above the
+// sigmoid scores (in (0, 1)) on experts 0 and 1 (K = 2, both in router group 0), which 5 bias
+// updates of kBiasSpeed cannot undo. Each rank then sends all its copies to rank 0.
+void route_everything_to_rank_zero(Model& model) {
+    for (const ParamEntry& e : model.param_entries()) {
+        if (!e.name.ends_with("router_bias")) continue;
+        float* bias = model.params() + e.offset;
+        bias[0] = bias[1] = 10.0f;
+    }
+}
+
 struct StepLosses {
     double lm = 0, mtp = 0, balance = 0;
 };
@@ -87,9 +98,10 @@ struct RunResult {
 
 // One process, every expert, the whole batch in one micro-batch, AdamW tensor by tensor
 // (train/optimizer.h's conventions).
-RunResult reference_run(const ModelConfig& c) {
+RunResult reference_run(const ModelConfig& c, bool adversarial = false) {
     Model model(c, {kGlobalBatch, kSeq}, kLossWeights);
     model.init_parameters(kSeed);
+    if (adversarial) route_everything_to_rank_zero(model);
     const parallel::DistributedAdamWConfig hp = adamw_config();
     std::vector<float> m(static_cast<size_t>(model.num_params()), 0.0f), v = m;
     RunResult r;
@@ -128,11 +140,15 @@ struct Case {
     bool overlap = true;
     int micro_batches = 1;            // per rank and step
     int64_t bucket_bytes = 64 << 10;  // several buckets even for the tiny model
+    bool adversarial = false;         // route_everything_to_rank_zero
+    double capacity_factor = parallel::kDefaultMoeCapacityFactor;
+    MoeOverlap moe_overlap = MoeOverlap::off;
 };
 
 struct ParallelRun {
     RunResult result;
     parallel::GradSyncStats last_sync;
+    parallel::DispatchStats dispatch;  // over the whole run
     int ep = 1, edp = 1, dp = 1;
 };
 
@@ -153,8 +169,24 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
     mp.load = &world;
+    mp.moe_capacity_factor = k.capacity_factor;
+    mp.moe_overlap = k.moe_overlap;
     Model model(c, {micro_batch, kSeq}, kLossWeights, mp);
     model.init_parameters(kSeed);
+    if (k.adversarial) route_everything_to_rank_zero(model);
+    // moetron info's per-rank plan (plan_rank_memory) is this rank's arenas, in every layout.
+    RankMemoryLayout memory_layout;
+    memory_layout.tp = topo.tp;
+    memory_layout.ep = topo.ep;
+    memory_layout.dp = topo.dp;
+    memory_layout.edp = topo.edp;
+    memory_layout.moe_overlap = k.moe_overlap;
+    memory_layout.capacity_factor = k.capacity_factor;
+    const RankMemoryPlan memory = plan_rank_memory(c, {micro_batch, kSeq}, memory_layout);
+    EXPECT_EQ(memory.parameters + memory.gradients + memory.activations + memory.expert_side +
+                  memory.communication,
+              model.planned_bytes())
+        << k.layout;
     parallel::GradSyncOptions so;
     so.bucket_bytes = k.bucket_bytes;
     so.zero1 = k.zero1;
@@ -208,6 +240,7 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
         model.update_router_bias(kBiasSpeed);
     }
     run.last_sync = sync.last_stats();
+    if (const parallel::ExpertDispatcher* d = model.expert_dispatcher()) run.dispatch = d->stats();
     run.result.params.assign(model.params(), model.params() + model.num_params());
     run.result.entries = model.param_entries();
     run.result.shard = model.expert_shard();
@@ -321,12 +354,14 @@ void expect_matches_reference(const RunResult& got, const RunResult& want,
         worst.max_abs);
 }
 
-void run_case(const Case& k, const ModelConfig& c = tiny_config()) {
-    const RunResult want = reference_run(c);
+ParallelRun run_case(const Case& k, const ModelConfig& c = tiny_config()) {
+    const RunResult want = reference_run(c, k.adversarial);
     const ParallelRun got = parallel_run(c, k);
     const std::string what = (k.layout.empty() ? std::string("dp") : k.layout) +
                              (k.zero1 ? "+zero1" : "") + (k.overlap ? "" : " no-overlap") + " x" +
-                             std::to_string(k.micro_batches) + " micro";
+                             std::to_string(k.micro_batches) + " micro" +
+                             (k.adversarial ? " adversarial" : "") + " moe-overlap " +
+                             std::string(moe_overlap_name(k.moe_overlap));
     expect_matches_reference(got.result, want, what);
     if (k.overlap) {
         // The overlap happened: buckets went out during the backward.
@@ -335,6 +370,7 @@ void run_case(const Case& k, const ModelConfig& c = tiny_config()) {
         EXPECT_EQ(got.last_sync.buckets_posted_in_backward, 0) << what;
     }
     EXPECT_GT(got.last_sync.num_buckets, 3) << what;
+    return got;
 }
 
 std::string ep_world() {
@@ -355,6 +391,23 @@ TEST(MpiTraining, ExpertParallelMatchesOneRank) {
 
 TEST(MpiTraining, ExpertParallelZero1MatchesOneRank) {
     run_case({ep_world(), true});
+}
+
+// Every token to EP rank 0's experts, with expert-side buffers for the balanced load: each
+// MoE layer runs in several rounds through them (the backward recomputes all but the last
+// round's experts), and the run still trains as one rank does, with or without the dual overlap.
+TEST(MpiTraining, AdversarialRoutingBeyondTheCapacityMatchesOneRank) {
+    for (MoeOverlap overlap : {MoeOverlap::off, MoeOverlap::dual}) {
+        Case k{ep_world(), false};
+        k.adversarial = true;
+        k.capacity_factor = 1.0;
+        k.moe_overlap = overlap;
+        const ParallelRun got = run_case(k);
+        if (got.ep == 1) continue;  // one rank holds every expert: nothing to overflow
+        // 2 MoE layers + 1 MTP block, 5 steps, each forward once.
+        EXPECT_EQ(got.dispatch.overflowed_plans, 3 * kSteps);
+        EXPECT_GE(got.dispatch.extra_rounds, 3 * kSteps * (got.ep - 1));
+    }
 }
 
 // dp2 x ep2 on 4 ranks: attention data-parallel over 4, experts split over 2 and replicated

@@ -47,7 +47,7 @@ struct BenchA2aOptions {
     std::string routing = "uniform";  // or "router": group-limited top-k on random logits
     int64_t n_group = 0;              // router only (0: one group per domain)
     int64_t topk_group = 1;           // router only
-    double capacity_factor = 2.0;     // expert rows held: capacity_factor * tokens * K
+    double capacity_factor = 2.0;     // ExpertDispatchConfig::capacity_factor
     int iterations = 10;
     int warmup = 2;
     uint64_t seed = 1;
@@ -115,8 +115,7 @@ Figures measure(const BenchA2aOptions& o, parallel::DispatchKind kind, const Rou
     c.hidden = o.hidden;
     c.max_tokens = o.tokens;
     c.num_slots = 1;
-    c.recv_capacity_rows =
-        static_cast<int64_t>(o.capacity_factor * static_cast<double>(o.tokens * o.top_k));
+    c.capacity_factor = o.capacity_factor;
     c.kind = kind;
     c.domain_size = o.domain_size;
     std::unique_ptr<parallel::ExpertDispatcher> d = parallel::make_expert_dispatcher(c, groups);
@@ -283,7 +282,8 @@ void register_bench(CLI::App& app) {
     a2a->add_option("--topk-group", o->topk_group, "groups a token may use (router)")
         ->check(whole_number(1, int64_t{1} << 20));
     a2a->add_option("--capacity-factor", o->capacity_factor,
-                    "expert rows held per rank, in units of tokens * K")
+                    "expert-side rows held per rank, in units of the balanced load (tokens * K); a "
+                    "routing that exceeds it is refused here (train splits it into rounds)")
         ->check(positive_number(1000));
     a2a->add_option("--iterations", o->iterations, "timed dispatch+combine calls")
         ->check(whole_number(1, INT_MAX));

@@ -14,6 +14,9 @@
 #include "moetron/cli/vocabulary.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
+#include "moetron/model/model.h"
+#include "moetron/parallel/layout.h"
+#include "moetron/parallel/topology.h"
 
 namespace moetron::cli {
 
@@ -23,7 +26,60 @@ struct InfoOptions {
     std::string config_path;
     int64_t seq_len = 4096;  // DeepSeek-V3's pre-training length
     bool json = false;
+    // The per-rank memory plan (plan_rank_memory): the layout and the MoE knobs of `train`.
+    std::string layout;
+    int ranks = 0;           // 0: tp * ep * dp of the layout (dp 1 when left out)
+    int64_t batch_size = 1;  // sequences per micro-batch on one rank
+    int domain_size = 0;
+    std::string dispatch = "flat";
+    std::string moe_overlap = "off";
+    double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
 };
+
+// The planned memory of one rank of options.layout, as the engine's planners size it.
+struct RankMemory {
+    parallel::Topology topology;
+    RankMemoryPlan plan;
+};
+
+RankMemory plan_memory(const InfoOptions& o, const ModelConfig& config) {
+    const parallel::Layout layout = parallel::parse_layout(o.layout);
+    const int ranks = o.ranks > 0 ? o.ranks : layout.tp * layout.ep * std::max(layout.dp, 1);
+    RankMemory m;
+    m.topology = parallel::make_topology(layout, ranks, o.domain_size);
+    parallel::validate_topology_for_model(m.topology, config);
+    RankMemoryLayout l;
+    l.tp = m.topology.tp;
+    l.ep = m.topology.ep;
+    l.dp = m.topology.dp;
+    l.edp = m.topology.edp;
+    l.dispatch = parallel::parse_dispatch_kind(o.dispatch);
+    l.domain_size = o.domain_size;
+    l.moe_overlap = parse_moe_overlap(o.moe_overlap);
+    l.capacity_factor = o.moe_capacity_factor;
+    ModelRuntime runtime;
+    runtime.batch_size = o.batch_size;
+    runtime.seq_len = o.seq_len;
+    m.plan = plan_rank_memory(config, runtime, l);
+    return m;
+}
+
+nlohmann::json memory_json(const RankMemory& m) {
+    const RankMemoryPlan& p = m.plan;
+    return {
+        {"layout", m.topology.str()},
+        {"parameters", p.parameters},
+        {"gradients", p.gradients},
+        {"optimizer_state", p.optimizer_state},
+        {"activations", p.activations},
+        {"expert_side_buffers", p.expert_side},
+        {"communication_buffers", p.communication},
+        {"total", p.parameters + p.gradients + p.optimizer_state + p.activations + p.expert_side +
+                      p.communication},
+        {"expert_rows_per_layer", p.expert_rows},
+        {"worst_case_expert_rows_per_layer", p.worst_case_expert_rows},
+    };
+}
 
 // fp32 master weights, fp32 gradients, AdamW's first and second moments: 4 x 4 bytes.
 constexpr double kFp32AdamWBytesPerParam = 16.0;
@@ -85,14 +141,21 @@ void run_info(const InfoOptions& options) {
         flops_per_token(config, options.seq_len, /*include_mtp=*/false);
     // The MTP module is trained with the model, so its state is part of the training memory.
     const double memory_bytes = kFp32AdamWBytesPerParam * (params.total + params.mtp);
+    const RankMemory rank_memory = plan_memory(options, config);
 
     if (options.json) {
         const nlohmann::json out = {
-            {"config", config_json(config)},  {"seq_len", options.seq_len},
-            {"params_total", params.total},   {"params_mtp", params.mtp},
-            {"params_active", params.active}, {"params", params_json(params)},
-            {"flops_per_token", flops.total}, {"flops_per_token_no_mtp", flops_no_mtp.total},
-            {"flops", flops_json(flops)},     {"memory_fp32_adamw_bytes", memory_bytes},
+            {"config", config_json(config)},
+            {"seq_len", options.seq_len},
+            {"params_total", params.total},
+            {"params_mtp", params.mtp},
+            {"params_active", params.active},
+            {"params", params_json(params)},
+            {"flops_per_token", flops.total},
+            {"flops_per_token_no_mtp", flops_no_mtp.total},
+            {"flops", flops_json(flops)},
+            {"memory_fp32_adamw_bytes", memory_bytes},
+            {"memory_per_rank_bytes", memory_json(rank_memory)},
         };
         std::printf("%s\n", out.dump(2).c_str());
         return;
@@ -129,6 +192,27 @@ void run_info(const InfoOptions& options) {
 
     fmt::print("\nmemory for fp32 params + grads + AdamW moments (16 B/param, with MTP): {}\n",
                gibibytes(memory_bytes));
+
+    const RankMemoryPlan& p = rank_memory.plan;
+    const double total = static_cast<double>(p.parameters + p.gradients + p.optimizer_state +
+                                             p.activations + p.expert_side + p.communication);
+    fmt::print(
+        "\nplanned memory per rank ({}, {} x {} tokens per micro-batch, fp32, as the engine's "
+        "arenas): {}\n",
+        rank_memory.topology.str(), options.batch_size, options.seq_len, gibibytes(total));
+    auto bytes_line = [total](std::string_view label, size_t bytes) {
+        fmt::print("  {:<24}{:>14}  {:5.1f}%\n", label, gibibytes(static_cast<double>(bytes)),
+                   100.0 * static_cast<double>(bytes) / total);
+    };
+    bytes_line("parameters", p.parameters);
+    bytes_line("gradients", p.gradients);
+    bytes_line("optimizer state", p.optimizer_state);
+    bytes_line("activations", p.activations);
+    bytes_line("expert-side buffers", p.expert_side);
+    bytes_line("communication buffers", p.communication);
+    if (config.n_routed_experts > 0)
+        fmt::print("  expert-side rows per MoE layer: {} (capacity factor {:g}; worst case {})\n",
+                   p.expert_rows, options.moe_capacity_factor, p.worst_case_expert_rows);
 }
 
 }  // namespace
@@ -146,6 +230,26 @@ void register_info(CLI::App& app) {
         ->check(whole_number(1, int64_t{1} << 24));
     add_renamed_option(*info, "--seq", "--seq-len");
     info->add_flag("--json", options->json, "print one JSON object instead of the table");
+    info->add_option("--layout", options->layout,
+                     "parallel layout for the per-rank memory plan, as train's --layout (e.g. "
+                     "ep64, dp2.ep2)");
+    info->add_option("--ranks", options->ranks,
+                     "ranks of the job (default: tp * ep * dp of the layout, dp 1 when left out)")
+        ->check(whole_number(1, int64_t{1} << 20));
+    info->add_option("--batch-size", options->batch_size, "sequences per micro-batch on one rank")
+        ->capture_default_str()
+        ->check(whole_number(1, int64_t{1} << 20));
+    info->add_option("--domain-size", options->domain_size,
+                     "ranks per scale-up domain (0: one domain), as train's")
+        ->check(whole_number(0, int64_t{1} << 20));
+    add_dispatch_option(*info, options->dispatch, "flat or two_tier, as train's");
+    info->add_option("--moe-overlap", options->moe_overlap, "off, shared or dual, as train's")
+        ->check(CLI::IsMember({"off", "shared", "dual"}));
+    info->add_option("--moe-capacity-factor", options->moe_capacity_factor,
+                     "expert-side buffers in units of the balanced load, as train's (0: the "
+                     "worst case)")
+        ->capture_default_str()
+        ->check(finite_number(0, 1e6));
     info->callback([options] { run_info(*options); });
 }
 

@@ -67,6 +67,7 @@ struct TrainOptions {
     int domain_size = 0;
     std::string dispatch = "flat";
     std::string moe_overlap = "off";
+    double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -233,6 +234,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.domain_size = o.domain_size;
     parallel.dispatch = parallel::parse_dispatch_kind(o.dispatch);
     parallel.moe_overlap = parse_moe_overlap(o.moe_overlap);
+    parallel.moe_capacity_factor = o.moe_capacity_factor;
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
@@ -308,8 +310,12 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                      static_cast<long long>(config.batch_size / trainer.topology().dp),
                      static_cast<long long>(config.batch_size));
         if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
-            std::fprintf(out, "        experts: %s; MoE overlap %s\n", d->description().c_str(),
-                         std::string(moe_overlap_name(parallel.moe_overlap)).c_str());
+            std::fprintf(out,
+                         "        experts: %s; MoE overlap %s; expert-side buffers of %lld rows "
+                         "per layer (capacity factor %g)\n",
+                         d->description().c_str(),
+                         std::string(moe_overlap_name(parallel.moe_overlap)).c_str(),
+                         static_cast<long long>(d->capacity_rows()), parallel.moe_capacity_factor);
     }
     std::fprintf(
         out,
@@ -468,6 +474,12 @@ void register_train(CLI::App& app) {
                     "half's all-to-all in flight while the other's experts compute); default off; "
                     "shared helps with two_tier")
         ->check(CLI::IsMember({"off", "shared", "dual"}));
+    cmd->add_option("--moe-capacity-factor", o->moe_capacity_factor,
+                    "expert-side MoE buffers per rank, in units of the balanced load (tokens x "
+                    "top-k per rank); a step whose routing exceeds them runs the layer in extra "
+                    "rounds (dropless, counted in the log); 0: the worst case, one round always")
+        ->capture_default_str()
+        ->check(finite_number(0, 1e6));
     cmd->add_option("--comm-timeout-s", o->comm_timeout_s,
                     "a collective waiting longer than this ends the job with an error naming it")
         ->check(positive_number(kMaxCommTimeoutS));

@@ -77,10 +77,10 @@ void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
 }
 
 std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard,
-                                            const parallel::TensorParallel& tp) {
+                                            int tp_rank, int tp_size) {
     std::vector<TensorSpec> specs;
     ParamBinder binder(&specs, static_cast<float>(c.initializer_range));
-    binder.set_tensor_parallel(tp.rank(), tp.size());
+    binder.set_tensor_parallel(tp_rank, tp_size);
     ModelParams tree = sharded_tree(c, shard);
     bind_model_params(binder, tree, c);
     return specs;
@@ -248,7 +248,7 @@ void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
 }  // namespace
 
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config) {
-    return sharded_param_specs(config, {}, {});
+    return sharded_param_specs(config, {}, 0, 1);
 }
 
 LossDenominators& LossDenominators::operator+=(const LossDenominators& other) {
@@ -303,7 +303,56 @@ FloatRange entries_range(const ParamTable& table, const std::string& what, Membe
 
 }  // namespace
 
-struct Model::Impl {
+namespace {
+
+// The activation arena's tensors: what bind_model_activations plans or binds.
+struct ActivationSet {
+    float* rope_cos = nullptr;  // (S, rope_dim / 2)
+    float* rope_sin = nullptr;
+    std::vector<float*> residual;  // L + 1 of (N, D): the stream entering each block, and after
+    std::vector<BlockActivations> layers;
+    std::vector<MtpActivations> mtp;
+    BlockScratch block_scratch;
+    MtpScratch mtp_scratch;
+    HeadScratch head;
+    float* d_stream = nullptr;  // (N, D) the main stream's gradient, updated in place
+    float* d_h_prev = nullptr;  // (N, D) an MTP module's gradient on its h_{d-1}
+};
+
+// Plans (a BufferBinder over a plan) or binds (over the arena) every activation buffer.
+// expert_rows: R of every MoE layer's expert-side buffers (the dispatcher's capacity_rows).
+void bind_model_activations(BufferBinder b, ActivationSet& a, const ModelConfig& c,
+                            const ModelRuntime& runtime, int tp_size, int64_t expert_rows) {
+    const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
+    const int64_t rows = n / tp_size;  // the stream's token rows on this rank
+    b(a.rope_cos, "rope.cos", {S, c.qk_rope_head_dim / 2});
+    b(a.rope_sin, "rope.sin", {S, c.qk_rope_head_dim / 2});
+    a.residual.resize(static_cast<size_t>(c.num_hidden_layers + 1));
+    for (int64_t l = 0; l <= c.num_hidden_layers; ++l)
+        b(a.residual[l], "residual." + std::to_string(l), {rows, D});
+    a.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        a.layers[l].moe.expert_rows = expert_rows;
+        bind_block_activations(b, a.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l), tp_size,
+                               B, S);
+    }
+    a.mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
+    for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
+        a.mtp[d].block.moe.expert_rows = expert_rows;
+        bind_mtp_activations(b, a.mtp[d], mtp_prefix(d), c, d, tp_size, B, S);
+    }
+    a.block_scratch.moe.expert_rows = expert_rows;
+    bind_block_scratch(b, a.block_scratch, "scratch.block.", c, tp_size, n);
+    if (c.num_nextn_predict_layers > 0)
+        bind_mtp_scratch(b, a.mtp_scratch, "scratch.mtp.", c, tp_size, n);
+    bind_head_scratch(b, a.head, c, tp_size, n);
+    b(a.d_stream, "d_stream", {rows, D});
+    b(a.d_h_prev, "d_h_prev", {rows, D});
+}
+
+}  // namespace
+
+struct Model::Impl : ActivationSet {
     ModelConfig config;
     ModelRuntime runtime;
     LossWeights loss_weights;
@@ -316,14 +365,6 @@ struct Model::Impl {
     std::unique_ptr<parallel::ExpertDispatcher> dispatcher;  // null without routed experts
 
     RopeTables rope;
-    std::vector<float*> residual;  // L + 1 of (N, D): the stream entering each block, and after
-    std::vector<BlockActivations> layers;
-    std::vector<MtpActivations> mtp;
-    BlockScratch block_scratch;
-    MtpScratch mtp_scratch;
-    HeadScratch head;
-    float* d_stream = nullptr;  // (N, D) the main stream's gradient, updated in place
-    float* d_h_prev = nullptr;  // (N, D) an MTP module's gradient on its h_{d-1}
 
     // MoE layers ("slots"): main layers in order, then MTP blocks.
     std::vector<int64_t> main_slot, mtp_slot;       // -1 for a dense block
@@ -347,7 +388,7 @@ struct Model::Impl {
           parallel(par),
           tp(par.tp),
           shard(expert_shard_of(c, par)),
-          table(sharded_param_specs(c, shard, tp)),
+          table(sharded_param_specs(c, shard, tp.rank(), tp.size())),
           w(sharded_tree(c, shard)),
           g(sharded_tree(c, shard)) {
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
@@ -371,7 +412,7 @@ struct Model::Impl {
             const bool dual = par.moe_overlap == MoeOverlap::dual;
             dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
             dc.num_buffers = dual ? 2 : 1;
-            dc.recv_capacity_rows = par.dispatch_capacity_rows;
+            dc.capacity_factor = par.moe_capacity_factor;
             dc.kind = par.dispatch;
             dc.domain_size = par.domain_size;
             check_domain_limited_routing(c, par);
@@ -386,10 +427,9 @@ struct Model::Impl {
         bind_activations(BufferBinder(act_plan));
         acts = Arena(act_plan, host_memory());
         bind_activations(BufferBinder(acts));
-        float* cos = acts.view("rope.cos").f32();
-        float* sin = acts.view("rope.sin").f32();
-        cpu::rope_tables(cos, sin, r.seq_len, c.qk_rope_head_dim, static_cast<float>(c.rope_theta));
-        rope = {cos, sin};
+        cpu::rope_tables(rope_cos, rope_sin, r.seq_len, c.qk_rope_head_dim,
+                         static_cast<float>(c.rope_theta));
+        rope = {rope_cos, rope_sin};
 
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
             main_slot.push_back(add_slot(w.layers[l], layers[l]));
@@ -444,37 +484,9 @@ struct Model::Impl {
         if (grad_ready && r.end > r.begin) grad_ready(r.begin, r.end);
     }
 
-    // Plans (first call) or binds (second call) every activation buffer.
     void bind_activations(BufferBinder b) {
-        const ModelConfig& c = config;
-        const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
-        const int64_t rows = n / tp.size();  // the stream's token rows on this rank
         const int64_t expert_rows = dispatcher ? dispatcher->capacity_rows() : 0;
-        float* cos = nullptr;
-        float* sin = nullptr;
-        b(cos, "rope.cos", {S, c.qk_rope_head_dim / 2});
-        b(sin, "rope.sin", {S, c.qk_rope_head_dim / 2});
-        residual.resize(static_cast<size_t>(c.num_hidden_layers + 1));
-        for (int64_t l = 0; l <= c.num_hidden_layers; ++l)
-            b(residual[l], "residual." + std::to_string(l), {rows, D});
-        layers.resize(static_cast<size_t>(c.num_hidden_layers));
-        for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-            layers[l].moe.expert_rows = expert_rows;
-            bind_block_activations(b, layers[l], main_layer_prefix(l), c, c.is_moe_layer(l),
-                                   tp.size(), B, S);
-        }
-        mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
-        for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
-            mtp[d].block.moe.expert_rows = expert_rows;
-            bind_mtp_activations(b, mtp[d], mtp_prefix(d), c, d, tp.size(), B, S);
-        }
-        block_scratch.moe.expert_rows = expert_rows;
-        bind_block_scratch(b, block_scratch, "scratch.block.", c, tp.size(), n);
-        if (c.num_nextn_predict_layers > 0)
-            bind_mtp_scratch(b, mtp_scratch, "scratch.mtp.", c, tp.size(), n);
-        bind_head_scratch(b, head, c, tp.size(), n);
-        b(d_stream, "d_stream", {rows, D});
-        b(d_h_prev, "d_h_prev", {rows, D});
+        bind_model_activations(b, *this, config, runtime, tp.size(), expert_rows);
     }
 
     // Memory that cannot possibly fit is refused before the first allocation, with its size: the
@@ -817,6 +829,57 @@ size_t Model::planned_bytes() const {
     const size_t dispatch = impl_->dispatcher ? impl_->dispatcher->buffer_bytes() : 0;
     return impl_->params.size_bytes() + impl_->grads.size_bytes() + impl_->acts.size_bytes() +
            dispatch;
+}
+
+RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtime,
+                                const RankMemoryLayout& layout) {
+    MT_CHECK(layout.tp >= 1 && layout.ep >= 1 && layout.dp >= 1 && layout.edp >= 1,
+             "[model] plan_rank_memory: bad layout tp {} ep {} dp {} edp {}", layout.tp, layout.ep,
+             layout.dp, layout.edp);
+    RankMemoryPlan plan;
+    // Parameters: the table of rank 0 (every rank holds as many).
+    ExpertShard shard;
+    if (layout.ep > 1 && c.n_routed_experts > 0) shard = {0, c.n_routed_experts / layout.ep};
+    const ParamTable table(sharded_param_specs(c, shard, 0, layout.tp));
+    int64_t dense_floats = 0, expert_floats = 0;
+    for (const ParamEntry& e : table.entries()) {
+        if (!e.trainable) continue;
+        (is_routed_expert_param(e.name) ? expert_floats : dense_floats) += e.numel;
+    }
+    plan.parameters = static_cast<size_t>(table.total_numel()) * sizeof(float);
+    plan.gradients = plan.parameters;
+    // AdamW's two moments; ZeRO-1 shards them over DP (routed experts: over EDP).
+    const int64_t moment_floats = layout.zero1
+                                      ? dense_floats / layout.dp + expert_floats / layout.edp
+                                      : dense_floats + expert_floats;
+    plan.optimizer_state = static_cast<size_t>(2 * moment_floats) * sizeof(float);
+
+    // The expert side: the rows the dispatcher plans, then the activation arena's plan.
+    if (c.n_routed_experts > 0) {
+        parallel::ExpertDispatchConfig dc;
+        dc.num_experts = c.n_routed_experts;
+        dc.top_k = c.num_experts_per_tok;
+        dc.hidden = c.hidden_size;
+        dc.max_tokens = runtime.batch_size * runtime.seq_len;
+        dc.capacity_factor = layout.capacity_factor;
+        dc.kind = layout.dispatch;
+        dc.domain_size = layout.domain_size;
+        const bool dual = layout.moe_overlap == MoeOverlap::dual;
+        dc.num_buffers = dual ? 2 : 1;
+        dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
+        plan.expert_rows = parallel::planned_expert_rows(dc, layout.ep);
+        dc.capacity_factor = 0;
+        plan.worst_case_expert_rows = parallel::planned_expert_rows(dc, layout.ep);
+        dc.capacity_factor = layout.capacity_factor;
+        plan.communication = parallel::planned_buffer_bytes(dc, layout.ep);
+    }
+    ArenaPlan acts("activations");
+    ActivationSet set;
+    bind_model_activations(BufferBinder(acts), set, c, runtime, layout.tp, plan.expert_rows);
+    for (const ArenaEntry& e : acts.entries())
+        if (is_expert_side_buffer(e.name)) plan.expert_side += e.size_bytes;
+    plan.activations = acts.total_bytes() - plan.expert_side;
+    return plan;
 }
 
 }  // namespace moetron

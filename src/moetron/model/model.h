@@ -57,9 +57,10 @@ struct ModelParallel {
     // that routes different tokens (the world; with tp > 1 each TP rank counts its own share).
     // Null: this process only.
     parallel::Communicator* load = nullptr;
-    // Expert-side rows per MoE layer (see DispatchConfig::recv_capacity_rows); 0: dropless worst
-    // case. Only used with expert parallelism.
-    int64_t dispatch_capacity_rows = 0;
+    // The expert-side buffers hold this many times the balanced load (ExpertDispatchConfig::
+    // capacity_factor; 0: the worst case); a step that exceeds it runs in rounds, dropless. Only
+    // used with expert parallelism.
+    double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     // How the EP group's all-to-all crosses scale-up domains (parallel/expert_dispatcher.h), the
     // EP ranks per domain, and the groups two_tier works over (ParallelGroups::ep_rail and
     // ep_domain). two_tier needs n_group to be a multiple of the EP domains (domain-limited
@@ -193,5 +194,33 @@ class Model {
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };
+
+// Where one rank sits, for plan_rank_memory: the sizes of its groups and the MoE knobs.
+struct RankMemoryLayout {
+    int tp = 1, ep = 1;
+    int dp = 1;   // the attention side's data-parallel replicas (ZeRO-1 shards over them)
+    int edp = 1;  // the routed experts' replicas
+    bool zero1 = true;
+    parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
+    int64_t domain_size = 0;
+    MoeOverlap moe_overlap = MoeOverlap::off;
+    double capacity_factor = parallel::kDefaultMoeCapacityFactor;
+};
+
+// The memory one rank plans for training, by category, from the planners the engine uses: the
+// parameter table a Model builds, the activation arena's plan (bound as a Model binds it), the
+// dispatcher's rows and exchange buffers. Allocates nothing of that size (for moetron info).
+struct RankMemoryPlan {
+    size_t parameters = 0;       // fp32 weights: this rank's experts and TP share, MTP included
+    size_t gradients = 0;        // as many
+    size_t optimizer_state = 0;  // AdamW m and v, ZeRO-1 shard (without bucket padding)
+    size_t activations = 0;      // the activation arena, without the expert-side buffers
+    size_t expert_side = 0;      // the MoE buffers of expert-side rows (is_expert_side_buffer)
+    size_t communication = 0;    // the MoE dispatcher's (exchange buffers; one rank: indices)
+    int64_t expert_rows = 0;     // R per MoE layer, planned for the capacity factor
+    int64_t worst_case_expert_rows = 0;  // R per MoE layer with capacity factor 0
+};
+RankMemoryPlan plan_rank_memory(const ModelConfig& config, const ModelRuntime& runtime,
+                                const RankMemoryLayout& layout);
 
 }  // namespace moetron

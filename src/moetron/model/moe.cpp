@@ -1,6 +1,7 @@
 #include "moetron/model/moe.h"
 
 #include <algorithm>
+#include <span>
 
 #include "moetron/kernels/cpu/matmul.h"
 #include "moetron/kernels/cpu/router.h"
@@ -69,6 +70,14 @@ int split_halves(TokenHalf* halves, const MoeActivations& saved, parallel::RowRa
     halves[0] = {own.first, a, saved.dispatch_slot};
     halves[1] = {own.first + a, own.count - a, saved.dispatch_slot_b};
     return 2;
+}
+
+// Round i of a routing split into rounds (ExpertDispatcher::plan_rounds): the rank's tokens
+// [ends[i-1], ends[i]), through the layer's first slot and the whole expert-side buffers.
+TokenHalf round_of(std::span<const int64_t> ends, size_t i, const MoeActivations& saved,
+                   parallel::RowRange own) {
+    const int64_t first = i == 0 ? 0 : ends[i - 1];
+    return {own.first + first, ends[i] - first, saved.dispatch_slot};
 }
 
 // After routing: each half's expert-side rows, packed one after the other.
@@ -150,6 +159,12 @@ bool is_routed_expert_param(std::string_view name) {
     return name.ends_with("experts.gate_up") || name.ends_with("experts.down");
 }
 
+bool is_expert_side_buffer(std::string_view name) {
+    for (std::string_view suffix : {"permuted", "expert_gate_up", "expert_hidden", "expert_out"})
+        if (name.ends_with(suffix)) return true;  // also d_expert_*, the scratch gradients
+    return false;
+}
+
 void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix,
                      const ModelConfig& c) {
     const int64_t E = c.n_routed_experts, D = c.hidden_size, F = c.moe_intermediate_size;
@@ -220,12 +235,6 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
     const int64_t El = w.experts.local_experts(E);
     const int64_t expert_rows = expert_side_rows(saved.expert_rows, n, K);
     parallel::ExpertDispatcher& dispatch = dispatcher_of(saved, expert_rows, El);
-    TokenHalf halves[2];
-    const int num_halves = split_halves(halves, saved, own);
-    for (int i = 0; i < num_halves; ++i)
-        dispatch.route(halves[i].slot, saved.topk_ids + halves[i].first * K,
-                       saved.topk_weights + halves[i].first * K, halves[i].count);
-    place_halves(halves, num_halves, dispatch, expert_rows);
     // Shared experts see every token (eq. 12); computed first they write out, else they add.
     const bool has_shared = c.n_shared_experts > 0;
     const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
@@ -242,21 +251,48 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
                                        saved.expert_out + h.expert_row * D,
                                        saved.topk_weights + h.first * K, shared_first);
     };
+    auto route = [&](const TokenHalf& h) {
+        dispatch.route(h.slot, saved.topk_ids + h.first * K, saved.topk_weights + h.first * K,
+                       h.count);
+    };
     if (tp.enabled() && !shared_first) zero_other_rows(out, own, n, D);
 
-    begin_dispatch(halves[0]);
-    if (shared_first) shared_experts(/*accumulate=*/false);
-    dispatch.finish(halves[0].slot);
-    if (num_halves == 2) begin_dispatch(halves[1]);
-    experts_forward(saved, w, halves[0], El, D, F);
-    begin_combine(halves[0]);
-    if (num_halves == 2) {
-        dispatch.finish(halves[1].slot);
-        dispatch.post_next_hop(halves[0].slot);  // two_tier: A's combine crosses the rail now
-        experts_forward(saved, w, halves[1], El, D, F);
-        begin_combine(halves[1]);
+    const std::span<const int64_t> rounds =
+        dispatch.plan_rounds(saved.dispatch_slot, saved.topk_ids + own.first * K, own.count);
+    if (rounds.size() > 1) {
+        // More rows than the buffers hold: round by round through them, blocking (a rare step,
+        // no overlap). The buffers keep the last round's activations (moe_backward recomputes
+        // the others').
+        if (shared_first) shared_experts(/*accumulate=*/false);
+        for (size_t i = 0; i < rounds.size(); ++i) {
+            TokenHalf h = round_of(rounds, i, saved, own);
+            route(h);
+            place_halves(&h, 1, dispatch, expert_rows);
+            begin_dispatch(h);
+            dispatch.finish(h.slot);
+            experts_forward(saved, w, h, El, D, F);
+            begin_combine(h);
+            dispatch.finish(h.slot);
+        }
+    } else {
+        TokenHalf halves[2];
+        const int num_halves = split_halves(halves, saved, own);
+        for (int i = 0; i < num_halves; ++i) route(halves[i]);
+        place_halves(halves, num_halves, dispatch, expert_rows);
+        begin_dispatch(halves[0]);
+        if (shared_first) shared_experts(/*accumulate=*/false);
+        dispatch.finish(halves[0].slot);
+        if (num_halves == 2) begin_dispatch(halves[1]);
+        experts_forward(saved, w, halves[0], El, D, F);
+        begin_combine(halves[0]);
+        if (num_halves == 2) {
+            dispatch.finish(halves[1].slot);
+            dispatch.post_next_hop(halves[0].slot);  // two_tier: A's combine crosses the rail now
+            experts_forward(saved, w, halves[1], El, D, F);
+            begin_combine(halves[1]);
+        }
+        for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
     }
-    for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
     if (has_shared && !shared_first) shared_experts(/*accumulate=*/true);
 
     if (balance_alpha == 0.0f) return 0.0;
@@ -297,9 +333,6 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     const int64_t El = w.experts.local_experts(E);
     const int64_t expert_rows = expert_side_rows(saved.expert_rows, n, K);
     parallel::ExpertDispatcher& dispatch = dispatcher_of(saved, expert_rows, El);
-    TokenHalf halves[2];
-    const int num_halves = split_halves(halves, saved, own);
-    place_halves(halves, num_halves, dispatch, expert_rows);
     float* d_topk_own = tp.enabled() ? scratch.d_topk_weights_own : scratch.d_topk_weights;
     const bool has_shared = c.n_shared_experts > 0;
     const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
@@ -318,19 +351,46 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
                                          scratch.d_expert_out + h.expert_row * D, shared_first);
     };
 
-    begin_combine_backward(halves[0]);
-    if (shared_first) shared_experts(/*accumulate=*/false);
-    dispatch.finish(halves[0].slot);
-    if (num_halves == 2) begin_combine_backward(halves[1]);
-    experts_backward(grads, saved, w, scratch, halves[0], El, D, F);
-    begin_dispatch_backward(halves[0]);
-    if (num_halves == 2) {
-        dispatch.finish(halves[1].slot);
-        dispatch.post_next_hop(halves[0].slot);  // two_tier: A's gradients cross the rail now
-        experts_backward(grads, saved, w, scratch, halves[1], El, D, F);
-        begin_dispatch_backward(halves[1]);
+    const std::span<const int64_t> rounds = dispatch.round_ends(saved.dispatch_slot);
+    if (rounds.size() > 1) {
+        // The forward's rounds, last first: the buffers and the slot hold the last round's
+        // routing and activations; each earlier round routes and computes its experts again.
+        if (shared_first) shared_experts(/*accumulate=*/false);
+        for (size_t i = rounds.size(); i-- > 0;) {
+            TokenHalf h = round_of(rounds, i, saved, own);
+            if (i + 1 < rounds.size()) {
+                dispatch.route(h.slot, saved.topk_ids + h.first * K,
+                               saved.topk_weights + h.first * K, h.count);
+                place_halves(&h, 1, dispatch, expert_rows);
+                dispatch.dispatch_forward(h.slot, saved.permuted, inp + h.first * D);
+                experts_forward(saved, w, h, El, D, F);
+            } else {
+                place_halves(&h, 1, dispatch, expert_rows);
+            }
+            begin_combine_backward(h);
+            dispatch.finish(h.slot);
+            experts_backward(grads, saved, w, scratch, h, El, D, F);
+            begin_dispatch_backward(h);
+            dispatch.finish(h.slot);
+        }
+    } else {
+        TokenHalf halves[2];
+        const int num_halves = split_halves(halves, saved, own);
+        place_halves(halves, num_halves, dispatch, expert_rows);
+        begin_combine_backward(halves[0]);
+        if (shared_first) shared_experts(/*accumulate=*/false);
+        dispatch.finish(halves[0].slot);
+        if (num_halves == 2) begin_combine_backward(halves[1]);
+        experts_backward(grads, saved, w, scratch, halves[0], El, D, F);
+        begin_dispatch_backward(halves[0]);
+        if (num_halves == 2) {
+            dispatch.finish(halves[1].slot);
+            dispatch.post_next_hop(halves[0].slot);  // two_tier: A's gradients cross the rail now
+            experts_backward(grads, saved, w, scratch, halves[1], El, D, F);
+            begin_dispatch_backward(halves[1]);
+        }
+        for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
     }
-    for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
     if (!shared_first) {
         if (tp.enabled()) zero_other_rows(dinp, own, n, D);
         if (has_shared) shared_experts(/*accumulate=*/true);

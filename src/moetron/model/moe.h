@@ -121,6 +121,10 @@ struct MoeScratch {
                                           // bound only when tp > 1
 };
 
+// True for the buffers bind_moe_activations and bind_moe_scratch size by R, the expert-side rows
+// (for memory reports).
+bool is_expert_side_buffer(std::string_view name);
+
 void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix, const ModelConfig& c);
 void bind_moe_activations(BufferBinder& b, MoeActivations& a, const std::string& prefix,
                           const ModelConfig& c, int tp_size, int64_t batch, int64_t seq_len);
@@ -134,6 +138,11 @@ int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 // added to it. With expert parallelism every rank of the EP group must call it (it exchanges the
 // token copies), and likewise moe_backward; with tensor parallelism, every rank of the TP group
 // too. Returns alpha * (the balance loss averaged over the B sequences); 0 when alpha = 0.
+// A routing whose rows exceed the expert-side buffers (R, planned from the capacity factor) runs
+// in rounds (ExpertDispatcher::plan_rounds): dispatch, experts and combine of each round's tokens
+// through the same buffers, blocking, whatever the overlap; they keep the last round's
+// activations, and moe_backward runs the rounds last to first, recomputing the earlier rounds'
+// experts. Dropless; equal to one round within float rounding.
 double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
                    const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
                    const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,

@@ -17,7 +17,8 @@ std::vector<HopSpec> flat_hops(const DispatchConfig& config, int ep_size, int ep
     h.to_peers = {0, config.num_experts, config.local_experts(ep_size)};
     h.max_inputs = config.max_tokens;
     h.max_slots = config.max_tokens * std::min<int64_t>(config.top_k, ep_size);
-    h.max_recv = ep_size * config.max_tokens;  // every source token once at most
+    // Every source token once at most, within the pair budget.
+    h.max_recv = ep_size * config.recv_rows_per_source(ep_size);
     return {h};
 }
 

@@ -37,8 +37,8 @@ void DispatchConfig::validate(int ep_size) const {
              num_experts);
     MT_CHECK(hidden >= 1, "[dispatch] hidden must be >= 1, got {}", hidden);
     MT_CHECK(max_tokens >= 0, "[dispatch] max_tokens must be >= 0, got {}", max_tokens);
-    MT_CHECK(recv_capacity_rows >= 0, "[dispatch] recv_capacity_rows must be >= 0, got {}",
-             recv_capacity_rows);
+    MT_CHECK(pair_capacity_rows >= 0, "[dispatch] pair_capacity_rows must be >= 0, got {}",
+             pair_capacity_rows);
     MT_CHECK(domain_size >= 0, "[dispatch] domain_size must be >= 0 (0: one domain), got {}",
              domain_size);
     MT_CHECK(domain_size == 0 || domain_size >= ep_size || ep_size % domain_size == 0,
@@ -55,22 +55,57 @@ void DispatchConfig::validate(int ep_size) const {
              "[dispatch] ep*max_tokens*D = {}*{}*{} staging floats exceed MPI's int count limit; "
              "use smaller micro-batches",
              ep_size, max_tokens, hidden);
-    MT_CHECK(capacity_rows(ep_size) * hidden <= INT_MAX,
-             "[dispatch] receive capacity {} rows x {} floats exceeds MPI's int count limit; set "
-             "recv_capacity_rows lower (the worst case is {} rows)",
-             capacity_rows(ep_size), hidden, worst_case_recv_rows(ep_size));
+    // The expert rows stay on this rank (no MPI count), indexed by int32.
+    MT_CHECK(capacity_rows(ep_size) <= INT_MAX,
+             "[dispatch] {} expert-side rows exceed the int32 row index; set a smaller MoE "
+             "capacity factor (the worst case is {} rows)",
+             capacity_rows(ep_size), worst_case_recv_rows(ep_size));
 }
 
 int64_t DispatchConfig::worst_case_recv_rows(int ep_size) const {
     return ep_size * max_tokens * std::min(top_k, local_experts(ep_size));
 }
 
-int64_t DispatchConfig::capacity_rows(int ep_size) const {
-    return recv_capacity_rows > 0 ? recv_capacity_rows : worst_case_recv_rows(ep_size);
+int64_t DispatchConfig::pair_rows(int ep_size) const {
+    const int64_t worst = max_tokens * std::min(top_k, local_experts(ep_size));
+    return pair_capacity_rows > 0 ? std::min(pair_capacity_rows, worst) : worst;
+}
+
+int64_t DispatchConfig::recv_rows_per_source(int ep_size) const {
+    return std::min(max_tokens, pair_rows(ep_size));
+}
+
+bool DispatchConfig::can_overflow(int ep_size) const {
+    return pair_rows(ep_size) < max_tokens * std::min(top_k, local_experts(ep_size));
 }
 
 int64_t DispatchConfig::ranks_per_domain(int ep_size) const {
     return domain_size == 0 ? ep_size : std::min<int64_t>(domain_size, ep_size);
+}
+
+int64_t split_into_rounds(std::span<int64_t> ends, std::span<int64_t> rows_to_rank,
+                          const int32_t* topk_ids, int64_t num_tokens, const DispatchConfig& config,
+                          int ep_size) {
+    MT_CHECK(static_cast<int64_t>(ends.size()) >= std::max<int64_t>(1, num_tokens) &&
+                 static_cast<int64_t>(rows_to_rank.size()) == ep_size,
+             "[dispatch] split_into_rounds: {} ends and {} counters for {} tokens and {} ranks",
+             ends.size(), rows_to_rank.size(), num_tokens, ep_size);
+    const int64_t K = config.top_k, El = config.local_experts(ep_size);
+    const int64_t budget = config.pair_rows(ep_size);
+    std::fill(rows_to_rank.begin(), rows_to_rank.end(), 0);
+    int64_t count = 0;
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const int32_t* ids = topk_ids + t * K;
+        bool fits = true;
+        for (int64_t j = 0; j < K; ++j) fits = ++rows_to_rank[ids[j] / El] <= budget && fits;
+        if (fits) continue;
+        // The token opens the next round (alone it fits: budget >= min(K, El)).
+        ends[static_cast<size_t>(count++)] = t;
+        std::fill(rows_to_rank.begin(), rows_to_rank.end(), 0);
+        for (int64_t j = 0; j < K; ++j) ++rows_to_rank[ids[j] / El];
+    }
+    ends[static_cast<size_t>(count++)] = num_tokens;
+    return count;
 }
 
 // ---- Hop ----
@@ -168,7 +203,8 @@ void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buf
     count_sent(one_per_peer_, bytes);
     exclusive_prefix_sum(recv_displs_, recv_rows_);
     num_recv_ = recv_displs_[g - 1] + recv_rows_[g - 1];
-    // Cannot fail: max_recv is all peers' max_inputs (an input row reaches a peer once at most).
+    // Cannot fail: Route::plan checked every source's rows against the pair budget, which
+    // max_recv is planned from.
     MT_CHECK(num_recv_ <= spec_.max_recv,
              "[dispatch_layout] hop '{}': rank {} receives {} rows, more than the {} planned",
              spec_.name, spec_.self, num_recv_, spec_.max_recv);
@@ -300,7 +336,7 @@ void ExpertSide::build(const int32_t* records, int64_t num_staging, const std::s
     }
     MT_CHECK(total <= capacity_,
              "[dispatch_layout] rank {} of group '{}' receives {} rows for its {} experts, but the "
-             "dispatch buffer holds {} (recv_capacity_rows); raise it, up to the worst case {}",
+             "dispatch buffer holds {} (pair_capacity_rows); raise it, up to the worst case {}",
              ep_rank_, group_name, total, El, capacity_, config_.worst_case_recv_rows(ep_size_));
 
     // Segments: local expert major, then source rank; rows_by_source_ becomes each block's next
@@ -415,7 +451,11 @@ RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<co
 // ---- Route ----
 
 Route::Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops)
-    : config_(config), ep_size_(ep_size), ep_rank_(ep_rank), experts_(config, ep_size, ep_rank) {
+    : config_(config),
+      ep_size_(ep_size),
+      ep_rank_(ep_rank),
+      experts_(config, ep_size, ep_rank),
+      rows_to_rank_(static_cast<size_t>(ep_size)) {
     for (HopSpec& h : hops) hops_.emplace_back(std::move(h), config.hidden, config.top_k);
 }
 
@@ -427,7 +467,7 @@ void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> grou
     bool fits = buffer.ep_size() == ep_size_ && buffer.num_hops() == hops_.size() &&
                 b.hidden == config_.hidden && b.top_k == config_.top_k &&
                 b.max_tokens >= config_.max_tokens &&
-                b.capacity_rows(ep_size_) >= config_.capacity_rows(ep_size_);
+                b.pair_rows(ep_size_) >= config_.pair_rows(ep_size_);
     MT_CHECK(fits,
              "[{}] the dispatch buffer (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops) does "
              "not fit the layout (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops)",
@@ -461,6 +501,18 @@ void Route::spread_of(const int32_t* topk_ids, int64_t num_tokens) {
     }
 }
 
+void Route::check_pair_budget(const int32_t* topk_ids, int64_t num_tokens) {
+    if (!config_.can_overflow(ep_size_)) return;
+    const int64_t K = config_.top_k, El = config_.local_experts(ep_size_);
+    std::fill(rows_to_rank_.begin(), rows_to_rank_.end(), 0);
+    for (int64_t i = 0; i < num_tokens * K; ++i) ++rows_to_rank_[topk_ids[i] / El];
+    const auto most = std::max_element(rows_to_rank_.begin(), rows_to_rank_.end());
+    MT_CHECK(*most <= config_.pair_rows(ep_size_),
+             "[dispatch_layout] rank {} sends {} rows to EP rank {}, more than the {} planned "
+             "(pair_capacity_rows); split the tokens into rounds (ExpertDispatcher::plan_rounds)",
+             ep_rank_, *most, most - rows_to_rank_.begin(), config_.pair_rows(ep_size_));
+}
+
 void Route::plan(const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
                  RouteBuffer& buffer, std::span<Communicator* const> groups) {
     check(buffer, groups, "dispatch_layout");
@@ -485,6 +537,7 @@ void Route::plan(const int32_t* topk_ids, const float* topk_weights, int64_t num
         }
     }
     spread_of(topk_ids, num_tokens);
+    check_pair_budget(topk_ids, num_tokens);
 
     // Each hop from the records of its input rows: the tokens', then what the previous received.
     const int32_t* inputs = records;

@@ -35,13 +35,14 @@ struct DispatchConfig {
     int64_t top_k = 0;        // K
     int64_t hidden = 0;       // D
     int64_t max_tokens = 0;   // N per rank and call, at most
-    // Expert-side rows a rank holds (R at most). 0: the worst case, every rank sending every
-    // token to this rank's experts, ep * max_tokens * min(K, El): dropless whatever the routing.
-    // A smaller capacity saves memory; a routing that overflows it is an error, never a drop.
-    // It bounds the expert rows only: the hops' receive rows (each source token once at most)
-    // are planned for the worst case, so an overflow shows after the layout's last collective
-    // and never leaves the other ranks waiting.
-    int64_t recv_capacity_rows = 0;
+    // Rows one rank sends to one EP rank's experts in one routing, at most (copies: a token with
+    // two experts there counts twice): the unit every receive buffer is planned in. A rank holds
+    // ep of them on the expert side, and a hop receives at most min(max_tokens, this) rows from
+    // each source. 0: the worst case, max_tokens * min(K, El), which any routing fits. A smaller
+    // budget saves memory; the caller splits a routing that exceeds it into rounds
+    // (ExpertDispatcher::plan_rounds), and Route::plan refuses one that does not fit, on the
+    // sending rank and before any collective.
+    int64_t pair_capacity_rows = 0;
     // Consecutive EP ranks per scale-up domain (0: the whole EP group is one domain). The flat
     // dispatch uses it only to tell intra- from inter-domain bytes; the two-tier one routes by it.
     int64_t domain_size = 0;
@@ -49,13 +50,27 @@ struct DispatchConfig {
     // Throws moetron::Error saying which value cannot work with an EP group of ep_size ranks.
     void validate(int ep_size) const;
     int64_t local_experts(int ep_size) const { return num_experts / ep_size; }
-    int64_t worst_case_recv_rows(int ep_size) const;
-    int64_t capacity_rows(int ep_size) const;  // recv_capacity_rows, or the worst case
+    int64_t worst_case_recv_rows(int ep_size) const;  // ep * the worst pair rows
+    // pair_capacity_rows, or the worst case max_tokens * min(K, El) (also when larger).
+    int64_t pair_rows(int ep_size) const;
+    int64_t capacity_rows(int ep_size) const { return ep_size * pair_rows(ep_size); }  // R at most
+    // Rows a hop receives from one source at most: each source token once, within the budget.
+    int64_t recv_rows_per_source(int ep_size) const;
+    // Whether a routing can exceed the budget (then the caller plans rounds).
+    bool can_overflow(int ep_size) const;
     // EP ranks per domain (L) and EP domains (G = ep / L).
     int64_t ranks_per_domain(int ep_size) const;
     int64_t num_domains(int ep_size) const { return ep_size / ranks_per_domain(ep_size); }
     int64_t record_words() const { return 2 * top_k + 1; }
 };
+
+// Splits num_tokens tokens (topk_ids (N, K), global expert ids) into rounds that each send at most
+// config.pair_rows rows to every EP rank, greedily in token order (a token alone always fits):
+// round i is tokens [ends[i-1], ends[i]) (ends[-1] = 0). Returns the number of rounds (1 for no
+// tokens). ends holds max(1, N) at least; rows_to_rank (ep_size) is scratch.
+int64_t split_into_rounds(std::span<int64_t> ends, std::span<int64_t> rows_to_rank,
+                          const int32_t* topk_ids, int64_t num_tokens, const DispatchConfig& config,
+                          int ep_size);
 
 // Bytes a rank sent to other ranks (its own rows excluded), split by tier: to ranks of its own
 // scale-up domain, and to ranks of other domains. Everything the dispatch sends counts: rows,
@@ -316,6 +331,8 @@ class Route {
 
   private:
     void spread_of(const int32_t* topk_ids, int64_t num_tokens);
+    // Throws when the tokens send more rows to one EP rank than the budget (pair_rows).
+    void check_pair_budget(const int32_t* topk_ids, int64_t num_tokens);
     float* staging(const RouteBuffer& buffer) const { return buffer.hop(hops_.size() - 1).recv; }
     void start(RouteTransfer& t, RouteTransfer::Movement movement, RouteBuffer& buffer,
                std::span<Communicator* const> groups, const char* op) const;
@@ -332,6 +349,7 @@ class Route {
     ExpertSide experts_;
     int64_t num_tokens_ = 0;
     RoutingSpread spread_;
+    std::vector<int64_t> rows_to_rank_;  // (ep) scratch of check_pair_budget
 };
 
 }  // namespace moetron::parallel

@@ -31,7 +31,9 @@ std::vector<HopSpec> two_tier_hops(const DispatchConfig& config, int ep_size, in
     rail.to_peers = {0, config.num_experts, El * L};  // peer = the domain owning the expert
     rail.max_inputs = N;
     rail.max_slots = N * std::min<int64_t>(K, G);
-    rail.max_recv = G * N;
+    // From each rail peer: its tokens with an expert in this domain, each once, within the pair
+    // budget towards the domain's L ranks.
+    rail.max_recv = G * std::min(N, L * config.pair_rows(ep_size));
 
     HopSpec domain;
     domain.name = "domain";
@@ -41,7 +43,8 @@ std::vector<HopSpec> two_tier_hops(const DispatchConfig& config, int ep_size, in
     domain.to_peers = {g * L * El, L * El, El};  // peer = the owning rank, this domain's experts
     domain.max_inputs = rail.max_recv;
     domain.max_slots = rail.max_recv * std::min<int64_t>(K, L);
-    domain.max_recv = ep_size * N;  // every source token once at most
+    // Every source token once at most, within the pair budget.
+    domain.max_recv = ep_size * config.recv_rows_per_source(ep_size);
     return {rail, domain};
 }
 

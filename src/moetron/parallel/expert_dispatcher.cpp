@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "moetron/core/error.h"
@@ -20,6 +21,21 @@ DispatchKind parse_dispatch_kind(std::string_view name) {
 
 std::string_view dispatch_kind_name(DispatchKind kind) {
     return kind == DispatchKind::two_tier ? "two_tier" : "flat";
+}
+
+int64_t pair_rows_for_capacity_factor(const ExpertDispatchConfig& c, int ep_size) {
+    MT_CHECK(c.capacity_factor >= 0 && std::isfinite(c.capacity_factor),
+             "[expert_dispatch] the MoE capacity factor must be a finite number >= 0 (0: the "
+             "worst case), got {}",
+             c.capacity_factor);
+    if (c.capacity_factor == 0 || ep_size < 1 || c.num_experts % ep_size != 0) return 0;
+    const int64_t El = c.num_experts / ep_size;
+    const int64_t one_token = std::min(c.top_k, El);
+    const int64_t worst = c.max_tokens * one_token;
+    const double balanced = static_cast<double>(c.max_tokens * c.top_k) / ep_size;
+    const double planned = std::ceil(c.capacity_factor * balanced);
+    if (planned >= static_cast<double>(worst)) return 0;
+    return std::max(one_token, static_cast<int64_t>(planned));
 }
 
 namespace {
@@ -69,8 +85,19 @@ class LocalDispatcher final : public ExpertDispatcher {
                  config_.max_tokens);
         Slot& s = at(slot);
         s.num_tokens = num_tokens;
+        s.round_end = num_tokens;
         cpu::moe_permute_layout(s.copy_to_row.data(), s.expert_offsets.data(), topk_ids, num_tokens,
                                 config_.top_k, config_.num_experts);
+    }
+    // Every copy stays here and the buffers hold them all: one round.
+    std::span<const int64_t> plan_rounds(int64_t slot, const int32_t* /*topk_ids*/,
+                                         int64_t num_tokens) override {
+        Slot& s = at(slot);
+        s.round_end = num_tokens;
+        return {&s.round_end, 1};
+    }
+    std::span<const int64_t> round_ends(int64_t slot) const override {
+        return {&at(slot).round_end, 1};
     }
     int64_t num_expert_rows(int64_t slot) const override {
         return at(slot).num_tokens * config_.top_k;
@@ -118,6 +145,7 @@ class LocalDispatcher final : public ExpertDispatcher {
   private:
     struct Slot {
         int64_t num_tokens = 0;
+        int64_t round_end = 0;
         std::vector<int32_t> copy_to_row;     // (max_tokens * K)
         std::vector<int64_t> expert_offsets;  // (E + 1)
     };
@@ -151,13 +179,13 @@ class LocalDispatcher final : public ExpertDispatcher {
     std::vector<Slot> slots_;
 };
 
-DispatchConfig route_config(const ExpertDispatchConfig& c) {
+DispatchConfig route_config(const ExpertDispatchConfig& c, int ep_size) {
     DispatchConfig d;
     d.num_experts = c.num_experts;
     d.top_k = c.top_k;
     d.hidden = c.hidden;
     d.max_tokens = c.max_tokens;
-    d.recv_capacity_rows = c.recv_capacity_rows;
+    d.pair_capacity_rows = pair_rows_for_capacity_factor(c, ep_size);
     d.domain_size = c.domain_size;
     return d;
 }
@@ -169,7 +197,12 @@ class RoutedDispatcher final : public ExpertDispatcher {
   public:
     RoutedDispatcher(const ExpertDispatchConfig& c, Communicator& ep,
                      std::vector<Communicator*> groups, const char* kind, std::string description)
-        : groups_(std::move(groups)), kind_(kind), route_config_(route_config(c)) {
+        : ep_(ep),
+          groups_(std::move(groups)),
+          kind_(kind),
+          route_config_(route_config(c, ep.size())),
+          rows_to_rank_(static_cast<size_t>(ep.size())),
+          rounds_of_rank_(static_cast<size_t>(ep.size())) {
         check_config(c);
         buffers_.reserve(static_cast<size_t>(c.num_buffers));
         for (int64_t i = 0; i < c.num_buffers; ++i) buffers_.emplace_back(route_config_, ep.size());
@@ -181,6 +214,9 @@ class RoutedDispatcher final : public ExpertDispatcher {
             slots_.emplace_back(route_config_, ep.size(), ep.rank());
         transfers_ = std::vector<RouteTransfer>(static_cast<size_t>(c.num_slots));
         num_slots_ = c.num_slots;
+        rounds_.resize(static_cast<size_t>(c.num_slots));
+        for (Rounds& r : rounds_)
+            r.ends.resize(static_cast<size_t>(std::max<int64_t>(1, c.max_tokens)));
     }
 
     const char* kind() const override { return kind_; }
@@ -206,6 +242,39 @@ class RoutedDispatcher final : public ExpertDispatcher {
         stats_.spread.rank_max = std::max(stats_.spread.rank_max, s.rank_max);
         stats_.spread.domain_sum += s.domain_sum;
         stats_.spread.domain_max = std::max(stats_.spread.domain_max, s.domain_max);
+    }
+    std::span<const int64_t> plan_rounds(int64_t slot, const int32_t* topk_ids,
+                                         int64_t num_tokens) override {
+        at(slot);
+        MT_CHECK(num_tokens >= 0 && num_tokens <= route_config_.max_tokens,
+                 "[expert_dispatch] {} tokens, but the dispatcher holds at most {}", num_tokens,
+                 route_config_.max_tokens);
+        Rounds& r = rounds_[static_cast<size_t>(slot)];
+        if (!route_config_.can_overflow(ep_.size())) {
+            r.ends[0] = num_tokens;
+            r.count = 1;
+            return round_ends(slot);
+        }
+        const int64_t count = split_into_rounds(r.ends, rows_to_rank_, topk_ids, num_tokens,
+                                                route_config_, ep_.size());
+        // Every rank takes the most rounds any rank needs.
+        std::fill(rounds_of_rank_.begin(), rounds_of_rank_.end(), 0);
+        rounds_of_rank_[static_cast<size_t>(ep_.rank())] = static_cast<double>(count);
+        ep_.all_reduce_sum(std::span<double>(rounds_of_rank_));
+        const auto agreed =
+            static_cast<int64_t>(*std::max_element(rounds_of_rank_.begin(), rounds_of_rank_.end()));
+        std::fill(r.ends.begin() + count, r.ends.begin() + agreed, num_tokens);
+        r.count = agreed;
+        if (agreed > 1) {
+            ++stats_.overflowed_plans;
+            stats_.extra_rounds += agreed - 1;
+        }
+        return round_ends(slot);
+    }
+    std::span<const int64_t> round_ends(int64_t slot) const override {
+        at(slot);
+        const Rounds& r = rounds_[static_cast<size_t>(slot)];
+        return {r.ends.data(), static_cast<size_t>(r.count)};
     }
     int64_t num_expert_rows(int64_t slot) const override { return at(slot).experts().num_rows(); }
     std::span<const int64_t> expert_offsets(int64_t slot) const override {
@@ -262,10 +331,20 @@ class RoutedDispatcher final : public ExpertDispatcher {
         return buffers_[static_cast<size_t>(slot) % buffers_.size()];
     }
 
+    // The token ranges of a slot's rounds: ends[i] closes round i.
+    struct Rounds {
+        std::vector<int64_t> ends;  // (max(1, max_tokens)): a round holds one token at least
+        int64_t count = 1;
+    };
+
+    Communicator& ep_;                   // agrees on the rounds
     std::vector<Communicator*> groups_;  // one per hop
     const char* kind_;
     DispatchConfig route_config_;
-    std::vector<Buffer> buffers_;  // (num_buffers)
+    std::vector<int64_t> rows_to_rank_;   // (ep) scratch of plan_rounds
+    std::vector<double> rounds_of_rank_;  // (ep) scratch of plan_rounds (sums: f32, f64 only)
+    std::vector<Rounds> rounds_;          // (num_slots)
+    std::vector<Buffer> buffers_;         // (num_buffers)
     std::vector<Layout> slots_;
     std::vector<RouteTransfer> transfers_;  // (num_slots) each slot's movement in flight
     int64_t num_slots_ = 0;
@@ -274,13 +353,42 @@ class RoutedDispatcher final : public ExpertDispatcher {
 
 }  // namespace
 
+namespace {
+
+// Whether an EP group of ep_size ranks routes in two tiers: two_tier asked over several domains.
+bool routes_in_two_tiers(const ExpertDispatchConfig& config, int ep_size) {
+    const int64_t L = config.domain_size == 0 ? ep_size : config.domain_size;
+    const int64_t G = ep_size / std::min<int64_t>(L, ep_size);
+    return config.kind == DispatchKind::two_tier && G > 1;
+}
+
+}  // namespace
+
+int64_t planned_expert_rows(const ExpertDispatchConfig& config, int ep_size) {
+    if (ep_size <= 1) return config.max_tokens * config.top_k;  // LocalDispatcher
+    return route_config(config, ep_size).capacity_rows(ep_size);
+}
+
+size_t planned_buffer_bytes(const ExpertDispatchConfig& config, int ep_size) {
+    if (ep_size <= 1) {  // LocalDispatcher's Slot
+        const auto per_slot =
+            static_cast<size_t>(config.max_tokens * config.top_k) * sizeof(int32_t) +
+            static_cast<size_t>(config.num_experts + 1) * sizeof(int64_t);
+        return per_slot * static_cast<size_t>(config.num_slots);
+    }
+    const DispatchConfig d = route_config(config, ep_size);
+    const ArenaPlan one = routes_in_two_tiers(config, ep_size) ? TwoTierBuffer::plan(d, ep_size)
+                                                               : DispatchBuffer::plan(d, ep_size);
+    return one.total_bytes() * static_cast<size_t>(config.num_buffers);
+}
+
 std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchConfig& config,
                                                          const ExpertGroups& groups) {
     Communicator* ep = groups.ep;
     if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config);
     const int64_t L = config.domain_size == 0 ? ep->size() : config.domain_size;
     const int64_t G = ep->size() / std::min<int64_t>(L, ep->size());
-    if (config.kind == DispatchKind::flat || G == 1) {
+    if (!routes_in_two_tiers(config, ep->size())) {
         std::string why =
             config.kind == DispatchKind::flat
                 ? fmt::format("flat over EP group '{}' of {} ranks", ep->name(), ep->size())
@@ -291,7 +399,7 @@ std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchCon
         return std::make_unique<RoutedDispatcher<DispatchLayout, DispatchBuffer>>(
             config, *ep, std::vector<Communicator*>{ep}, "flat", std::move(why));
     }
-    check_two_tier(route_config(config), ep->size());
+    check_two_tier(route_config(config, ep->size()), ep->size());
     MT_CHECK(groups.rail != nullptr && groups.domain != nullptr,
              "[expert_dispatch] two_tier over EP group '{}' needs its rail and domain groups",
              ep->name());

@@ -49,6 +49,16 @@ enum class DispatchKind { flat, two_tier };
 DispatchKind parse_dispatch_kind(std::string_view name);  // "flat" | "two_tier"; throws otherwise
 std::string_view dispatch_kind_name(DispatchKind kind);
 
+// The default MoE capacity factor (--moe-capacity-factor): the expert-side buffers hold 4 times
+// the balanced load. Why 4: a balanced router would need little more than 1, but routers are not
+// balanced early in training: measured (README, "MoE capacity"), tiny at ep4 overflows 2x in 51 of
+// its first 100 steps and 3x in 8 (the first 11), 4x never; small collapses onto 4 of its 32
+// experts in its first steps (expert load max/mean ~8). Overflow stays dropless but costs extra
+// rounds (and recomputation in the backward), so the default keeps them rare, and at the presets'
+// test sizes (ep <= 4) it is the worst case anyway. At DeepSeek-V3 scale (ep 64, 4096 tokens) it
+// still plans 131,072 expert rows per layer and rank instead of 1,048,576.
+inline constexpr double kDefaultMoeCapacityFactor = 4.0;
+
 struct ExpertDispatchConfig {
     int64_t num_experts = 0;  // E over the whole EP group
     int64_t top_k = 0;        // K
@@ -58,20 +68,35 @@ struct ExpertDispatchConfig {
     // Exchange buffers (send and staging rows): how many routings may be in flight at once (1;
     // 2 for the dual micro-batch overlap). Each is as large as the one.
     int64_t num_buffers = 1;
-    // Expert-side rows a rank holds at most (flat only; 0: the dropless worst case, see
-    // DispatchConfig::recv_capacity_rows).
-    int64_t recv_capacity_rows = 0;
+    // The expert-side buffers (and every receive buffer) are planned for this many times the
+    // balanced load, max_tokens * K / ep rows from each rank to each rank (at least one token's
+    // copies, at most the worst case; 0: the worst case, max_tokens * min(K, El) from each). A
+    // routing that exceeds it is split into rounds (plan_rounds): dropless either way.
+    double capacity_factor = kDefaultMoeCapacityFactor;
     DispatchKind kind = DispatchKind::flat;
     // Consecutive EP ranks per scale-up domain (0: one domain): two_tier routes by it, flat
     // splits its byte counts by it.
     int64_t domain_size = 0;
 };
 
+// DispatchConfig::pair_capacity_rows for a capacity factor over an EP group of ep_size ranks.
+int64_t pair_rows_for_capacity_factor(const ExpertDispatchConfig& config, int ep_size);
+
+// What make_expert_dispatcher(config, groups with an EP group of ep_size ranks) plans, without
+// building it: its capacity_rows() and its buffer_bytes() (with one rank: the routing's index
+// arrays of every slot).
+int64_t planned_expert_rows(const ExpertDispatchConfig& config, int ep_size);
+size_t planned_buffer_bytes(const ExpertDispatchConfig& config, int ep_size);
+
 // What the dispatcher sent and how far the tokens spread, since construction or reset_stats().
 struct DispatchStats {
     DispatchBytes bytes;   // to other ranks, by tier
     int64_t routes = 0;    // route() calls
     RoutingSpread spread;  // summed over routes (max: the largest)
+    // plan_rounds calls whose routing exceeded the planned capacity on some rank of the EP
+    // group, and the rounds they took beyond the first (summed).
+    int64_t overflowed_plans = 0;
+    int64_t extra_rounds = 0;
 };
 
 // The groups a dispatcher works over: ep for flat; for two_tier also the EP group's rail and
@@ -103,6 +128,17 @@ class ExpertDispatcher {
     // collective over the EP group (and its rail and domain groups) for flat and two_tier.
     virtual void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights,
                        int64_t num_tokens) = 0;
+    // Splits num_tokens tokens (topk_ids (N, K), global expert ids) into rounds that each fit
+    // the expert-side buffers: round i routes tokens [ends[i-1], ends[i]) (ends[-1] = 0), each
+    // round as long as the capacity lets it. Every rank of the EP group gets the same number of
+    // rounds: when a routing can exceed the capacity, a collective over the EP group agrees on
+    // it (a rank that needs fewer ends with empty rounds). The plan stays in the slot until the
+    // slot's next plan_rounds (round_ends reads it). One round whenever the capacity is the
+    // worst case.
+    virtual std::span<const int64_t> plan_rounds(int64_t slot, const int32_t* topk_ids,
+                                                 int64_t num_tokens) = 0;
+    virtual std::span<const int64_t> round_ends(int64_t slot) const = 0;
+
     // After route(): rows the local experts receive (R), and the El + 1 segment boundaries.
     virtual int64_t num_expert_rows(int64_t slot) const = 0;
     virtual std::span<const int64_t> expert_offsets(int64_t slot) const = 0;

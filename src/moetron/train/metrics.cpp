@@ -105,6 +105,9 @@ void MetricsLog::log_step(const StepRecord& r) {
         if (r.expert_load_max_over_mean > 0)
             w.add(" | load max/mean {:.2f} min/mean {:.2f}", r.expert_load_max_over_mean,
                   r.expert_load_min_over_mean);
+        if (r.moe_extra_rounds > 0)
+            w.add(" | MoE over capacity: {} layers, {} extra rounds", r.moe_overflowed_layers,
+                  r.moe_extra_rounds);
         if (r.expert_comm_s + r.tp_comm_s + r.dp_comm_s > 0)
             w.add(" | compute {:.1f} ms, waiting on a2a {:.1f} tp {:.1f} dp {:.1f} ms",
                   r.compute_only_s * 1e3, r.expert_comm_s * 1e3, r.tp_comm_s * 1e3,
@@ -149,6 +152,8 @@ void MetricsLog::log_step(const StepRecord& r) {
         w.json_number("dispatch_inter_domain_bytes", r.dispatch_inter_domain_bytes);
         w.json_number("domains_per_token_mean", r.domains_per_token_mean);
         w.json_number("domains_per_token_max", r.domains_per_token_max);
+        w.add(",\"moe_overflowed_layers\":{},\"moe_extra_rounds\":{}", r.moe_overflowed_layers,
+              r.moe_extra_rounds);
         if (validated) w.json_number("val_loss", r.val_loss);
         if (r.expert_comm_s + r.tp_comm_s + r.dp_comm_s > 0) {  // a distributed step
             w.json_number("compute_ms", r.compute_only_s * 1e3);

@@ -33,6 +33,11 @@ struct StepRecord {
     double dispatch_inter_domain_bytes = 0;
     double domains_per_token_mean = 0;
     double domains_per_token_max = 0;
+    // MoE layer passes (forward; the backward repeats them) whose routing exceeded the planned
+    // expert-side capacity on some rank, and the extra rounds they took (model/moe.h): dropless,
+    // but slower. Zero in a balanced step.
+    int64_t moe_overflowed_layers = 0;
+    int64_t moe_extra_rounds = 0;
     double val_loss = std::numeric_limits<double>::quiet_NaN();  // set on validation steps
 
     // Where this rank's step time went (distributed runs; zeros on one process): time blocked in

@@ -29,6 +29,7 @@ ModelParallel model_parallel(parallel::ParallelGroups& groups, const TrainParall
     mp.load = p.world;  // every rank routes tokens of its own (TP ranks: their share of them)
     mp.dispatch = p.dispatch;
     mp.moe_overlap = p.moe_overlap;
+    mp.moe_capacity_factor = p.moe_capacity_factor;
     mp.domain_size = p.domain_size;
     mp.ep_rail = groups.ep_rail.get();
     mp.ep_domain = groups.ep_domain.get();
@@ -106,6 +107,8 @@ void record_dispatch_stats(StepRecord& r, const parallel::DispatchStats& s) {
         r.domains_per_token_mean =
             static_cast<double>(s.spread.domain_sum) / static_cast<double>(s.spread.num_tokens);
     r.domains_per_token_max = static_cast<double>(s.spread.domain_max);
+    r.moe_overflowed_layers = s.overflowed_plans;
+    r.moe_extra_rounds = s.extra_rounds;
 }
 
 // Sums a few doubles over the data-parallel group (no-op on one process).

@@ -70,6 +70,9 @@ struct TrainParallel {
     // How each MoE layer hides its all-to-all (--moe-overlap; model/moe.h).
     // off by default: measured faster with two_tier only (README "Two tiers").
     MoeOverlap moe_overlap = MoeOverlap::off;
+    // The expert-side buffers in units of the balanced load (--moe-capacity-factor;
+    // parallel::ExpertDispatchConfig::capacity_factor; 0: the worst case).
+    double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
 };
 
 class Trainer {
