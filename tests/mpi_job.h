@@ -1,13 +1,16 @@
 // Helpers for tests that launch `mpirun ... moetron` as a child process and signal its ranks.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "temp_dir.h"
 
@@ -45,6 +48,28 @@ inline pid_t rank_process(pid_t parent, int rank) {
             return static_cast<pid_t>(std::stol(name));
     }
     return 0;
+}
+
+// Starts `mpirun --oversubscribe ARGS...` as a child process, its stdout and stderr in log, with
+// root allowed and one compute thread per rank; returns mpirun's pid. The child exits 126 when
+// it cannot create the log and 127 when mpirun cannot start.
+inline pid_t start_mpirun(const std::filesystem::path& log, const std::vector<std::string>& args) {
+    const pid_t child = ::fork();
+    if (child != 0) return child;
+    const int fd = ::creat(log.c_str(), 0644);
+    if (fd < 0) ::_exit(126);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    std::vector<std::string> argv_strings = {"mpirun", "--oversubscribe"};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : argv_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp("mpirun", argv.data());
+    ::_exit(127);
 }
 
 }  // namespace moetron::testing

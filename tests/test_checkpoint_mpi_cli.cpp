@@ -9,7 +9,6 @@
 //    run stopped after, loadable.
 // And a tensor-parallel job's checkpoint (4 ranks tp2.ep2) resumed by one process ends at the
 // same loss as the job. Skipped when mpirun is not on the PATH.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -42,6 +41,7 @@ using moetron::testing::error_of;
 using moetron::testing::mpirun_available;
 using moetron::testing::rank_process;
 using moetron::testing::read_file;
+using moetron::testing::start_mpirun;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
@@ -49,31 +49,17 @@ namespace fs = std::filesystem;
 // Starts `mpirun -np 2 moetron train --layout ep2 ... --save root` with output to log.
 pid_t start_job(const fs::path& root, const fs::path& log,
                 const std::vector<std::string>& mpirun_flags) {
-    const pid_t child = ::fork();
-    if (child != 0) return child;
-    const int fd = ::creat(log.c_str(), 0644);
-    if (fd < 0) ::_exit(126);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    ::setenv("OMP_NUM_THREADS", "1", 1);
     // --save-every 25, not smaller: once mpirun 4.1 has its SIGTERM it stops reading the ranks'
     // output, and a rank that fills the pipe (a "saved" line every few milliseconds) blocks in
     // its write and never reaches the stop: seen as a SIGKILL at step 768 on a quiet machine.
-    std::vector<std::string> args = {"mpirun", "--oversubscribe"};
-    args.insert(args.end(), mpirun_flags.begin(), mpirun_flags.end());
+    std::vector<std::string> args = mpirun_flags;
     for (const char* a : {"-np",          "2",       MOETRON_BINARY, "train", "--layout",     "ep2",
                           "--steps",      "1000000", "--batch-size", "4",     "--seq-len",    "16",
                           "--eval-every", "0",       "--threads",    "1",     "--save-every", "25",
                           "--keep",       "2",       "--save"})
         args.emplace_back(a);
     args.push_back(root.string());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp("mpirun", argv.data());
-    ::_exit(127);
+    return start_mpirun(log, args);
 }
 
 // Stepping has started once the first periodic checkpoint exists.

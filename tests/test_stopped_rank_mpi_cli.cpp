@@ -4,7 +4,6 @@
 // survivors waited a second timeout while unwinding past the other pending gradient buckets, and
 // ended in "collective handle was dropped unfinished", std::terminate and SIGABRT, naming no
 // rank. Skipped when mpirun is not on the PATH.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -29,46 +28,31 @@ using moetron::testing::read_file;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
+using moetron::testing::start_mpirun;
 
 constexpr const char* kTimeoutS = "3";
 
 pid_t start_job(const fs::path& log, const fs::path& steps_jsonl) {
-    const pid_t child = ::fork();
-    if (child != 0) return child;
-    const int fd = ::creat(log.c_str(), 0644);
-    if (fd < 0) ::_exit(126);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
-    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
-    ::setenv("OMP_NUM_THREADS", "1", 1);
-    std::vector<std::string> args = {"mpirun",
-                                     "--oversubscribe",
-                                     "-np",
-                                     "3",
-                                     MOETRON_BINARY,
-                                     "train",
-                                     "--layout",
-                                     "dp3",
-                                     "--steps",
-                                     "1000000",
-                                     "--batch-size",
-                                     "6",
-                                     "--seq-len",
-                                     "16",
-                                     "--eval-every",
-                                     "0",
-                                     "--threads",
-                                     "1",
-                                     "--comm-timeout-s",
-                                     kTimeoutS,
-                                     "--log-jsonl",
-                                     steps_jsonl.string()};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp("mpirun", argv.data());
-    ::_exit(127);
+    return start_mpirun(log, {"-np",
+                              "3",
+                              MOETRON_BINARY,
+                              "train",
+                              "--layout",
+                              "dp3",
+                              "--steps",
+                              "1000000",
+                              "--batch-size",
+                              "6",
+                              "--seq-len",
+                              "16",
+                              "--eval-every",
+                              "0",
+                              "--threads",
+                              "1",
+                              "--comm-timeout-s",
+                              kTimeoutS,
+                              "--log-jsonl",
+                              steps_jsonl.string()});
 }
 
 // Training has started once rank 0 logged its first step.
