@@ -6,10 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
-#include <regex>
 #include <string>
 #include <thread>
 
@@ -24,6 +24,17 @@ using moetron::testing::TempDir;
 using Output = moetron::testing::CliOutput;
 using moetron::testing::run_cli;
 
+// The longest run of consecutive digits in text. (Plain loops, not <regex>: GCC 12's <regex> trips
+// -Wmaybe-uninitialized in the sanitizer build.)
+size_t longest_digit_run(const std::string& text) {
+    size_t longest = 0, run = 0;
+    for (const char c : text) {
+        run = c >= '0' && c <= '9' ? run + 1 : 0;
+        longest = std::max(longest, run);
+    }
+    return longest;
+}
+
 // A refusal: a normal, non-zero exit whose message holds every needle.
 void expect_refused(const std::string& args, std::initializer_list<std::string> needles) {
     SCOPED_TRACE(args);
@@ -31,17 +42,22 @@ void expect_refused(const std::string& args, std::initializer_list<std::string> 
     EXPECT_GT(out.exit_code, 0) << out.text;
     for (const std::string& needle : needles) EXPECT_CONTAINS(out.text, needle);
     // No bound printed as a double's 309 digits.
-    EXPECT_FALSE(std::regex_search(out.text, std::regex("[0-9]{25}"))) << out.text;
+    EXPECT_LT(longest_digit_run(out.text), 25u) << out.text;
 }
 
 // The tiny preset with one key's line replaced by `key = value`.
 std::string tiny_with(const TempDir& dir, const std::string& key, const std::string& value) {
     std::ifstream tiny(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
     std::string text((std::istreambuf_iterator<char>(tiny)), std::istreambuf_iterator<char>());
-    const std::regex line("^" + key + " = .*$", std::regex::multiline);
-    EXPECT_TRUE(std::regex_search(text, line)) << key << " is not in tiny.toml";
+    const std::string prefix = key + " = ";
+    const size_t at = text.rfind("\n" + prefix);  // the line "key = ..." (not the first line)
+    EXPECT_NE(at, std::string::npos) << key << " is not in tiny.toml";
+    if (at != std::string::npos) {
+        const size_t value_at = at + 1 + prefix.size();
+        text.replace(value_at, text.find('\n', value_at) - value_at, value);
+    }
     const std::string path = dir.file(key + ".toml");
-    std::ofstream(path) << std::regex_replace(text, line, key + " = " + value);
+    std::ofstream(path) << text;
     return path;
 }
 
