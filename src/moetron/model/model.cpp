@@ -156,6 +156,27 @@ int64_t num_moe_slots(const ModelConfig& c) {
     return slots;
 }
 
+// The expert dispatcher's configuration for max_tokens tokens per rank: one function for the
+// Model that builds the dispatcher and for plan_rank_memory, which must plan the same buffers.
+parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int64_t max_tokens,
+                                                      parallel::DispatchKind kind,
+                                                      int64_t domain_size, MoeOverlap overlap,
+                                                      double capacity_factor) {
+    parallel::ExpertDispatchConfig dc;
+    dc.num_experts = c.n_routed_experts;
+    dc.top_k = c.num_experts_per_tok;
+    dc.hidden = c.hidden_size;
+    dc.max_tokens = max_tokens;
+    dc.capacity_factor = capacity_factor;
+    dc.kind = kind;
+    dc.domain_size = domain_size;
+    // Dual overlap runs two half micro-batches, each with its own routing and buffers.
+    const bool dual = overlap == MoeOverlap::dual;
+    dc.num_buffers = dual ? 2 : 1;
+    dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
+    return dc;
+}
+
 // The final norm, output head and cross-entropy; shared by the main model and the MTP depths.
 // Nr: this rank's token rows, N/tp (sequence parallelism, block.h).
 struct HeadScratch {
@@ -404,17 +425,9 @@ struct Model::Impl : ActivationSet {
         bind_model_params(bind_g, g, c);
 
         if (c.n_routed_experts > 0) {
-            parallel::ExpertDispatchConfig dc;
-            dc.num_experts = c.n_routed_experts;
-            dc.top_k = c.num_experts_per_tok;
-            dc.hidden = c.hidden_size;
-            dc.max_tokens = r.batch_size * r.seq_len;
-            const bool dual = par.moe_overlap == MoeOverlap::dual;
-            dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
-            dc.num_buffers = dual ? 2 : 1;
-            dc.capacity_factor = par.moe_capacity_factor;
-            dc.kind = par.dispatch;
-            dc.domain_size = par.domain_size;
+            const parallel::ExpertDispatchConfig dc =
+                expert_dispatch_config(c, r.batch_size * r.seq_len, par.dispatch, par.domain_size,
+                                       par.moe_overlap, par.moe_capacity_factor);
             check_domain_limited_routing(c, par);
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
@@ -856,17 +869,9 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
 
     // The expert side: the rows the dispatcher plans, then the activation arena's plan.
     if (c.n_routed_experts > 0) {
-        parallel::ExpertDispatchConfig dc;
-        dc.num_experts = c.n_routed_experts;
-        dc.top_k = c.num_experts_per_tok;
-        dc.hidden = c.hidden_size;
-        dc.max_tokens = runtime.batch_size * runtime.seq_len;
-        dc.capacity_factor = layout.capacity_factor;
-        dc.kind = layout.dispatch;
-        dc.domain_size = layout.domain_size;
-        const bool dual = layout.moe_overlap == MoeOverlap::dual;
-        dc.num_buffers = dual ? 2 : 1;
-        dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
+        parallel::ExpertDispatchConfig dc =
+            expert_dispatch_config(c, runtime.batch_size * runtime.seq_len, layout.dispatch,
+                                   layout.domain_size, layout.moe_overlap, layout.capacity_factor);
         plan.expert_rows = parallel::planned_expert_rows(dc, layout.ep);
         dc.capacity_factor = 0;
         plan.worst_case_expert_rows = parallel::planned_expert_rows(dc, layout.ep);
