@@ -35,6 +35,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
@@ -114,7 +115,7 @@ int run(const Options& o, Communicator& world) {
     const ModelConfig config = load_model_config(o.config_path);
     const parallel::Topology topo =
         parallel::make_topology(parallel::parse_layout(o.layout), world.size());
-    parallel::validate_topology_for_model(topo, config);
+    validate_topology_for_model(topo, config);
     parallel::ParallelGroups groups = parallel::build_groups(world, topo);
 
     ModelParallel mp;

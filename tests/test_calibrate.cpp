@@ -110,7 +110,7 @@ TEST(Calibrate, WrittenFileParsesAndSimulates) {
 
     const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
     const sim::StepResult r =
-        sim::simulate_step(tiny, cluster, sim::parse_layout("tp1", 1), fp32_options(8, 8, 64));
+        sim::simulate_step(tiny, cluster, parallel::parse_layout("tp1", 1), fp32_options(8, 8, 64));
     EXPECT_TRUE(std::isfinite(r.step_time_s));
     EXPECT_GT(r.step_time_s, 0);
 }
@@ -130,9 +130,9 @@ TEST(Calibrate, MultiRankFileSimulatesDataParallel) {
 
     const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
     const sim::StepResult one =
-        sim::simulate_step(tiny, cluster, sim::parse_layout("tp1", 1), fp32_options(8, 8, 64));
+        sim::simulate_step(tiny, cluster, parallel::parse_layout("tp1", 1), fp32_options(8, 8, 64));
     const sim::StepResult four =
-        sim::simulate_step(tiny, cluster, sim::parse_layout("tp1", 4), fp32_options(8, 2, 64));
+        sim::simulate_step(tiny, cluster, parallel::parse_layout("tp1", 4), fp32_options(8, 2, 64));
     EXPECT_TRUE(std::isfinite(four.step_time_s));
     EXPECT_GT(four.step_time_s, 0);
     // A quarter of the batch per rank, plus a gradient all-reduce: faster than one rank.

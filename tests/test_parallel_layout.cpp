@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/parallel/layout.h"
 #include "moetron/parallel/local_communicator.h"
 #include "moetron/parallel/topology.h"
@@ -41,8 +42,9 @@ TEST(ParallelLayout, ParsesTokensInAnyOrder) {
     EXPECT_EQ(none.tp, 1);
     EXPECT_EQ(none.ep, 1);
     EXPECT_EQ(none.dp, 0);
-    EXPECT_EQ(parse_layout("ep16").str(), "tp1.ep16.pp1.cp1");
-    EXPECT_EQ(b.str(), "tp2.ep4.pp1.cp1.dp3");
+    EXPECT_EQ(parse_layout("ep16").str(), "tp1.pp1.vpp1.ep16.cp1");
+    EXPECT_EQ(b.str(), "tp2.pp1.vpp1.ep4.cp1.dp3");
+    EXPECT_EQ(parse_layout("vpp4.pp2").vpp, 4);
 }
 
 TEST(ParallelLayout, MalformedStringsAreErrorsNamingTheToken) {
@@ -75,14 +77,17 @@ TEST(ParallelTopology, ImpossibleLayoutsSayWhy) {
     expect_error_containing([] { make_topology(parse_layout("ep4"), 6, 0); },
                             "expert side: the world of 6 ranks is not divisible by ep*pp");
     expect_error_containing([] { make_topology(parse_layout("tp2.dp3"), 8, 0); },
-                            "It needs 6 ranks as dp*tp*cp*pp or 3 as dp*ep*pp");
-    expect_error_containing([] { make_topology(parse_layout("dp2.ep2"), 8, 0); },
-                            "dp2 must be the attention side's replicas, world/(tp*cp*pp) = 8, or "
-                            "the expert side's, world/(ep*pp) = 4");
+                            "dp3 needs dp*tp*cp*pp = 6 ranks, but world/(tp*cp*pp) = 4; write dp4");
+    expect_error_containing([] { make_topology(parse_layout("dp3.ep2"), 8, 0); },
+                            "dp3 needs dp*tp*cp*pp = 3 ranks, but world/(tp*cp*pp) = 8; write dp8");
     expect_error_containing([] { make_topology(parse_layout(""), 8, 3); },
                             "domain_size 3 does not divide the world of 8 ranks");
     expect_error_containing([] { make_topology(parse_layout("pp2"), 8, 0); },
                             "pipeline parallelism (pp 2) is not supported yet");
+    expect_error_containing([] { make_topology(parse_layout("pp2.vpp2"), 8, 0); },
+                            "pipeline parallelism (pp 2) is not supported yet");
+    expect_error_containing([] { make_topology(parse_layout("vpp2"), 8, 0); },
+                            "virtual pipeline stages (vpp 2) are not supported yet");
     expect_error_containing([] { make_topology(parse_layout("cp2"), 8, 0); },
                             "context parallelism (cp 2) is not supported yet");
     expect_error_containing([] { make_topology(parse_layout("tp4"), 12, 6); },
@@ -187,9 +192,9 @@ TEST(ParallelTopology, Dp2Ep2FoldsExpertsIndependentlyOfData) {
     EXPECT_EQ(members(t, GroupKind::edp, 1), (Ranks{1}));
     EXPECT_EQ(members(t, GroupKind::tp, 1), (Ranks{1}));
 
-    // Four ranks, dp4 on the attention side, ep2 x edp2 on the expert side, written either way:
-    // "dp2.ep2" names the expert side's two replicas.
-    for (const char* text : {"ep2", "dp2.ep2", "dp4.ep2"}) {
+    // Four ranks, dp4 on the attention side, ep2 x edp2 on the expert side: dp counts the
+    // attention side, as Megatron-LM does, so dp4 may be written or left out.
+    for (const char* text : {"ep2", "dp4.ep2"}) {
         SCOPED_TRACE(text);
         const Topology u = make_topology(parse_layout(text), 4, 2);
         EXPECT_EQ(u.dp, 4);
@@ -198,6 +203,17 @@ TEST(ParallelTopology, Dp2Ep2FoldsExpertsIndependentlyOfData) {
         EXPECT_EQ(members(u, GroupKind::ep, 2), (Ranks{2, 3}));
         EXPECT_EQ(members(u, GroupKind::edp, 3), (Ranks{1, 3}));
     }
+}
+
+// "dp2.ep2" on 4 ranks once counted the expert side's replicas; now one meaning of dp, and the
+// other spelling says what to write instead.
+TEST(ParallelTopology, DpCountingTheExpertSideSaysWhatToWrite) {
+    expect_error_containing([] { make_topology(parse_layout("dp2.ep2"), 4, 2); },
+                            "dp2 is the expert side's replicas (edp = world/(ep*pp) = 2), which "
+                            "follows from ep. Write dp4 or leave dp out");
+    // The cluster model reads the same string the same way.
+    expect_error_containing([] { parse_layout("dp2.ep2", 4); }, "Write dp4 or leave dp out");
+    EXPECT_EQ(parse_layout("dp4.ep2", 4).edp(), 2);
 }
 
 TEST(ParallelTopology, Ep4SpansTwoDomainsOfTwo) {

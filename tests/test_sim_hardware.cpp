@@ -9,6 +9,8 @@
 
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
+#include "moetron/model/layout_fit.h"
+#include "moetron/parallel/layout.h"
 #include "moetron/sim/collectives.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/layout.h"
@@ -127,30 +129,33 @@ ModelConfig dsv3_like() {
 }
 
 TEST(SimLayout, ParsesAndDerivesDp) {
-    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp2.vpp4.ep32", 256);
     EXPECT_EQ(l.dp, 128);
     EXPECT_EQ(l.edp(), 4);
-    EXPECT_EQ(l.to_string(), "tp1.pp2.vpp4.ep32.cp1.dp128");
-    validate_layout(l, 256, dsv3_like());
-    EXPECT_EQ(parse_layout("ep64.tp2.vpp4.pp8", 1024).dp, 64);
+    EXPECT_EQ(l.str(), "tp1.pp2.vpp4.ep32.cp1.dp128");
+    validate_layout_for_model(l, dsv3_like());
+    EXPECT_EQ(parallel::parse_layout("ep64.tp2.vpp4.pp8", 1024).dp, 64);
 }
 
 TEST(SimLayout, ImpossibleLayoutsSayWhy) {
     const ModelConfig m = dsv3_like();
-    EXPECT_NE(error_of([] { parse_layout("tp3.pp2", 256); }).find("does not divide"),
+    EXPECT_NE(error_of([] { parallel::parse_layout("tp3.pp2", 256); }).find("not divisible"),
               std::string::npos);
-    EXPECT_NE(error_of([] { parse_layout("tp1.pq2", 256); }).find("pq"), std::string::npos);
-    EXPECT_NE(error_of([] { parse_layout("tp1.pp2.dp7", 256); }).find("dp7"), std::string::npos);
+    EXPECT_NE(error_of([] { parallel::parse_layout("tp1.pq2", 256); }).find("pq"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { parallel::parse_layout("tp1.pp2.dp7", 256); }).find("dp7"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { parallel::parse_layout("tp1.pp4.ep64", 128); }).find("pipeline stage"),
+              std::string::npos);
     auto check = [&](const char* text, int64_t gpus) {
-        return error_of([&] { validate_layout(parse_layout(text, gpus), gpus, m); });
+        return error_of([&] { validate_layout_for_model(parallel::parse_layout(text, gpus), m); });
     };
     EXPECT_NE(check("tp1.pp2.ep48", 96).find("routed experts"), std::string::npos);
-    EXPECT_NE(check("tp1.pp4.ep64", 128).find("pipeline stage"), std::string::npos);
     EXPECT_NE(check("tp1.pp16.vpp4", 256).find("layers"), std::string::npos);
     ModelConfig odd_heads = m;
     odd_heads.num_attention_heads = 6;
     EXPECT_NE(error_of([&] {
-                  validate_layout(parse_layout("tp4", 4), 4, odd_heads);
+                  validate_layout_for_model(parallel::parse_layout("tp4", 4), odd_heads);
               }).find("attention heads"),
               std::string::npos);
 }
@@ -168,20 +173,20 @@ TEST(SimLayout, PipelineLayoutStrings) {
 
 TEST(SimLayout, GroupsLandOnDomains) {
     // EP32 on NVL72: a rack holds two EP groups (64 GPUs), so EP never leaves the rack.
-    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp2.vpp4.ep32", 256);
     const LayoutPlacement p = place_layout(l, 72);
     EXPECT_EQ(p.gpus_per_domain, 64);
     EXPECT_EQ(p.ep.domains, 1);
     EXPECT_EQ(p.edp.domains, 2);  // expert-DP peers 32 ranks apart: two per rack
     EXPECT_EQ(p.pp.domains, 2);
     // EP64 with TP2 on HGX: 8 nodes of 8.
-    const LayoutPlacement h = place_layout(parse_layout("tp2.pp8.vpp4.ep64", 1024), 8);
+    const LayoutPlacement h = place_layout(parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024), 8);
     EXPECT_EQ(h.ep.domains, 8);
     EXPECT_EQ(h.ep.ranks_per_domain, 8);
     EXPECT_EQ(h.tp.domains, 1);
     EXPECT_EQ(h.dp.ranks_per_domain, 4);
     // EP128 does not fit a 72-GPU rack: two racks of 64.
-    const LayoutPlacement big = place_layout(parse_layout("tp1.pp1.ep128", 256), 72);
+    const LayoutPlacement big = place_layout(parallel::parse_layout("tp1.pp1.ep128", 256), 72);
     EXPECT_EQ(big.gpus_per_domain, 64);
     EXPECT_EQ(big.ep.domains, 2);
 }

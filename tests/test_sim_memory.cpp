@@ -58,7 +58,7 @@ double megatron_weight_and_optimizer_bytes(const ModelConfig& m, const MegatronA
 // routed experts over TP (expert TP = TP), where the published recipes (and the simulator)
 // keep expert TP at 1: experts whole on each TP rank, their optimizer state sharded over
 // dp x tp instead.
-BlockParams shard_params(const ModelConfig& m, const ParallelLayout& l) {
+BlockParams shard_params(const ModelConfig& m, const parallel::Layout& l) {
     BlockParams sum, layers;
     auto add = [&](BlockParams& to, BlockKind k, double times) {
         const BlockParams b = block_params_per_gpu(m, k, l);
@@ -77,7 +77,7 @@ BlockParams shard_params(const ModelConfig& m, const ParallelLayout& l) {
     return sum;
 }
 
-double left_out_by_megatron(const ModelConfig& m, const ParallelLayout& l) {
+double left_out_by_megatron(const ModelConfig& m, const parallel::Layout& l) {
     const double tp = static_cast<double>(l.tp);
     const double router = count_layer_parameters(m, true).router;
     const double moe_layers = static_cast<double>(m.num_hidden_layers - m.first_k_dense_replace);
@@ -106,7 +106,7 @@ TEST(SimMemory, WeightsGradientsOptimizerMatchMegatronsEstimator) {
     for (const Case& c : {Case{"tp1.pp1.ep1", 64, true}, Case{"tp2.pp8.vpp4.ep1", 1024, true},
                           Case{"tp4.pp16.ep1", 512, true}, Case{"tp8.pp4.ep1", 32, false},
                           Case{"tp1.pp2.ep1", 256, false}}) {
-        const ParallelLayout l = parse_layout(c.layout, c.gpus);
+        const parallel::Layout l = parallel::parse_layout(c.layout, c.gpus);
         MemoryOptions o = megatron_defaults();
         o.distributed_optimizer = c.distributed;
         const BlockParams sp = shard_params(m, l);
@@ -131,7 +131,7 @@ TEST(SimMemory, ExpertParallelismAndPrecisionAwareOptimizer) {
     // Megatron's formula with the routed experts split over ep and their optimizer state over
     // expert-dp, and with the precision-aware optimizer's dtypes.
     const ModelConfig m = load_model_config(kRoot + "/configs/models/dsv3-671b.toml");
-    const ParallelLayout l = parse_layout("tp2.pp8.vpp4.ep64", 1024);  // dp 64, edp 2
+    const parallel::Layout l = parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024);  // dp 64, edp 2
     const BlockParams sp = shard_params(m, l);
     const double routed = count_layer_parameters(m, true).moe_routed;
     const double moe_layers_here = 58.0 / 8 + 1;
@@ -192,7 +192,7 @@ struct Gb300 {
 
 TEST(SimMemory, OffloadingMovesActivationsToTheHost) {
     Gb300 f;
-    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp2.vpp4.ep32", 256);
     const StepResult kept = simulate_step_unchecked(f.dsv3, f.gb300, l, f.options());
     SimOptions o = f.options();
     o.memory.offload = parse_recompute("moe");
@@ -213,7 +213,7 @@ TEST(SimMemory, Fp8SwigluInputCacheShrinksTheExpertActivations) {
     SimOptions o = f.options();
     o.precision = Precision::fp8;
     o.recompute = parse_recompute("moe_act");
-    const ParallelLayout l = parse_layout("tp1.pp16.ep64", 2048);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp16.ep64", 2048);
     const StepResult bf16_cache = simulate_step_unchecked(f.dsv3, f.h100, l, o);
     o.memory.low_precision_swiglu_input = true;
     const StepResult fp8_cache = simulate_step_unchecked(f.dsv3, f.h100, l, o);
@@ -227,10 +227,10 @@ TEST(SimMemory, Fp8SwigluInputCacheShrinksTheExpertActivations) {
 
 TEST(SimMemory, InterleavingHoldsMoreMicroBatchesThanOneFOneB) {
     Gb300 f;
-    const StepResult plain =
-        simulate_step_unchecked(f.dsv3, f.gb300, parse_layout("tp1.pp4.ep32", 256), f.options());
+    const StepResult plain = simulate_step_unchecked(
+        f.dsv3, f.gb300, parallel::parse_layout("tp1.pp4.ep32", 256), f.options());
     const StepResult interleaved = simulate_step_unchecked(
-        f.dsv3, f.gb300, parse_layout("tp1.pp4.vpp4.ep32", 256), f.options());
+        f.dsv3, f.gb300, parallel::parse_layout("tp1.pp4.vpp4.ep32", 256), f.options());
     // Stage 0 of 1F1B holds pp micro-batches of its layers; interleaved, (1 + (p-1)/(p v)) as
     // many (Megatron's interleaved_schedule_memory_penalty).
     const double ratio = interleaved.memory_per_stage[0].activations_bytes /
@@ -245,7 +245,7 @@ TEST(SimMemory, OverBudgetNamesTheCheapestChangeThatFits) {
     o.precision = Precision::fp8;
     o.global_batch = 8192;
     o.memory.optimizer = {4, 4, 4, 4};
-    const ParallelLayout l = parse_layout("tp2.pp8.vpp4.ep64", 1024);
+    const parallel::Layout l = parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024);
     const std::optional<FitChange> fit = find_cheapest_fit(f.dsv3, f.h100, l, o);
     ASSERT_TRUE(fit.has_value());
     EXPECT_LE(fit->memory_bytes, fit->capacity_bytes);

@@ -26,7 +26,7 @@ struct Fixture {
         OpContext ctx;
         ctx.model = &model;
         ctx.cluster = &cluster;
-        ctx.layout = parse_layout(layout, gpus);
+        ctx.layout = parallel::parse_layout(layout, gpus);
         ctx.placement = place_layout(ctx.layout, cluster.scale_up.domain_gpus);
         ctx.seq_len = seq;
         ctx.micro_batch = mbs;

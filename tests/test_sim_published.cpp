@@ -96,7 +96,8 @@ TEST_F(Published, Gb300EarlierSoftware) {
     o.count_mtp = false;
     o.recompute = parse_recompute("mlp,moe_act");
     o.cuda_graphs = CudaGraphs::partial;
-    const StepResult r = simulate_step(dsv3, gb300, parse_layout("tp1.pp2.vpp4.ep32", 256), o);
+    const StepResult r =
+        simulate_step(dsv3, gb300, parallel::parse_layout("tp1.pp2.vpp4.ep32", 256), o);
     record({"256 GB300 MXFP8 TP1 PP2 VPP4 EP32 gbs4096 (MTP not counted)", "tokens/s/GPU",
             r.tokens_per_s_per_gpu, 4357, true});
     record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 1088, true});
@@ -112,7 +113,8 @@ TEST_F(Published, H100) {
     o.recompute = parse_recompute("mla_up_proj,mlp");
     o.overlap_ep = true;
     o.pipeline_layout = "Et|(tt|)*30mL";
-    const StepResult r = simulate_step(dsv3, h100, parse_layout("tp2.pp8.vpp4.ep64", 1024), o);
+    const StepResult r =
+        simulate_step(dsv3, h100, parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024), o);
     record({"1024 H100 FP8 TP2 PP8 VPP4 EP64 gbs8192 (MTP counted)", "tokens/s/GPU",
             r.tokens_per_s_per_gpu, 1297, true});
     record({"  same", "TFLOPs/GPU", r.tflops_per_gpu, 338, true});
@@ -126,7 +128,7 @@ TEST_F(Published, Gb300LaterSoftwareAndScaling) {
     record({"256 GB300 MXFP8 later software, planner's best layout", "TFLOPs/GPU",
             best.tflops_per_gpu, 1648});
 
-    ParallelLayout wide = best.layout;
+    parallel::Layout wide = best.layout;
     wide.dp *= 4;
     SimOptions o = best.options;
     o.global_batch *= 4;
@@ -138,7 +140,7 @@ TEST_F(Published, Gb300LaterSoftwareAndScaling) {
     // The curve bends: each doubling beyond 1,024 GPUs loses more than one below it.
     std::vector<double> kept;
     for (int64_t gpus : {256, 1024, 4096, 8192}) {
-        ParallelLayout l = best.layout;
+        parallel::Layout l = best.layout;
         l.dp = gpus / (l.tp * l.cp * l.pp);
         SimOptions scaled = best.options;
         scaled.global_batch = best.options.global_batch * gpus / 256;
@@ -168,7 +170,8 @@ TEST_F(Published, DeepSeekOwnRunOnH800) {
     o.overlap_ep = true;
     o.pipeline_schedule = PipelineSchedule::dualpipe;
     o.memory.low_precision_swiglu_input = true;
-    const StepResult r = simulate_step(dsv3, h800, parse_layout("tp1.pp16.ep64", 2048), o);
+    const StepResult r =
+        simulate_step(dsv3, h800, parallel::parse_layout("tp1.pp16.ep64", 2048), o);
     record({"2048 H800 FP8 PP16 EP64 DualPipe gbs15360 (DeepSeek's run)", "tokens/s/GPU",
             r.tokens_per_s_per_gpu, 1e12 / (180e3 * 3600)});
 }
@@ -192,9 +195,9 @@ TEST_F(Published, PlannerWithDualPipeFindsDeepSeeksLayout) {
     const PlanResult plan = plan_layouts(dsv3, h800, 2048, o, space);
     ASSERT_FALSE(plan.ranked.empty());
     for (const PlanCandidate& c : plan.ranked) EXPECT_EQ(c.result.layout.vpp, 1);
-    const ParallelLayout& best = plan.ranked.front().result.layout;
+    const parallel::Layout& best = plan.ranked.front().result.layout;
     std::printf("  DualPipe on 2,048 H800: the planner picks %s, recompute %s\n",
-                best.to_string().c_str(), plan.ranked.front().recompute.c_str());
+                best.str().c_str(), plan.ranked.front().recompute.c_str());
     EXPECT_EQ(best.tp, 1);
     EXPECT_EQ(best.pp, 16);
     EXPECT_EQ(best.ep, 64);
@@ -214,7 +217,8 @@ TEST_F(Published, MlperfDeepSeekV3On8192Gb300) {
     o.count_mtp = true;  // the benchmark trains with MTP
     // Evaluation: 1,024 sequences forward only, against 16,384 forward and backward.
     const double eval = 1024.0 / (3.0 * 16384.0);
-    const StepResult ref = simulate_step(dsv3, gb300, parse_layout("tp1.pp4.vpp4.ep64", 256), o);
+    const StepResult ref =
+        simulate_step(dsv3, gb300, parallel::parse_layout("tp1.pp4.vpp4.ep64", 256), o);
     const double steps = 5400 / (ref.step_time_s * (1 + eval));
     PlanSpace space;
     space.tp = {1};
@@ -229,7 +233,7 @@ TEST_F(Published, MlperfDeepSeekV3On8192Gb300) {
     std::printf(
         "  MLPerf DeepSeek-V3: %.0f steps (%.1fB tokens) from the reference's %.1f s step; "
         "8,192 GB300 %s step %.2f s: %.2f min (published 2.02)\n",
-        steps, steps * 16384 * 4096 / 1e9, ref.step_time_s, best.layout.to_string().c_str(),
+        steps, steps * 16384 * 4096 / 1e9, ref.step_time_s, best.layout.str().c_str(),
         best.step_time_s, minutes);
     EXPECT_GT(minutes, 2.02 / 2.5);
     EXPECT_LT(minutes, 2.02 * 2.5);
@@ -269,7 +273,7 @@ TEST_F(Published, PlannerRanksThePublishedLayouts) {
           Run{"B200 recipe", &b200, 256, "tp1.pp16.ep8", "mla_up_proj", b200_recipe},
           Run{"GB300 later software", &gb300, 256, "tp1.pp2.vpp4.ep32", "mlp,moe_act",
               later_software()}}) {
-        const ParallelLayout l = parse_layout(run.layout, run.gpus);
+        const parallel::Layout l = parallel::parse_layout(run.layout, run.gpus);
         PlanSpace space;  // the default recompute presets
         space.tp = {l.tp};
         space.pp = {l.pp};

@@ -47,8 +47,8 @@ struct Fixture {
 
 TEST(SimStep, BreakdownAddsUpToTheStep) {
     Fixture f;
-    const StepResult r =
-        simulate_step(f.dsv3, f.gb300, parse_layout("tp1.pp2.vpp4.ep32", 256), f.gb300_options());
+    const StepResult r = simulate_step(
+        f.dsv3, f.gb300, parallel::parse_layout("tp1.pp2.vpp4.ep32", 256), f.gb300_options());
     EXPECT_NEAR(r.breakdown.total_s(), r.step_time_s, 1e-9 * r.step_time_s);
     EXPECT_EQ(r.micro_batches, 32);
     EXPECT_NEAR(r.tokens_per_s_per_gpu * r.step_time_s * 256, 4096.0 * 4096, 1);
@@ -66,7 +66,7 @@ TEST(SimStep, BreakdownAddsUpToTheStep) {
 
 TEST(SimStep, OverlapAndGraphsNeverSlowAStepDown) {
     Fixture f;
-    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp2.vpp4.ep32", 256);
     const SimOptions base = f.gb300_options();
     const double t0 = simulate_step(f.dsv3, f.gb300, l, base).step_time_s;
     SimOptions o = base;
@@ -86,7 +86,7 @@ TEST(SimStep, OverlapAndGraphsNeverSlowAStepDown) {
 
 TEST(SimStep, RecomputeTradesTimeForMemory) {
     Fixture f;
-    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp2.vpp4.ep32", 256);
     SimOptions light = f.gb300_options();
     light.recompute = parse_recompute("none");
     SimOptions heavy = light;
@@ -104,17 +104,18 @@ TEST(SimStep, OutOfMemorySaysByHowMuch) {
     SimOptions o;
     o.precision = Precision::fp8;
     o.global_batch = 64;
-    const std::string msg =
-        error_of([&] { simulate_step(f.dsv3, f.h100, parse_layout("tp1.pp1.ep8", 8), o); });
+    const std::string msg = error_of(
+        [&] { simulate_step(f.dsv3, f.h100, parallel::parse_layout("tp1.pp1.ep8", 8), o); });
     EXPECT_NE(msg.find("out of memory"), std::string::npos) << msg;
     EXPECT_NE(msg.find("GB over"), std::string::npos) << msg;
-    const StepResult r = simulate_step_unchecked(f.dsv3, f.h100, parse_layout("tp1.pp1.ep8", 8), o);
+    const StepResult r =
+        simulate_step_unchecked(f.dsv3, f.h100, parallel::parse_layout("tp1.pp1.ep8", 8), o);
     EXPECT_GT(r.memory.total_bytes(), 10 * r.memory.capacity_bytes);
 }
 
 TEST(SimStep, ImpossibleInputsAreRejected) {
     Fixture f;
-    const ParallelLayout l = parse_layout("tp1.pp2.vpp4.ep32", 256);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp2.vpp4.ep32", 256);
     SimOptions o = f.gb300_options();
     o.global_batch = 4000;  // not a multiple of dp 128 x mbs 1
     EXPECT_NE(error_of([&] { simulate_step(f.dsv3, f.gb300, l, o); }).find("global batch"),
@@ -126,14 +127,15 @@ TEST(SimStep, ImpossibleInputsAreRejected) {
     // MXFP8 on an H100.
     SimOptions mx = f.gb300_options();
     mx.global_batch = 8192;
-    const std::string msg = error_of(
-        [&] { simulate_step(f.dsv3, f.h100, parse_layout("tp2.pp8.vpp4.ep64", 1024), mx); });
+    const std::string msg = error_of([&] {
+        simulate_step(f.dsv3, f.h100, parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024), mx);
+    });
     EXPECT_NE(msg.find("mxfp8"), std::string::npos) << msg;
     // TP across NVLink domains.
     SimOptions fp8 = mx;
     fp8.precision = Precision::fp8;
     EXPECT_NE(error_of([&] {
-                  simulate_step(f.dsv3, f.h100, parse_layout("tp16.pp8.ep64", 1024), fp8);
+                  simulate_step(f.dsv3, f.h100, parallel::parse_layout("tp16.pp8.ep64", 1024), fp8);
               }).find("domain"),
               std::string::npos);
     // A Megatron layout string that does not match the model.
@@ -151,7 +153,7 @@ TEST(SimStep, DualPipeHoldsTwoStagesAndShrinksTheBubble) {
     o.precision = Precision::fp8;
     o.global_batch = 4096;
     o.recompute = parse_recompute("layernorm,mla_up_proj,moe_act");
-    const ParallelLayout l = parse_layout("tp1.pp16.ep64", 2048);
+    const parallel::Layout l = parallel::parse_layout("tp1.pp16.ep64", 2048);
     const StepResult plain = simulate_step_unchecked(f.dsv3, h800, l, o);
     o.pipeline_schedule = PipelineSchedule::dualpipe;
     const StepResult dual = simulate_step_unchecked(f.dsv3, h800, l, o);
@@ -166,7 +168,8 @@ TEST(SimStep, DualPipeHoldsTwoStagesAndShrinksTheBubble) {
                 (p1.optimizer_bytes + plain.memory_per_stage[14].optimizer_bytes) / 2, 1e6);
     // An odd pp, or interleaving, is refused with a reason.
     const std::string msg = error_of([&] {
-        (void)simulate_step_unchecked(f.dsv3, h800, parse_layout("tp1.pp16.vpp2.ep64", 2048), o);
+        (void)simulate_step_unchecked(f.dsv3, h800,
+                                      parallel::parse_layout("tp1.pp16.vpp2.ep64", 2048), o);
     });
     EXPECT_NE(msg.find("dualpipe schedule needs an even pp"), std::string::npos) << msg;
 }
@@ -177,18 +180,20 @@ TEST(SimStep, EpOverlapWithAPipelineNeedsInterleaving) {
     Fixture f;
     SimOptions o = f.gb300_options();
     o.overlap_ep = true;
-    const std::string msg = error_of(
-        [&] { (void)simulate_step(f.dsv3, f.gb300, parse_layout("tp1.pp4.ep32", 256), o); });
+    const std::string msg = error_of([&] {
+        (void)simulate_step(f.dsv3, f.gb300, parallel::parse_layout("tp1.pp4.ep32", 256), o);
+    });
     EXPECT_NE(msg.find("--overlap-ep with pp 4 needs interleaving"), std::string::npos) << msg;
     EXPECT_EQ(msg.find(".cpp:"), std::string::npos) << msg;
-    (void)simulate_step_unchecked(f.dsv3, f.gb300, parse_layout("tp1.pp4.vpp2.ep32", 256), o);
-    (void)simulate_step_unchecked(f.dsv3, f.gb300, parse_layout("tp1.pp1.ep32", 256), o);
+    (void)simulate_step_unchecked(f.dsv3, f.gb300, parallel::parse_layout("tp1.pp4.vpp2.ep32", 256),
+                                  o);
+    (void)simulate_step_unchecked(f.dsv3, f.gb300, parallel::parse_layout("tp1.pp1.ep32", 256), o);
 }
 
 TEST(SimStep, ReportsRender) {
     Fixture f;
-    const StepResult r =
-        simulate_step(f.dsv3, f.gb300, parse_layout("tp1.pp2.vpp4.ep32", 256), f.gb300_options());
+    const StepResult r = simulate_step(
+        f.dsv3, f.gb300, parallel::parse_layout("tp1.pp2.vpp4.ep32", 256), f.gb300_options());
     const std::string text = format_step_report(r);
     for (const char* needle :
          {"tokens/s/GPU", "TFLOPs/GPU", "MFU", "exposed EP", "bubble", "memory per GPU"}) {

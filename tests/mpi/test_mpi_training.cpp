@@ -411,11 +411,10 @@ TEST(MpiTraining, AdversarialRoutingBeyondTheCapacityMatchesOneRank) {
 }
 
 // dp2 x ep2 on 4 ranks: attention data-parallel over 4, experts split over 2 and replicated
-// over 2 (Megatron's folding). "dp2.ep2" counts the expert side's replicas, "dp4.ep2" the
-// attention side's: the same run.
+// over 2 (Megatron's folding). dp is the attention side's; "ep2" leaves it out: the same run.
 TEST(MpiTraining, DataTimesExpertParallelZero1MatchesOneRank) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
-    run_case({"dp2.ep2", true});
+    run_case({"ep2", true});
     run_case({"dp4.ep2", false});
 }
 
@@ -533,7 +532,7 @@ TEST(MpiTrainer, ExpertParallelMatchesOneProcess) {
 
 TEST(MpiTrainer, DataTimesExpertParallelMatchesOneProcess) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
-    run_trainer_case("dp2.ep2", true, true, 1);
+    run_trainer_case("dp4.ep2", true, true, 1);
 }
 
 TEST(MpiTrainer, TensorParallelMatchesOneProcess) {

@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -12,8 +13,11 @@
 #include "moetron/cli/commands.h"
 #include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
+#include "moetron/core/checked_math.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/layout.h"
 #include "moetron/parallel/topology.h"
@@ -44,10 +48,19 @@ struct RankMemory {
 
 RankMemory plan_memory(const InfoOptions& o, const ModelConfig& config) {
     const parallel::Layout layout = parallel::parse_layout(o.layout);
-    const int ranks = o.ranks > 0 ? o.ranks : layout.tp * layout.ep * std::max(layout.dp, 1);
+    // Without --ranks: the attention side's ranks when dp is given, else tp * ep (one replica
+    // of an expert group, as many of tp); checked so that the sizes of a typo cannot wrap.
+    const int64_t default_ranks =
+        layout.dp > 0 ? checked_product<int64_t>({layout.tp, layout.cp, layout.pp, layout.dp},
+                                                 "--layout ranks")
+                      : checked_product<int64_t>({layout.tp, layout.cp, layout.pp, layout.ep},
+                                                 "--layout ranks");
+    MT_USER_CHECK(o.ranks > 0 || default_ranks <= std::numeric_limits<int>::max(),
+                  "--layout {} needs {} ranks, more than a job can have", o.layout, default_ranks);
+    const int ranks = o.ranks > 0 ? o.ranks : static_cast<int>(default_ranks);
     RankMemory m;
     m.topology = parallel::make_topology(layout, ranks, o.domain_size);
-    parallel::validate_topology_for_model(m.topology, config);
+    validate_topology_for_model(m.topology, config);
     RankMemoryLayout l;
     l.tp = m.topology.tp;
     l.ep = m.topology.ep;
@@ -232,9 +245,11 @@ void register_info(CLI::App& app) {
     info->add_flag("--json", options->json, "print one JSON object instead of the table");
     info->add_option("--layout", options->layout,
                      "parallel layout for the per-rank memory plan, as train's --layout (e.g. "
-                     "ep64, dp2.ep2)");
+                     "ep64, dp4.ep2)");
     info->add_option("--ranks", options->ranks,
-                     "ranks of the job (default: tp * ep * dp of the layout, dp 1 when left out)")
+                     "ranks of the job (default: tp * cp * pp * dp of the layout; tp * cp * pp * "
+                     "ep when dp is "
+                     "left out)")
         ->check(whole_number(1, int64_t{1} << 20));
     info->add_option("--batch-size", options->batch_size, "sequences per micro-batch on one rank")
         ->capture_default_str()

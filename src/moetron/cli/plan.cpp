@@ -105,7 +105,7 @@ void run_plan(const PlanFlags& f) {
             n * f.global_batch % f.gpus == 0,
             "[plan] --scaling: {} GPUs do not scale the global batch {} of {} GPUs evenly", n,
             f.global_batch, f.gpus);
-        sim::ParallelLayout l = best.layout;
+        parallel::Layout l = best.layout;
         MT_USER_CHECK(
             n % (l.tp * l.cp * l.pp) == 0,
             "[plan] --scaling: {} GPUs are not a multiple of tp*cp*pp = {} of the best layout", n,
@@ -121,7 +121,7 @@ void run_plan(const PlanFlags& f) {
         points.push_back(p);
         std::printf("  %6lld GPUs  gbs %6lld  %s  %7.1f TFLOPs/GPU  %6.1f%%\n",
                     static_cast<long long>(n), static_cast<long long>(o.global_batch),
-                    l.to_string().c_str(), p.tflops_per_gpu, 100 * p.efficiency);
+                    l.str().c_str(), p.tflops_per_gpu, 100 * p.efficiency);
     }
     if (!f.svg_path.empty()) {
         sim::write_text_file(f.svg_path,

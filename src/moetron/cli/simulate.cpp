@@ -12,6 +12,7 @@
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
+#include "moetron/parallel/layout.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/report.h"
 #include "moetron/sim/step.h"
@@ -58,7 +59,7 @@ sim::SimOptions to_options(const SimulateFlags& f) {
 void run_simulate(const SimulateFlags& f) {
     const ModelConfig model = load_model_config(model_config_path(f.model_path));
     const sim::ClusterSpec cluster = sim::load_cluster_spec(cluster_config_path(f.cluster_path));
-    const sim::ParallelLayout layout = sim::parse_layout(f.layout, f.gpus);
+    const parallel::Layout layout = parallel::parse_layout(f.layout, f.gpus);
     const sim::StepResult r = sim::simulate_step(model, cluster, layout, to_options(f));
     if (f.json) {
         std::printf("%s\n", sim::step_report_json(r).dump(2).c_str());

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 
 namespace moetron::parallel {
 
@@ -14,10 +15,11 @@ namespace {
 // a domain boundary: per-layer traffic has to stay on the scale-up tier.
 void check_inside_domains(std::string_view what, int size, int domain_size) {
     const bool fits = size <= domain_size ? domain_size % size == 0 : size % domain_size == 0;
-    MT_CHECK(fits,
-             "[layout] {} {} with domain_size {}: {} groups are consecutive ranks, so one would "
-             "straddle two scale-up domains; choose a {} that divides {} or is a multiple of it",
-             what, size, domain_size, what, what, domain_size);
+    MT_USER_CHECK(fits,
+                  "[layout] {} {} with domain_size {}: {} groups are consecutive ranks, so one "
+                  "would straddle two scale-up domains; choose a {} that divides {} or is a "
+                  "multiple of it",
+                  what, size, domain_size, what, what, domain_size);
 }
 
 }  // namespace
@@ -30,79 +32,35 @@ std::string Topology::str() const {
 }
 
 Topology make_topology(const Layout& layout, int world_size, int domain_size) {
-    MT_CHECK(world_size >= 1, "[layout] world size must be >= 1, got {}", world_size);
-    MT_CHECK(layout.tp >= 1 && layout.ep >= 1 && layout.pp >= 1 && layout.cp >= 1 && layout.dp >= 0,
-             "[layout] sizes must be positive in layout {}", layout.str());
-    MT_CHECK(domain_size >= 0, "[layout] domain_size must be >= 0 (0: one domain), got {}",
-             domain_size);
-    MT_CHECK(layout.pp == 1, "[layout] pipeline parallelism (pp {}) is not supported yet; use pp1",
-             layout.pp);
-    MT_CHECK(layout.cp == 1, "[layout] context parallelism (cp {}) is not supported yet; use cp1",
-             layout.cp);
+    MT_USER_CHECK(world_size >= 1, "[layout] world size must be >= 1, got {}", world_size);
+    MT_USER_CHECK(domain_size >= 0, "[layout] domain_size must be >= 0 (0: one domain), got {}",
+                  domain_size);
+    MT_USER_CHECK(layout.pp == 1,
+                  "[layout] pipeline parallelism (pp {}) is not supported yet; use pp1", layout.pp);
+    MT_USER_CHECK(layout.vpp == 1,
+                  "[layout] virtual pipeline stages (vpp {}) are not supported yet; use vpp1",
+                  layout.vpp);
+    MT_USER_CHECK(layout.cp == 1,
+                  "[layout] context parallelism (cp {}) is not supported yet; use cp1", layout.cp);
+    const Layout resolved = resolve_layout(layout, world_size);
 
+    // Every size is at most world_size (an int) once resolved.
     Topology t;
     t.world_size = world_size;
     t.domain_size = domain_size == 0 ? world_size : domain_size;
-    MT_CHECK(world_size % t.domain_size == 0,
-             "[layout] domain_size {} does not divide the world of {} ranks", t.domain_size,
-             world_size);
-    t.tp = layout.tp;
-    t.cp = layout.cp;
-    t.pp = layout.pp;
-    t.ep = layout.ep;
-
-    const int model_parallel = t.tp * t.cp * t.pp;
-    MT_CHECK(world_size % model_parallel == 0,
-             "[layout] the world of {} ranks is not divisible by tp*cp*pp = {}*{}*{} = {}",
-             world_size, t.tp, t.cp, t.pp, model_parallel);
-    t.dp = world_size / model_parallel;
-    MT_CHECK(world_size % (t.ep * t.pp) == 0,
-             "[layout] expert side: the world of {} ranks is not divisible by ep*pp = {}*{} = {}",
-             world_size, t.ep, t.pp, t.ep * t.pp);
-    t.edp = world_size / (t.ep * t.pp);
-    // An explicit dp is a check of the world size. It may count the replicas of either side:
-    // the attention side's (world = dp*tp*cp*pp, as Megatron-LM counts) or the expert side's
-    // ("dp2.ep2" on 4 ranks: two replicas of an EP-2 expert group, world = dp*ep*pp, with
-    // attention then data-parallel over all 4 ranks).
-    MT_CHECK(layout.dp == 0 || layout.dp == t.dp || layout.dp == t.edp,
-             "[layout] layout {} does not fit a world of {} ranks: dp{} must be the attention "
-             "side's replicas, world/(tp*cp*pp) = {}, or the expert side's, world/(ep*pp) = {} "
-             "(or leave dp out: it is what remains). It needs {} ranks as dp*tp*cp*pp or {} as "
-             "dp*ep*pp",
-             layout.str(), world_size, layout.dp, t.dp, t.edp, layout.dp * model_parallel,
-             layout.dp * t.ep * t.pp);
+    MT_USER_CHECK(world_size % t.domain_size == 0,
+                  "[layout] domain_size {} does not divide the world of {} ranks", t.domain_size,
+                  world_size);
+    t.tp = static_cast<int>(resolved.tp);
+    t.cp = static_cast<int>(resolved.cp);
+    t.pp = static_cast<int>(resolved.pp);
+    t.dp = static_cast<int>(resolved.dp);
+    t.ep = static_cast<int>(resolved.ep);
+    t.edp = static_cast<int>(resolved.edp());
 
     check_inside_domains("tp", t.tp, t.domain_size);
     check_inside_domains("ep", t.ep, t.domain_size);
     return t;
-}
-
-void validate_topology_for_model(const Topology& t, const ModelConfig& model) {
-    // Tensor parallelism splits the heads, the vocabulary, the dense MLP's and the shared
-    // experts' intermediate features (model.h's ModelParallel::tp); routed experts keep
-    // expert-TP = 1.
-    MT_CHECK(model.num_attention_heads % t.tp == 0,
-             "[layout] tp {} does not divide the {} attention heads of model '{}'", t.tp,
-             model.num_attention_heads, model.name);
-    MT_CHECK(model.vocab_size % t.tp == 0,
-             "[layout] tp {} does not divide vocab_size {} (vocabulary-parallel embedding and "
-             "head) of model '{}'",
-             t.tp, model.vocab_size, model.name);
-    MT_CHECK(model.intermediate_size % t.tp == 0,
-             "[layout] tp {} does not divide intermediate_size {} (the dense MLP) of model '{}'",
-             t.tp, model.intermediate_size, model.name);
-    const int64_t shared_ffn = model.n_shared_experts * model.moe_intermediate_size;
-    MT_CHECK(model.n_routed_experts == 0 || shared_ffn % t.tp == 0,
-             "[layout] tp {} does not divide the shared experts' intermediate size "
-             "(n_shared_experts {} x moe_intermediate_size {} = {}) of model '{}'",
-             t.tp, model.n_shared_experts, model.moe_intermediate_size, shared_ffn, model.name);
-    if (t.ep > 1) {
-        MT_CHECK(model.n_routed_experts > 0,
-                 "[layout] ep {} needs routed experts, but model '{}' has none", t.ep, model.name);
-        MT_CHECK(model.n_routed_experts % t.ep == 0,
-                 "[layout] ep {} does not divide the {} routed experts of model '{}'", t.ep,
-                 model.n_routed_experts, model.name);
-    }
 }
 
 std::string_view group_kind_name(GroupKind kind) {

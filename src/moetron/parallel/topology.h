@@ -22,7 +22,6 @@
 #include <string_view>
 #include <vector>
 
-#include "moetron/model/config.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/layout.h"
 
@@ -39,15 +38,12 @@ struct Topology {
     std::string str() const;
 };
 
-// Resolves dp and checks the layout against the world, before any work. domain_size 0 means the
-// whole world is one domain. Throws moetron::Error saying why a layout cannot run: sizes that do
-// not divide the world, pp or cp > 1 (not supported yet), domain_size not dividing the world, a
-// TP or EP group that would straddle two domains.
+// Resolves the layout against the world (resolve_layout) and checks what the engine can run,
+// before any work. domain_size 0 means the whole world is one domain. Throws moetron::UserError
+// saying why a layout cannot run: sizes that do not divide the world, pp, vpp or cp > 1 (not
+// supported yet), domain_size not dividing the world, a TP or EP group that would straddle two
+// domains. The checks against the model are model/layout_fit.h's.
 Topology make_topology(const Layout& layout, int world_size, int domain_size = 0);
-
-// Checks the layout against the model: tp divides the attention heads, the vocabulary and the
-// dense MLP's and shared experts' intermediate sizes, ep the routed experts.
-void validate_topology_for_model(const Topology& topology, const ModelConfig& model);
 
 enum class GroupKind { tp, cp, dp, pp, ep, edp, rail, ep_domain, ep_rail };
 inline constexpr GroupKind kAllGroupKinds[] = {

@@ -13,7 +13,7 @@ namespace {
 
 struct Candidate {
     std::string change;
-    ParallelLayout layout;
+    parallel::Layout layout;
     SimOptions options;
 };
 
@@ -27,9 +27,10 @@ const std::vector<std::string> kRecomputeLadder = {
     "layernorm,mla_up_proj,core_attn,mlp,moe_act,shared_expert,moe",
     "full"};
 
-std::vector<Candidate> candidates(const ParallelLayout& l, const SimOptions& o) {
+std::vector<Candidate> candidates(const parallel::Layout& l, const SimOptions& o) {
     std::vector<Candidate> out;
-    auto add = [&](std::string change, const std::function<void(ParallelLayout&, SimOptions&)>& f) {
+    auto add = [&](std::string change,
+                   const std::function<void(parallel::Layout&, SimOptions&)>& f) {
         Candidate c{std::move(change), l, o};
         f(c.layout, c.options);
         out.push_back(std::move(c));
@@ -43,49 +44,51 @@ std::vector<Candidate> candidates(const ParallelLayout& l, const SimOptions& o) 
             superset = !current.modules[i] || r.modules[i];
         }
         if (!superset || recompute_name(r) == recompute_name(current)) continue;
-        add("--recompute " + rc, [r](ParallelLayout&, SimOptions& s) { s.recompute = r; });
+        add("--recompute " + rc, [r](parallel::Layout&, SimOptions& s) { s.recompute = r; });
     }
     if (!o.memory.offload.has(Module::moe)) {
-        add("--offload-activations moe", [](ParallelLayout&, SimOptions& s) {
+        add("--offload-activations moe", [](parallel::Layout&, SimOptions& s) {
             s.memory.offload.modules[static_cast<int>(Module::moe)] = true;
         });
     }
     const OptimizerPrecision& op = o.memory.optimizer;
     if (op.exp_avg_bytes > 2 || op.exp_avg_sq_bytes > 2) {
-        add("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", [](ParallelLayout&, SimOptions& s) {
+        add("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", [](parallel::Layout&, SimOptions& s) {
             s.memory.optimizer.exp_avg_bytes = 2;
             s.memory.optimizer.exp_avg_sq_bytes = 2;
         });
     }
     if (op.main_grad_bytes > 2) {
         add("--main-grads-dtype bf16",
-            [](ParallelLayout&, SimOptions& s) { s.memory.optimizer.main_grad_bytes = 2; });
+            [](parallel::Layout&, SimOptions& s) { s.memory.optimizer.main_grad_bytes = 2; });
     }
     if (!o.memory.distributed_optimizer) {
         add("the distributed optimizer (drop --no-distributed-optimizer)",
-            [](ParallelLayout&, SimOptions& s) { s.memory.distributed_optimizer = true; });
+            [](parallel::Layout&, SimOptions& s) { s.memory.distributed_optimizer = true; });
     }
     if (is_low_precision(o.precision) && !o.memory.low_precision_primary_weights) {
         add("low-precision primary weights (drop --bf16-primary-weights)",
-            [](ParallelLayout&, SimOptions& s) { s.memory.low_precision_primary_weights = true; });
+            [](parallel::Layout&, SimOptions& s) {
+                s.memory.low_precision_primary_weights = true;
+            });
     }
     if (o.micro_batch > 1) {
         add(fmt::format("--mbs {}", o.micro_batch / 2),
-            [](ParallelLayout&, SimOptions& s) { s.micro_batch /= 2; });
+            [](parallel::Layout&, SimOptions& s) { s.micro_batch /= 2; });
     }
     // Twice the pipeline or expert parallelism on the same GPUs (dp shrinks, or edp for EP).
     if (l.dp % 2 == 0) {
-        ParallelLayout deeper = l;
+        parallel::Layout deeper = l;
         deeper.pp *= 2;
         deeper.dp /= 2;
-        add(fmt::format("layout {}", deeper.to_string()),
-            [deeper](ParallelLayout& x, SimOptions&) { x = deeper; });
+        add(fmt::format("layout {}", deeper.str()),
+            [deeper](parallel::Layout& x, SimOptions&) { x = deeper; });
     }
     if (l.edp() % 2 == 0) {
-        ParallelLayout wider = l;
+        parallel::Layout wider = l;
         wider.ep *= 2;
-        add(fmt::format("layout {}", wider.to_string()),
-            [wider](ParallelLayout& x, SimOptions&) { x = wider; });
+        add(fmt::format("layout {}", wider.str()),
+            [wider](parallel::Layout& x, SimOptions&) { x = wider; });
     }
     return out;
 }
@@ -93,7 +96,7 @@ std::vector<Candidate> candidates(const ParallelLayout& l, const SimOptions& o) 
 }  // namespace
 
 std::optional<FitChange> find_cheapest_fit(const ModelConfig& model, const ClusterSpec& cluster,
-                                           const ParallelLayout& layout,
+                                           const parallel::Layout& layout,
                                            const SimOptions& options) {
     std::optional<FitChange> best;
     for (const Candidate& c : candidates(layout, options)) {

@@ -24,7 +24,8 @@ struct FitChange {
 // The cheapest single change that makes `layout` with `options` fit; none when no single change
 // does (or when it already fits).
 std::optional<FitChange> find_cheapest_fit(const ModelConfig& model, const ClusterSpec& cluster,
-                                           const ParallelLayout& layout, const SimOptions& options);
+                                           const parallel::Layout& layout,
+                                           const SimOptions& options);
 
 // "The cheapest change that fits: ... (N of M GB, T TFLOPs/GPU)", or advice when none fits.
 std::string describe_fit(const std::optional<FitChange>& fit);

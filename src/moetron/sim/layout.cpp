@@ -4,92 +4,11 @@
 
 #include <charconv>
 #include <numeric>
-#include <set>
 #include <vector>
 
 #include "moetron/core/error.h"
 
 namespace moetron::sim {
-
-int64_t ParallelLayout::edp() const {
-    return ep > 0 ? (tp * cp * dp) / ep : 0;
-}
-
-std::string ParallelLayout::to_string() const {
-    return fmt::format("tp{}.pp{}.vpp{}.ep{}.cp{}.dp{}", tp, pp, vpp, ep, cp, dp);
-}
-
-ParallelLayout parse_layout(std::string_view text, int64_t num_gpus) {
-    ParallelLayout l;
-    std::set<std::string> seen;
-    size_t pos = 0;
-    MT_CHECK(!text.empty(), "[sim] empty layout; expected e.g. tp1.pp2.vpp4.ep32");
-    while (pos <= text.size()) {
-        size_t dot = text.find('.', pos);
-        if (dot == std::string_view::npos) dot = text.size();
-        std::string_view part = text.substr(pos, dot - pos);
-        size_t digits = part.find_first_of("0123456789");
-        MT_CHECK(digits != std::string_view::npos && digits > 0,
-                 "[sim] layout '{}': part '{}' is not <name><number> such as tp2", text, part);
-        std::string name(part.substr(0, digits));
-        int64_t value = 0;
-        auto [end, ec] = std::from_chars(part.data() + digits, part.data() + part.size(), value);
-        MT_CHECK(ec == std::errc() && end == part.data() + part.size() && value >= 1,
-                 "[sim] layout '{}': '{}' needs a positive whole number", text, part);
-        MT_CHECK(seen.insert(name).second, "[sim] layout '{}': '{}' given twice", text, name);
-        if (name == "tp")
-            l.tp = value;
-        else if (name == "pp")
-            l.pp = value;
-        else if (name == "vpp")
-            l.vpp = value;
-        else if (name == "ep")
-            l.ep = value;
-        else if (name == "cp")
-            l.cp = value;
-        else if (name == "dp")
-            l.dp = value;
-        else
-            MT_THROW("[sim] layout '{}': unknown part '{}' (known: tp, pp, vpp, ep, cp, dp)", text,
-                     name);
-        pos = dot + 1;
-    }
-    MT_CHECK(num_gpus >= 1, "[sim] the GPU count must be positive, got {}", num_gpus);
-    const int64_t model_parallel = l.tp * l.cp * l.pp;
-    MT_CHECK(num_gpus % model_parallel == 0,
-             "[sim] layout '{}' does not divide the GPUs: tp*cp*pp = {} does not divide {} GPUs",
-             text, model_parallel, num_gpus);
-    const int64_t dp = num_gpus / model_parallel;
-    MT_CHECK(l.dp == 0 || l.dp == dp,
-             "[sim] layout '{}': dp{} given, but {} GPUs / (tp*cp*pp = {}) = {}", text, l.dp,
-             num_gpus, model_parallel, dp);
-    l.dp = dp;
-    return l;
-}
-
-void validate_layout(const ParallelLayout& l, int64_t num_gpus, const ModelConfig& m) {
-    const std::string s = l.to_string();
-    MT_CHECK(l.gpus() == num_gpus, "[sim] layout {} uses {} GPUs, not {}", s, l.gpus(), num_gpus);
-    MT_CHECK(m.num_attention_heads % l.tp == 0,
-             "[sim] layout {}: tp {} does not divide the {} attention heads", s, l.tp,
-             m.num_attention_heads);
-    MT_CHECK(l.vpp == 1 || l.pp > 1, "[sim] layout {}: vpp {} needs pp > 1", s, l.vpp);
-    MT_CHECK(l.pp * l.vpp <= m.num_hidden_layers,
-             "[sim] layout {}: pp*vpp = {} virtual stages for only {} layers (each model chunk "
-             "needs at least one layer)",
-             s, l.pp * l.vpp, m.num_hidden_layers);
-    if (m.n_routed_experts > 0) {
-        MT_CHECK(m.n_routed_experts % l.ep == 0,
-                 "[sim] layout {}: ep {} does not divide the {} routed experts", s, l.ep,
-                 m.n_routed_experts);
-        const int64_t per_stage = num_gpus / l.pp;
-        MT_CHECK(per_stage % l.ep == 0,
-                 "[sim] layout {}: ep {} does not divide the {} GPUs of a pipeline stage", s, l.ep,
-                 per_stage);
-    } else {
-        MT_CHECK(l.ep == 1, "[sim] layout {}: ep {} but the model has no experts", s, l.ep);
-    }
-}
 
 namespace {
 
@@ -152,7 +71,7 @@ std::vector<std::string> parse_pipeline_layout(std::string_view text) {
     return chunks;
 }
 
-int64_t used_gpus_per_domain(const ParallelLayout& l, int64_t domain_gpus) {
+int64_t used_gpus_per_domain(const parallel::Layout& l, int64_t domain_gpus) {
     const int64_t block = std::lcm(l.ep, l.tp);
     if (block <= domain_gpus) return (domain_gpus / block) * block;
     // A block larger than a domain is split evenly over the fewest domains that can hold it.
@@ -183,17 +102,17 @@ GroupPlacement place_group(int64_t size, int64_t stride, int64_t gpus_per_domain
     return g;
 }
 
-LayoutPlacement place_layout(const ParallelLayout& l, int64_t domain_gpus) {
+LayoutPlacement place_layout(const parallel::Layout& l, int64_t domain_gpus) {
     LayoutPlacement p;
     p.gpus_per_domain = used_gpus_per_domain(l, domain_gpus);
-    p.num_domains = (l.gpus() + p.gpus_per_domain - 1) / p.gpus_per_domain;
+    p.num_domains = (l.world_size() + p.gpus_per_domain - 1) / p.gpus_per_domain;
     const int64_t u = p.gpus_per_domain;
     p.tp = place_group(l.tp, 1, u);
     p.cp = place_group(l.cp, l.tp, u);
     p.dp = place_group(l.dp, l.tp * l.cp, u);
     p.ep = place_group(l.ep, 1, u);
     p.edp = place_group(l.edp(), l.ep, u);
-    p.pp = place_group(l.pp, l.gpus() / l.pp, u);
+    p.pp = place_group(l.pp, l.world_size() / l.pp, u);
     return p;
 }
 

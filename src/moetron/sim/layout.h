@@ -1,6 +1,7 @@
-// A parallel layout ("tp1.pp2.vpp4.ep32") and where its groups land on the cluster.
-// Ranks are ordered as Megatron-LM orders them: tp fastest, then cp, dp, pp for the attention
-// part; the expert part folds the same ranks as ep fastest (expert TP = 1), then expert-dp, pp.
+// Where the groups of a parallel layout (parallel/layout.h: "tp1.pp2.vpp4.ep32") land on the
+// cluster, and Megatron-LM's pipeline layout strings. Ranks are ordered as Megatron-LM orders
+// them: tp fastest, then cp, dp, pp for the attention part; the expert part folds the same ranks
+// as ep fastest (expert TP = 1), then expert-dp, pp.
 // A job places groups so that no EP (or TP) group straddles two scale-up domains: each domain
 // uses the largest multiple of the EP*TP "block" that fits (64 of 72 GPUs for EP32 on NVL72),
 // as Megatron's recipes request with SLURM segments.
@@ -11,28 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "moetron/model/config.h"
+#include "moetron/parallel/layout.h"
 
 namespace moetron::sim {
-
-struct ParallelLayout {
-    int64_t tp = 1;   // tensor parallel (with sequence parallel)
-    int64_t pp = 1;   // pipeline stages
-    int64_t vpp = 1;  // virtual stages (model chunks) per pipeline stage
-    int64_t ep = 1;   // expert parallel
-    int64_t cp = 1;   // context parallel
-    int64_t dp = 0;   // data parallel of the attention part; 0 = derived from the GPU count
-
-    int64_t edp() const;  // expert data parallel: gpus / (pp * ep)
-    int64_t gpus() const { return tp * cp * dp * pp; }
-    std::string to_string() const;  // "tp1.pp2.vpp4.ep32.cp1.dp128"
-};
-
-// Parses "tp2.pp8.vpp4.ep64" (any order, dots; dp and missing parts optional), derives dp from
-// the GPU count, and checks it against the GPUs and the model. Errors say which number is wrong
-// and why (e.g. "ep 48 does not divide the 256 routed experts").
-ParallelLayout parse_layout(std::string_view text, int64_t num_gpus);
-void validate_layout(const ParallelLayout& layout, int64_t num_gpus, const ModelConfig& model);
 
 // Megatron-LM's --pipeline-model-parallel-layout: model chunks separated by '|', each a string
 // of E (embedding), t (transformer layer), m (MTP module), L (final norm, output head, loss);
@@ -49,7 +31,7 @@ struct GroupPlacement {
 
 // GPUs of a domain the job uses: the largest multiple of the EP*TP block (or the TP group) that
 // fits the domain; the whole domain when the block is bigger than it.
-int64_t used_gpus_per_domain(const ParallelLayout& layout, int64_t domain_gpus);
+int64_t used_gpus_per_domain(const parallel::Layout& layout, int64_t domain_gpus);
 // Placement of a group of `size` ranks at `stride` apart in rank space.
 GroupPlacement place_group(int64_t size, int64_t stride, int64_t gpus_per_domain);
 
@@ -58,6 +40,6 @@ struct LayoutPlacement {
     int64_t gpus_per_domain = 1;
     int64_t num_domains = 1;
 };
-LayoutPlacement place_layout(const ParallelLayout& layout, int64_t domain_gpus);
+LayoutPlacement place_layout(const parallel::Layout& layout, int64_t domain_gpus);
 
 }  // namespace moetron::sim

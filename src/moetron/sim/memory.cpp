@@ -8,7 +8,7 @@
 
 namespace moetron::sim {
 
-BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const ParallelLayout& l) {
+BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const parallel::Layout& l) {
     const double tp = static_cast<double>(l.tp), ep = static_cast<double>(l.ep);
     const double d = static_cast<double>(m.hidden_size), v = static_cast<double>(m.vocab_size);
     BlockParams b;
@@ -69,7 +69,7 @@ double weight_bytes_per_param(Precision p, bool low_precision_primary_weights) {
     return 2 * precision_bytes(p) + (low_precision_primary_weights ? 0.0 : 2.0);
 }
 
-MemoryBreakdown static_memory(const BlockParams& sp, const ParallelLayout& l, Precision precision,
+MemoryBreakdown static_memory(const BlockParams& sp, const parallel::Layout& l, Precision precision,
                               const MemoryOptions& o, double capacity_bytes) {
     MemoryBreakdown mb;
     const double params = sp.dense + sp.expert;

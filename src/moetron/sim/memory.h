@@ -66,7 +66,7 @@ struct BlockParams {
     double expert = 0;
 };
 BlockParams block_params_per_gpu(const ModelConfig& model, BlockKind kind,
-                                 const ParallelLayout& layout);
+                                 const parallel::Layout& layout);
 
 // Bytes per parameter of the stored weights: bf16, or in low precision the row- and
 // column-wise quantized copies (plus the bf16 weights unless they are the primary copy).
@@ -90,7 +90,7 @@ struct MemoryBreakdown {
 };
 
 // Static memory of one stage from its parameters (dense and expert, per GPU).
-MemoryBreakdown static_memory(const BlockParams& stage_params, const ParallelLayout& layout,
+MemoryBreakdown static_memory(const BlockParams& stage_params, const parallel::Layout& layout,
                               Precision precision, const MemoryOptions& options,
                               double capacity_bytes);
 

@@ -38,7 +38,7 @@ struct Dims {
 
 Dims make_dims(const OpContext& ctx) {
     const ModelConfig& m = *ctx.model;
-    const ParallelLayout& l = ctx.layout;
+    const parallel::Layout& l = ctx.layout;
     Dims d;
     d.tp = static_cast<double>(l.tp);
     d.cp = static_cast<double>(l.cp);

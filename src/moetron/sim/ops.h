@@ -98,7 +98,7 @@ struct OpSettings {
 struct OpContext {
     const ModelConfig* model = nullptr;
     const ClusterSpec* cluster = nullptr;
-    ParallelLayout layout;
+    parallel::Layout layout;
     LayoutPlacement placement;
     int64_t seq_len = 0;
     int64_t micro_batch = 1;

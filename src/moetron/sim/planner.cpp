@@ -16,7 +16,7 @@ namespace {
 
 // Weights, gradients and optimizer state of the average stage: a lower bound of any stage's
 // memory, enough to skip hopeless layouts before simulating them.
-double static_memory_lower_bound(const ModelConfig& model, const ParallelLayout& l,
+double static_memory_lower_bound(const ModelConfig& model, const parallel::Layout& l,
                                  const SimOptions& o) {
     const ParamCounts pc = count_parameters(model);
     const double expert = pc.moe_routed / static_cast<double>(l.ep * l.pp);
@@ -26,7 +26,7 @@ double static_memory_lower_bound(const ModelConfig& model, const ParallelLayout&
 }
 
 // What the pipeline schedules and EP overlap need of a layout (simulate_step's checks).
-bool schedule_allows(const ParallelLayout& l, int64_t micro_batches, const SimOptions& o) {
+bool schedule_allows(const parallel::Layout& l, int64_t micro_batches, const SimOptions& o) {
     switch (o.pipeline_schedule) {
         case PipelineSchedule::one_f_one_b:
             // EP overlap needs interleaving once there is a pipeline.
@@ -52,7 +52,7 @@ PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, in
                     for (int64_t ep : space.ep)
                         for (int64_t mbs : space.micro_batch) {
                             if (gpus % (tp * cp * pp) != 0) continue;
-                            ParallelLayout l;
+                            parallel::Layout l;
                             l.tp = tp;
                             l.cp = cp;
                             l.pp = pp;
@@ -104,7 +104,7 @@ std::string explain_candidate(const PlanCandidate& c, const PlanCandidate& best,
     std::string s = fmt::format(
         "#{} {} mbs{} recompute {}: {:.4g} TFLOPs/GPU, {:.0f} tokens/s/GPU, step {:.3g} s, "
         "{:.0f} of {:.0f} GB\n",
-        rank, r.layout.to_string(), r.options.micro_batch, c.recompute, r.tflops_per_gpu,
+        rank, r.layout.str(), r.options.micro_batch, c.recompute, r.tflops_per_gpu,
         r.tokens_per_s_per_gpu, r.step_time_s, r.memory.total_bytes() / 1e9,
         r.memory.capacity_bytes / 1e9);
     // Where the traffic goes: EP and TP inside one NVLink domain keep per-layer traffic off the

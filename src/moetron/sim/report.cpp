@@ -28,9 +28,8 @@ std::string line(const char* label, double seconds, double step) {
 std::string describe_options(const StepResult& r) {
     const SimOptions& o = r.options;
     return fmt::format("{} mbs{} {} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
-                       r.layout.to_string(), o.micro_batch,
-                       pipeline_schedule_name(o.pipeline_schedule), recompute_name(o.recompute),
-                       cuda_graphs_name(o.cuda_graphs),
+                       r.layout.str(), o.micro_batch, pipeline_schedule_name(o.pipeline_schedule),
+                       recompute_name(o.recompute), cuda_graphs_name(o.cuda_graphs),
                        o.dispatcher == DispatchAlgo::two_tier ? "two-tier" : "flat",
                        o.low_precision_dispatch ? " (low-precision payload)" : "", overlaps(o));
 }
@@ -42,8 +41,8 @@ std::string format_step_report(const StepResult& r) {
     std::string s;
     s += fmt::format("moetron simulate: {} on {} x {}\n", r.model_name, r.gpus, r.cluster_name);
     s += fmt::format("  layout {} (edp {}), {} micro-batches of {} x {} tokens, {}\n",
-                     r.layout.to_string(), r.layout.edp(), r.micro_batches, o.micro_batch,
-                     o.seq_len, precision_name(o.precision));
+                     r.layout.str(), r.layout.edp(), r.micro_batches, o.micro_batch, o.seq_len,
+                     precision_name(o.precision));
     s += fmt::format("  options: {}; MTP {}\n", describe_options(r),
                      o.count_mtp ? "simulated and counted" : "not simulated, not counted");
     s += "\n";
@@ -149,7 +148,7 @@ nlohmann::json step_report_json(const StepResult& r) {
         {"model", r.model_name},
         {"cluster", r.cluster_name},
         {"gpus", r.gpus},
-        {"layout", r.layout.to_string()},
+        {"layout", r.layout.str()},
         {"options", describe_options(r)},
         {"precision", precision_name(r.options.precision)},
         {"seq_len", r.options.seq_len},

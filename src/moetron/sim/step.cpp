@@ -6,6 +6,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/flops.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/sim/chunks.h"
 #include "moetron/sim/collectives.h"
 #include "moetron/sim/costs.h"
@@ -24,9 +25,11 @@ double optimizer_bytes_per_param(const OptimizerPrecision& p) {
     return 2 * p.main_grad_bytes + 2 * p.state_bytes();
 }
 
-void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelLayout& l,
+void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const parallel::Layout& l,
                      const SimOptions& o) {
-    validate_layout(l, l.gpus(), m);
+    // A layout built by the planner or a test has not been through the parser: check it the same.
+    (void)parallel::resolve_layout(l, l.world_size());
+    validate_layout_for_model(l, m);
     MT_CHECK(o.precision != Precision::tf32,
              "[sim] training precision must be fp32 (a calibrated CPU), bf16, fp8, mxfp8 or fp4 "
              "(tf32 is the router's)");
@@ -74,19 +77,19 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const ParallelL
 }  // namespace
 
 StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
-                         const ParallelLayout& layout, const SimOptions& options) {
+                         const parallel::Layout& layout, const SimOptions& options) {
     StepResult r = simulate_step_unchecked(model, cluster, layout, options);
     if (r.memory.total_bytes() > r.memory.capacity_bytes) {
-        check_fits(r.memory,
-                   fmt::format("{} on {} x {} with {}", model.name, r.gpus, cluster.name,
-                               layout.to_string()),
-                   describe_fit(find_cheapest_fit(model, cluster, layout, options)));
+        check_fits(
+            r.memory,
+            fmt::format("{} on {} x {} with {}", model.name, r.gpus, cluster.name, layout.str()),
+            describe_fit(find_cheapest_fit(model, cluster, layout, options)));
     }
     return r;
 }
 
 StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& cluster,
-                                   const ParallelLayout& layout, const SimOptions& o) {
+                                   const parallel::Layout& layout, const SimOptions& o) {
     validate_inputs(model, cluster, layout, o);
     const WalkOptions wo{o.cuda_graphs, o.overlap_tp};
     StepResult r;
@@ -94,7 +97,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     r.cluster_name = cluster.name;
     r.layout = layout;
     r.options = o;
-    r.gpus = layout.gpus();
+    r.gpus = layout.world_size();
     const int64_t pp = layout.pp, vpp = layout.vpp, chunks = pp * vpp;
     r.micro_batches = o.global_batch / (layout.dp * o.micro_batch);
 
@@ -437,7 +440,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
             }
         }
         // DualPipe's two copies of each stage share its optimizer state: sharded over 2 dp.
-        ParallelLayout sharding = layout;
+        parallel::Layout sharding = layout;
         if (dualpipe) sharding.dp *= 2;
         MemoryBreakdown mb =
             static_memory(sp, sharding, o.precision, o.memory, cluster.gpu.hbm_bytes);

@@ -40,7 +40,7 @@ struct SimOptions {
 
 struct StepResult {
     std::string model_name, cluster_name;
-    ParallelLayout layout;
+    parallel::Layout layout;
     LayoutPlacement placement;  // where its groups sit on the cluster's domains
     SimOptions options;
     int64_t gpus = 0;
@@ -68,10 +68,10 @@ struct StepResult {
 // Throws on impossible inputs (layout, precision, batch) and on out-of-memory, saying by how
 // much the fullest GPU is over its HBM and naming the cheapest change that fits (sim/fit.h).
 StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
-                         const ParallelLayout& layout, const SimOptions& options);
+                         const parallel::Layout& layout, const SimOptions& options);
 
 // The same without the out-of-memory rejection (for reporting what would not fit).
 StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& cluster,
-                                   const ParallelLayout& layout, const SimOptions& options);
+                                   const parallel::Layout& layout, const SimOptions& options);
 
 }  // namespace moetron::sim

@@ -122,11 +122,10 @@ std::string step_timeline_svg(const StepResult& r) {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" "
         "viewBox=\"0 0 {:.0f} {:.0f}\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
         kWidth, height, kWidth, height);
-    s += text(
-        10, 20,
-        fmt::format("{} on {} x {}, {}: step {:.3f} s, {:.0f} TFLOPs/GPU", r.model_name, r.gpus,
-                    r.cluster_name, r.layout.to_string(), r.step_time_s, r.tflops_per_gpu),
-        14);
+    s += text(10, 20,
+              fmt::format("{} on {} x {}, {}: step {:.3f} s, {:.0f} TFLOPs/GPU", r.model_name,
+                          r.gpus, r.cluster_name, r.layout.str(), r.step_time_s, r.tflops_per_gpu),
+              14);
     s += text(10, 38,
               "forward (blue) | backward (green) | combined 1F1B (purple) | grad sync (orange) "
               "| optimizer (grey) | idle: white",

@@ -13,6 +13,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 #include "moetron/model/flops.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_root.h"
@@ -79,7 +80,7 @@ parallel::Topology make_train_topology(const ModelConfig& model, const TrainConf
     if (p.world == nullptr) return {};
     const parallel::Topology t =
         parallel::make_topology(parallel::parse_layout(p.layout), p.world->size(), p.domain_size);
-    parallel::validate_topology_for_model(t, model);
+    validate_topology_for_model(t, model);
     MT_CHECK(config.batch_size % t.dp == 0,
              "[train] batch_size {} sequences do not split over the {} data-parallel ranks of "
              "layout '{}'; use a multiple of {}",
