@@ -218,12 +218,18 @@ TEST(SimCollectives, TwoTierDispatchCrossesTheNicLess) {
     const ClusterSpec c = load_cluster_spec(kClusters + "h100-hgx.toml");
     const GroupPlacement ep{64, 8, 8};
     const RoutingShape r{256, 8, 4, 8, 64, 8};
+    const parallel::DispatchFanout fanout = expected_dispatch_fanout(r);
     const double tokens = 2048, token_bytes = 7168 * 2;
-    const CommCost flat = moe_dispatch_cost(c, ep, r, DispatchAlgo::flat, tokens, token_bytes);
+    const CommCost flat =
+        moe_dispatch_cost(c, ep, fanout, parallel::DispatchKind::flat, tokens, token_bytes);
     const CommCost tiered =
-        moe_dispatch_cost(c, ep, r, DispatchAlgo::two_tier, tokens, token_bytes);
-    // Flat: 8 copies, 7/8 of them remote; two-tier: 3.17 remote domains per token.
-    EXPECT_NEAR(flat.scale_out_bytes, tokens * 8 * token_bytes * 56.0 / 64, 1e3);
+        moe_dispatch_cost(c, ep, fanout, parallel::DispatchKind::two_tier, tokens, token_bytes);
+    // Flat: one copy per distinct rank of the token's 8 experts (as the engine sends them), 7/8
+    // of those ranks in other nodes; two-tier: 3.17 remote domains per token.
+    // 32 (1 - C(124,8)/C(128,8)) = 7.36 distinct ranks of the 32 in the token's 4 groups.
+    const double ranks = expected_fanout(r).distinct_ranks;
+    EXPECT_NEAR(ranks, 7.359, 0.001);
+    EXPECT_NEAR(flat.scale_out_bytes, tokens * ranks * token_bytes * 56.0 / 64, 1e3);
     EXPECT_NEAR(tiered.scale_out_bytes / (tokens * token_bytes), 3.17, 0.01);
     EXPECT_LT(tiered.time_s, 0.5 * flat.time_s);
 }

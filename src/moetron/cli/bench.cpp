@@ -6,15 +6,17 @@
 // slowest rank's, after a barrier, mean over --iterations), the bytes the whole job sent to other
 // ranks inside and across domains per dispatch + combine (and for the layout), and busbw in
 // nccl-tests' language: the bytes a rank sent to other ranks / time (for an even all_to_all this
-// is algbw * (n-1)/n). Also the analytic inter-domain ratio two_tier / flat for uniform routing:
-// a token reaches a remote rank with probability 1 - C(E-El, K)/C(E, K) and a remote domain with
-// 1 - C(E-L*El, K)/C(E, K). The experts are identities (expert_out = expert_inp): only the
-// movement is measured. On one machine the ranks share memory: the times are not a network's,
-// the bytes are exact.
+// is algbw * (n-1)/n), and beside them the cluster model's bytes for the same routing
+// (sim::moe_dispatch_bytes of the routing's counted fanout, parallel/dispatch_traffic.h). Also the
+// analytic inter-domain ratio two_tier / flat for uniform routing: a token reaches a remote rank
+// with probability 1 - C(E-El, K)/C(E, K) and a remote domain with 1 - C(E-L*El, K)/C(E, K). The
+// experts are identities (expert_out = expert_inp): only the movement is measured. On one machine
+// the ranks share memory: the times are not a network's, the bytes are exact.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <memory>
@@ -32,7 +34,9 @@
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/router.h"
 #include "moetron/parallel/communicator.h"
+#include "moetron/parallel/dispatch_traffic.h"
 #include "moetron/parallel/expert_dispatcher.h"
+#include "moetron/sim/collectives.h"
 
 namespace moetron::cli {
 
@@ -105,10 +109,25 @@ struct Figures {
     double intra_bytes = 0, inter_bytes = 0;                // job, one dispatch + combine
     double busbw_gbps = 0;
     double ranks_per_token = 0, domains_per_token = 0, domains_per_token_max = 0;
+    // The cluster model's bytes for this routing (sim::moe_dispatch_bytes of its counted fanout),
+    // job, one dispatch + combine: equal to the measured ones.
+    double predicted_intra_bytes = 0, predicted_inter_bytes = 0;
 };
 
+// The fanout of every rank's tokens, summed over the job.
+parallel::DispatchFanout job_fanout(const BenchA2aOptions& o, const Routing& routing,
+                                    parallel::Communicator& world, int64_t ranks_per_domain) {
+    const parallel::DispatchFanout f = parallel::count_dispatch_fanout(
+        routing.ids, o.top_k, o.experts / world.size(), ranks_per_domain, world.rank());
+    std::array<double, 4> sums{f.own_domain_ranks, f.other_domain_ranks, f.other_domains,
+                               f.other_domain_landings};
+    world.all_reduce_sum(std::span<double>(sums));
+    return {sums[0], sums[1], sums[2], sums[3]};
+}
+
 Figures measure(const BenchA2aOptions& o, parallel::DispatchKind kind, const Routing& routing,
-                parallel::Communicator& world, const parallel::ExpertGroups& groups) {
+                parallel::Communicator& world, const parallel::ExpertGroups& groups,
+                const parallel::DispatchFanout& fanout) {
     parallel::ExpertDispatchConfig c;
     c.num_experts = o.experts;
     c.top_k = o.top_k;
@@ -155,6 +174,11 @@ Figures measure(const BenchA2aOptions& o, parallel::DispatchKind kind, const Rou
     f.inter_bytes = sum_over(world, static_cast<double>(moved.bytes.inter_domain)) / n;
     const double per_rank_bytes = (f.intra_bytes + f.inter_bytes) / world.size();
     f.busbw_gbps = per_rank_bytes / (total_s / n) / 1e9;
+    // The summed fanout as one token's: rows of D floats, there and back.
+    const sim::CommCost predicted =
+        sim::moe_dispatch_bytes(fanout, kind, 1, static_cast<double>(o.hidden) * sizeof(float));
+    f.predicted_intra_bytes = 2 * predicted.scale_up_bytes;
+    f.predicted_inter_bytes = 2 * predicted.scale_out_bytes;
     return f;
 }
 
@@ -179,6 +203,8 @@ nlohmann::ordered_json to_json(const Figures& f) {
     j["ranks_per_token"] = f.ranks_per_token;
     j["domains_per_token"] = f.domains_per_token;
     j["domains_per_token_max"] = f.domains_per_token_max;
+    j["predicted_intra_domain_bytes"] = f.predicted_intra_bytes;
+    j["predicted_inter_domain_bytes"] = f.predicted_inter_bytes;
     return j;
 }
 
@@ -201,8 +227,10 @@ void run_bench_a2a(const BenchA2aOptions& o, parallel::Communicator& world) {
     const parallel::ExpertGroups groups{&world, rail.get(), domain.get()};
     const Routing routing = make_routing(o, G, r);
 
-    const Figures flat = measure(o, parallel::DispatchKind::flat, routing, world, groups);
-    const Figures two_tier = measure(o, parallel::DispatchKind::two_tier, routing, world, groups);
+    const parallel::DispatchFanout fanout = job_fanout(o, routing, world, L);
+    const Figures flat = measure(o, parallel::DispatchKind::flat, routing, world, groups, fanout);
+    const Figures two_tier =
+        measure(o, parallel::DispatchKind::two_tier, routing, world, groups, fanout);
 
     const int64_t El = o.experts / ep;
     const double flat_rows = (ep - L) * hit_probability(o.experts, o.top_k, El);
@@ -221,6 +249,10 @@ void run_bench_a2a(const BenchA2aOptions& o, parallel::Communicator& world) {
     j["tokens_per_rank"] = o.tokens;
     j["routing"] = o.routing;
     j["iterations"] = o.iterations;
+    j["fanout"] = {{"own_domain_ranks", fanout.own_domain_ranks},
+                   {"other_domain_ranks", fanout.other_domain_ranks},
+                   {"other_domains", fanout.other_domains},
+                   {"other_domain_landings", fanout.other_domain_landings}};
     j["flat"] = to_json(flat);
     j["two_tier"] = to_json(two_tier);
     j["inter_domain_ratio"] = measured;
@@ -246,6 +278,10 @@ void run_bench_a2a(const BenchA2aOptions& o, parallel::Communicator& world) {
             "%.2f domains (max %.0f)\n",
             f->intra_bytes, f->inter_bytes, f->ranks_per_token, f->domains_per_token,
             f->domains_per_token_max);
+        std::printf(
+            "    the cluster model's bytes for this routing: intra-domain %.0f, "
+            "inter-domain %.0f\n",
+            f->predicted_intra_bytes, f->predicted_inter_bytes);
     }
     std::printf("  inter-domain bytes two_tier / flat: %.4f", measured);
     if (o.routing == "uniform") std::printf(" (analytic %.4f)", analytic);

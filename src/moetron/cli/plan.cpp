@@ -63,7 +63,8 @@ void run_plan(const PlanFlags& f) {
     base.seq_len = f.seq_len;
     base.global_batch = f.global_batch;
     base.count_mtp = f.count_mtp;
-    base.dispatcher = f.dispatch == "flat" ? sim::DispatchAlgo::flat : sim::DispatchAlgo::two_tier;
+    base.dispatcher =
+        f.dispatch == "flat" ? parallel::DispatchKind::flat : parallel::DispatchKind::two_tier;
     base.low_precision_dispatch = f.low_precision_dispatch;
     base.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
     base.overlap_ep = f.overlap_ep;

@@ -43,7 +43,8 @@ sim::SimOptions to_options(const SimulateFlags& f) {
     o.micro_batch = f.micro_batch;
     o.count_mtp = f.count_mtp;
     o.recompute = sim::parse_recompute(f.recompute);
-    o.dispatcher = f.dispatch == "flat" ? sim::DispatchAlgo::flat : sim::DispatchAlgo::two_tier;
+    o.dispatcher =
+        f.dispatch == "flat" ? parallel::DispatchKind::flat : parallel::DispatchKind::two_tier;
     o.low_precision_dispatch = f.low_precision_dispatch;
     o.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
     o.overlap_ep = f.overlap_ep;

@@ -40,12 +40,10 @@
 
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/dispatch_stage.h"
+#include "moetron/parallel/dispatch_traffic.h"
 
 namespace moetron::parallel {
 
-// How tokens cross the EP group (--dispatch): once per destination rank (flat), or once per
-// destination domain over the rail and then inside the domain (two_tier).
-enum class DispatchKind { flat, two_tier };
 DispatchKind parse_dispatch_kind(std::string_view name);  // "flat" | "two_tier"; throws otherwise
 std::string_view dispatch_kind_name(DispatchKind kind);
 

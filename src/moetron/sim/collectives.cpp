@@ -130,22 +130,21 @@ CommCost all_to_all_flat(const ClusterSpec& c, const GroupPlacement& g, double b
     return r;
 }
 
-CommCost moe_dispatch_cost(const ClusterSpec& c, const GroupPlacement& ep_group,
-                           const RoutingShape& routing, DispatchAlgo algo, double tokens,
-                           double token_bytes) {
-    if (ep_group.size <= 1) return CommCost{0, 0, 0, "local"};
-    if (algo == DispatchAlgo::flat) {
-        CommCost r = all_to_all_flat(c, ep_group, tokens * routing.topk * token_bytes);
-        return r;
-    }
-    const RoutingFanout f = expected_fanout(routing);
+CommCost moe_dispatch_bytes(const parallel::DispatchFanout& fanout, parallel::DispatchKind kind,
+                            double tokens, double token_bytes) {
+    const parallel::TierRows rows = parallel::dispatch_rows(kind, fanout);
     CommCost r;
-    r.algorithm = "two-tier";
-    // Every (token, remote rank) pair crosses NVLink once: directly inside the token's own
-    // domain, or forwarded inside the destination domain by the rank that received it over the
-    // NIC. Slightly high: the receiving rank's own copy needs no NVLink hop.
-    r.scale_up_bytes = tokens * f.remote_ranks * token_bytes;
-    r.scale_out_bytes = tokens * f.remote_domains * token_bytes;
+    r.algorithm = kind == parallel::DispatchKind::flat ? "flat" : "two-tier";
+    r.scale_up_bytes = tokens * rows.intra_domain * token_bytes;
+    r.scale_out_bytes = tokens * rows.inter_domain * token_bytes;
+    return r;
+}
+
+CommCost moe_dispatch_cost(const ClusterSpec& c, const GroupPlacement& ep_group,
+                           const parallel::DispatchFanout& fanout, parallel::DispatchKind kind,
+                           double tokens, double token_bytes) {
+    if (ep_group.size <= 1) return CommCost{0, 0, 0, "local"};
+    CommCost r = moe_dispatch_bytes(fanout, kind, tokens, token_bytes);
     const double a2a = c.efficiency.all_to_all_bw;
     const double up_s = r.scale_up_bytes / (c.scale_up.bytes_per_s * a2a);
     const double out_s =

@@ -45,14 +45,16 @@ CommCost all_gather_cost(const ClusterSpec& c, const GroupPlacement& g, double b
 CommCost all_to_all_flat(const ClusterSpec& c, const GroupPlacement& g, double bytes);
 
 // MoE dispatch (or combine: same bytes, opposite direction) of `tokens` tokens of
-// `token_bytes` each from one rank.
-//  flat:     one copy per routed expert (K per token), no de-duplication (a plain all-to-all).
-//  two-tier: one copy per distinct remote rank over NVLink and one per distinct remote domain
-//            over the NIC (DeepEP / HybridEP), using expected_fanout().
-enum class DispatchAlgo { flat, two_tier };
+// `token_bytes` each from one rank, whose experts fan out as `fanout` per token (expected:
+// expected_dispatch_fanout; or counted from a concrete routing). The bytes per tier are the
+// engine's (parallel::dispatch_rows): flat sends a token once to each rank holding one of its
+// experts, two-tier once to each such domain over the NIC and then to each such rank over NVLink.
 CommCost moe_dispatch_cost(const ClusterSpec& c, const GroupPlacement& ep_group,
-                           const RoutingShape& routing, DispatchAlgo algo, double tokens,
-                           double token_bytes);
+                           const parallel::DispatchFanout& fanout, parallel::DispatchKind kind,
+                           double tokens, double token_bytes);
+// Its bytes alone (time 0), which `moetron bench a2a` puts beside the bytes it measures.
+CommCost moe_dispatch_bytes(const parallel::DispatchFanout& fanout, parallel::DispatchKind kind,
+                            double tokens, double token_bytes);
 
 // Point-to-point send of `bytes` to a pipeline neighbour in the same or another domain.
 CommCost send_recv_cost(const ClusterSpec& c, bool cross_domain, double bytes);

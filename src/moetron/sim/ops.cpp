@@ -370,7 +370,7 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     const Precision prec = ctx.settings.precision;
     const bool low = is_low_precision(prec);
     const double low_or_act = low ? d.low : kActBytes;
-    const bool two_tier = ctx.settings.dispatcher == DispatchAlgo::two_tier;
+    const bool two_tier = ctx.settings.dispatcher == parallel::DispatchKind::two_tier;
     const double payload =
         ctx.settings.low_precision_dispatch && low ? d.low * (1 + 1.0 / 32) : kActBytes;
     RoutingShape routing;
@@ -382,6 +382,8 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     routing.ep_ranks_per_domain = ctx.placement.ep.ranks_per_domain;
     const ClusterSpec& c = *ctx.cluster;
     const GroupPlacement& epg = ctx.placement.ep;
+    const parallel::DispatchFanout fanout =
+        epg.size > 1 ? expected_dispatch_fanout(routing) : parallel::DispatchFanout{};
 
     add_norm(b, d, "moe.norm", d.T, d.D, true);
     b.in_moe = true;
@@ -413,12 +415,12 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     }
     {
         Op f = b.make("moe.dispatch", OpKind::comm_ep);
-        f.comm = moe_dispatch_cost(c, epg, routing, ctx.settings.dispatcher, d.T * imbalance,
+        f.comm = moe_dispatch_cost(c, epg, fanout, ctx.settings.dispatcher, d.T * imbalance,
                                    d.D * payload);
         f.kernels = 3;
         b.forward(f);
         Op bw = b.make("moe.dispatch.bwd", OpKind::comm_ep);  // a combine of bf16 gradients
-        bw.comm = moe_dispatch_cost(c, epg, routing, ctx.settings.dispatcher, d.T * imbalance,
+        bw.comm = moe_dispatch_cost(c, epg, fanout, ctx.settings.dispatcher, d.T * imbalance,
                                     d.D * kActBytes);
         bw.kernels = 3;
         b.backward({bw});
@@ -441,7 +443,7 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
              rows * 4);
     {
         Op f = b.make("moe.combine", OpKind::comm_ep);
-        f.comm = moe_dispatch_cost(c, epg, routing, ctx.settings.dispatcher, d.T * imbalance,
+        f.comm = moe_dispatch_cost(c, epg, fanout, ctx.settings.dispatcher, d.T * imbalance,
                                    d.D * kActBytes);
         f.kernels = 3;
         b.forward(f);

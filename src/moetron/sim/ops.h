@@ -87,7 +87,7 @@ enum class BlockKind : uint8_t { dense_layer, moe_layer, embedding, output_head,
 
 struct OpSettings {
     Precision precision = Precision::bf16;  // linear layers; attention core and head stay bf16
-    DispatchAlgo dispatcher = DispatchAlgo::two_tier;
+    parallel::DispatchKind dispatcher = parallel::DispatchKind::two_tier;
     bool low_precision_dispatch = false;  // dispatch payload in the GEMM format
     // The MoE SwiGLU's input (fc1's output) kept for backward in the GEMM format, not bf16
     // (DeepSeek-V3 report sec. 3.3.2: cached in FP8, the output recomputed).

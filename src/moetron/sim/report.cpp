@@ -30,7 +30,7 @@ std::string describe_options(const StepResult& r) {
     return fmt::format("{} mbs{} {} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
                        r.layout.str(), o.micro_batch, pipeline_schedule_name(o.pipeline_schedule),
                        recompute_name(o.recompute), cuda_graphs_name(o.cuda_graphs),
-                       o.dispatcher == DispatchAlgo::two_tier ? "two-tier" : "flat",
+                       o.dispatcher == parallel::DispatchKind::two_tier ? "two-tier" : "flat",
                        o.low_precision_dispatch ? " (low-precision payload)" : "", overlaps(o));
 }
 

@@ -100,4 +100,17 @@ RoutingFanout expected_fanout(const RoutingShape& s) {
     return f;
 }
 
+parallel::DispatchFanout expected_dispatch_fanout(const RoutingShape& s) {
+    const RoutingFanout f = expected_fanout(s);
+    const auto n = static_cast<double>(s.ep);
+    const auto L = static_cast<double>(s.ep_ranks_per_domain);
+    const double G = n / L;
+    parallel::DispatchFanout d;
+    d.own_domain_ranks = f.distinct_ranks * (L - 1) / n;
+    d.other_domain_ranks = f.distinct_ranks * (n - L) / n;
+    d.other_domains = f.distinct_domains * (G - 1) / G;
+    d.other_domain_landings = f.distinct_ranks * (G - 1) / n;
+    return d;
+}
+
 }  // namespace moetron::sim

@@ -23,6 +23,8 @@
 
 #include <cstdint>
 
+#include "moetron/parallel/dispatch_traffic.h"
+
 namespace moetron::sim {
 
 struct RoutingShape {
@@ -43,5 +45,12 @@ struct RoutingFanout {
 
 // Throws when the shape is impossible (K > M*e, ep not dividing E, ...).
 RoutingFanout expected_fanout(const RoutingShape& shape);
+
+// The expected fanout per token that parallel::dispatch_rows turns into rows per tier, the
+// engine's formula. Routing does not depend on where the token lives, so for n EP ranks in G
+// domains of L: E[own-domain ranks] = R (L-1)/n, E[other-domain ranks] = R (n-L)/n, E[other
+// domains] = D (G-1)/G and E[landings] = R (G-1)/n (each rank is the landing rank of the G-1
+// ranks with its local index in other domains), with R, D = distinct_ranks, distinct_domains.
+parallel::DispatchFanout expected_dispatch_fanout(const RoutingShape& shape);
 
 }  // namespace moetron::sim

@@ -24,7 +24,7 @@ struct SimOptions {
     int64_t micro_batch = 1;   // sequences per micro-batch
     bool count_mtp = true;     // count the MTP FLOPs and simulate the MTP layer
     Recompute recompute;
-    DispatchAlgo dispatcher = DispatchAlgo::two_tier;
+    parallel::DispatchKind dispatcher = parallel::DispatchKind::two_tier;
     bool low_precision_dispatch = false;
     CudaGraphs cuda_graphs = CudaGraphs::none;
     // Overlap rules, each switchable.

@@ -1,0 +1,50 @@
+#include "moetron/parallel/dispatch_traffic.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "moetron/core/error.h"
+
+namespace moetron::parallel {
+
+TierRows dispatch_rows(DispatchKind kind, const DispatchFanout& f) {
+    if (kind == DispatchKind::flat) return {f.own_domain_ranks, f.other_domain_ranks};
+    return {f.own_domain_ranks + f.other_domain_ranks - f.other_domain_landings, f.other_domains};
+}
+
+DispatchFanout count_dispatch_fanout(std::span<const int32_t> topk_ids, int64_t top_k,
+                                     int64_t experts_per_rank, int64_t ranks_per_domain,
+                                     int64_t self_rank) {
+    MT_CHECK(top_k >= 1 && experts_per_rank >= 1 && ranks_per_domain >= 1 && self_rank >= 0 &&
+                 topk_ids.size() % static_cast<size_t>(top_k) == 0,
+             "[dispatch] fanout of {} ids with top_k {}, {} experts per rank, {} ranks per domain, "
+             "rank {}",
+             topk_ids.size(), top_k, experts_per_rank, ranks_per_domain, self_rank);
+    const int64_t own_domain = self_rank / ranks_per_domain;
+    const int64_t local_index = self_rank % ranks_per_domain;
+    DispatchFanout f;
+    std::vector<int64_t> ranks(static_cast<size_t>(top_k));
+    for (size_t first = 0; first < topk_ids.size(); first += static_cast<size_t>(top_k)) {
+        for (int64_t j = 0; j < top_k; ++j)
+            ranks[static_cast<size_t>(j)] =
+                topk_ids[first + static_cast<size_t>(j)] / experts_per_rank;
+        std::sort(ranks.begin(), ranks.end());
+        ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+        int64_t last_domain = -1;
+        for (const int64_t rank : ranks) {
+            const int64_t domain = rank / ranks_per_domain;
+            if (domain == own_domain) {
+                f.own_domain_ranks += rank != self_rank;
+                continue;
+            }
+            f.other_domain_ranks += 1;
+            f.other_domains += domain != last_domain;  // ranks ascend: a domain's are adjacent
+            f.other_domain_landings += rank % ranks_per_domain == local_index;
+            last_domain = domain;
+        }
+        ranks.resize(static_cast<size_t>(top_k));
+    }
+    return f;
+}
+
+}  // namespace moetron::parallel

@@ -1,0 +1,47 @@
+// What one expert dispatch sends between ranks, by tier, counted the way the dispatchers send it
+// (dispatch_stage.h): a token's row travels once to each rank that holds at least one of its
+// experts (flat), or once over the rail to each other domain that does and then once inside each
+// domain to each such rank (two-tier); combine sends the same rows back. One formula for the
+// engine, which counts a concrete routing (count_dispatch_fanout), and for the cluster model,
+// which feeds it the expected fanout of its routing model (sim/routing.h).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace moetron::parallel {
+
+// How tokens cross the EP group (--dispatch): once per destination rank (flat), or once per
+// destination domain over the rail and then inside the domain (two_tier).
+enum class DispatchKind { flat, two_tier };
+
+// Where one token's experts are, seen from the rank that dispatches it (summed over tokens when
+// counted, or expected per token): the ranks holding at least one of them.
+struct DispatchFanout {
+    double own_domain_ranks = 0;    // in the token's own domain, its own rank excluded
+    double other_domain_ranks = 0;  // in other domains
+    double other_domains = 0;       // other domains with at least one such rank
+    // Of those domains, the ones whose rank with the token's local index holds one: the two-tier
+    // dispatch lands there over the rail and needs no NVLink hop for that rank.
+    double other_domain_landings = 0;
+};
+
+// Rows one rank sends to other ranks in one dispatch (or one combine), by tier.
+struct TierRows {
+    double intra_domain = 0;  // over the scale-up tier (NVLink)
+    double inter_domain = 0;  // over the scale-out tier (NIC)
+};
+
+// Flat: a row to every rank holding an expert (own domain: intra, others: inter). Two-tier: a row
+// to every other domain holding one (inter), then inside each domain to every holding rank but
+// the one it landed on (intra).
+TierRows dispatch_rows(DispatchKind kind, const DispatchFanout& fanout);
+
+// The fanout of a concrete routing, summed over its tokens: topk_ids (num_tokens x top_k global
+// expert ids) dispatched by rank self_rank of an EP group whose experts sit experts_per_rank per
+// rank in order and whose ranks sit ranks_per_domain per domain in order.
+DispatchFanout count_dispatch_fanout(std::span<const int32_t> topk_ids, int64_t top_k,
+                                     int64_t experts_per_rank, int64_t ranks_per_domain,
+                                     int64_t self_rank);
+
+}  // namespace moetron::parallel
