@@ -65,8 +65,8 @@ TrainingRun train(const ModelConfig& model, const Variant& v, MoeOverlap overlap
     p.world = &mpi_world();
     p.layout = v.layout;
     p.domain_size = v.domain_size;
-    p.dispatch = v.dispatch;
-    p.moe_overlap = overlap;
+    p.moe.dispatch = v.dispatch;
+    p.moe.overlap = overlap;
     Trainer trainer(model, c, std::move(loader), p);
     if (v.skewed) {
         // A correction bias far above the scores picks experts 0 and 1 (router group 0) for

@@ -24,6 +24,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/kernels/cpu/adamw.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
@@ -159,7 +160,7 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
     parallel::Communicator& world = mpi_world();
     const parallel::Topology topo =
         parallel::make_topology(parallel::parse_layout(k.layout), world.size());
-    parallel::validate_topology_for_model(topo, c);
+    validate_topology_for_model(topo, c);
     parallel::ParallelGroups groups = parallel::build_groups(world, topo);
     const int dp_rank = groups.dp->rank();
     const int64_t rank_batch = kGlobalBatch / topo.dp;
@@ -169,20 +170,14 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
     mp.load = &world;
-    mp.moe_capacity_factor = k.capacity_factor;
-    mp.moe_overlap = k.moe_overlap;
+    mp.moe.capacity_factor = k.capacity_factor;
+    mp.moe.overlap = k.moe_overlap;
     Model model(c, {micro_batch, kSeq}, kLossWeights, mp);
     model.init_parameters(kSeed);
     if (k.adversarial) route_everything_to_rank_zero(model);
     // moetron info's per-rank plan (plan_rank_memory) is this rank's arenas, in every layout.
-    RankMemoryLayout memory_layout;
-    memory_layout.tp = topo.tp;
-    memory_layout.ep = topo.ep;
-    memory_layout.dp = topo.dp;
-    memory_layout.edp = topo.edp;
-    memory_layout.moe_overlap = k.moe_overlap;
-    memory_layout.capacity_factor = k.capacity_factor;
-    const RankMemoryPlan memory = plan_rank_memory(c, {micro_batch, kSeq}, memory_layout);
+    const RankMemoryPlan memory =
+        plan_rank_memory(c, {micro_batch, kSeq}, topo, mp.moe, /*zero1=*/true);
     EXPECT_EQ(memory.parameters + memory.gradients + memory.activations + memory.expert_side +
                   memory.communication,
               model.planned_bytes())

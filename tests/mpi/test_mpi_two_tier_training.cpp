@@ -59,7 +59,7 @@ TrainingRun train(const ModelConfig& model, parallel::DispatchKind dispatch, int
     p.world = &mpi_world();
     p.layout = "ep" + std::to_string(mpi_world().size());
     p.domain_size = domain_size;
-    p.dispatch = dispatch;
+    p.moe.dispatch = dispatch;
     Trainer trainer(model, c, std::move(loader), p);
     TrainingRun run;
     run.kind = trainer.model().expert_dispatcher()->kind();

@@ -32,7 +32,7 @@ struct InfoOptions {
     bool json = false;
     // The per-rank memory plan (plan_rank_memory): the layout and the MoE knobs of `train`.
     std::string layout;
-    int ranks = 0;           // 0: tp * ep * dp of the layout (dp 1 when left out)
+    int ranks = 0;           // 0: tp * cp * pp * dp of the layout (ep for dp when left out)
     int64_t batch_size = 1;  // sequences per micro-batch on one rank
     int domain_size = 0;
     std::string dispatch = "flat";
@@ -61,19 +61,14 @@ RankMemory plan_memory(const InfoOptions& o, const ModelConfig& config) {
     RankMemory m;
     m.topology = parallel::make_topology(layout, ranks, o.domain_size);
     validate_topology_for_model(m.topology, config);
-    RankMemoryLayout l;
-    l.tp = m.topology.tp;
-    l.ep = m.topology.ep;
-    l.dp = m.topology.dp;
-    l.edp = m.topology.edp;
-    l.dispatch = parallel::parse_dispatch_kind(o.dispatch);
-    l.domain_size = o.domain_size;
-    l.moe_overlap = parse_moe_overlap(o.moe_overlap);
-    l.capacity_factor = o.moe_capacity_factor;
+    MoeSettings moe;
+    moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
+    moe.overlap = parse_moe_overlap(o.moe_overlap);
+    moe.capacity_factor = o.moe_capacity_factor;
     ModelRuntime runtime;
     runtime.batch_size = o.batch_size;
     runtime.seq_len = o.seq_len;
-    m.plan = plan_rank_memory(config, runtime, l);
+    m.plan = plan_rank_memory(config, runtime, m.topology, moe, /*zero1=*/true);
     return m;
 }
 

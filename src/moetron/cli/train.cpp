@@ -232,9 +232,9 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.world = world;
     parallel.layout = o.layout;
     parallel.domain_size = o.domain_size;
-    parallel.dispatch = parallel::parse_dispatch_kind(o.dispatch);
-    parallel.moe_overlap = parse_moe_overlap(o.moe_overlap);
-    parallel.moe_capacity_factor = o.moe_capacity_factor;
+    parallel.moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
+    parallel.moe.overlap = parse_moe_overlap(o.moe_overlap);
+    parallel.moe.capacity_factor = o.moe_capacity_factor;
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
@@ -314,8 +314,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                          "        experts: %s; MoE overlap %s; expert-side buffers of %lld rows "
                          "per layer (capacity factor %g)\n",
                          d->description().c_str(),
-                         std::string(moe_overlap_name(parallel.moe_overlap)).c_str(),
-                         static_cast<long long>(d->capacity_rows()), parallel.moe_capacity_factor);
+                         std::string(moe_overlap_name(parallel.moe.overlap)).c_str(),
+                         static_cast<long long>(d->capacity_rows()), parallel.moe.capacity_factor);
     }
     std::fprintf(
         out,

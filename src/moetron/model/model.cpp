@@ -103,13 +103,17 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
     return {parallel.ep->rank() * local, local};
 }
 
+// The EP ranks per scale-up domain, as the groups built from the Topology say.
+int64_t ep_ranks_per_domain(const ModelParallel& parallel) {
+    if (parallel.ep_domain != nullptr) return parallel.ep_domain->size();
+    return parallel.ep != nullptr ? parallel.ep->size() : 1;
+}
+
 // two_tier over G domains: each router group's experts must live in one domain (experts are
 // contiguous per rank, ranks per domain), so that topk_group bounds the domains a token reaches.
 void check_domain_limited_routing(const ModelConfig& c, const ModelParallel& parallel) {
-    if (parallel.dispatch != parallel::DispatchKind::two_tier || parallel.ep == nullptr) return;
-    const int64_t ep = parallel.ep->size();
-    const int64_t per_domain = parallel.domain_size == 0 ? ep : std::min(parallel.domain_size, ep);
-    const int64_t domains = ep / per_domain;
+    if (parallel.moe.dispatch != parallel::DispatchKind::two_tier || parallel.ep == nullptr) return;
+    const int64_t domains = parallel.ep->size() / ep_ranks_per_domain(parallel);
     MT_CHECK(domains <= 1 || c.n_group % domains == 0,
              "[model] two_tier dispatch over {} EP domains needs n_group ({}) to be a multiple of "
              "{}, so that each router group's experts live in one domain (topk_group = {} then "
@@ -159,19 +163,18 @@ int64_t num_moe_slots(const ModelConfig& c) {
 // The expert dispatcher's configuration for max_tokens tokens per rank: one function for the
 // Model that builds the dispatcher and for plan_rank_memory, which must plan the same buffers.
 parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int64_t max_tokens,
-                                                      parallel::DispatchKind kind,
-                                                      int64_t domain_size, MoeOverlap overlap,
-                                                      double capacity_factor) {
+                                                      const MoeSettings& moe,
+                                                      int64_t ep_ranks_per_domain) {
     parallel::ExpertDispatchConfig dc;
     dc.num_experts = c.n_routed_experts;
     dc.top_k = c.num_experts_per_tok;
     dc.hidden = c.hidden_size;
     dc.max_tokens = max_tokens;
-    dc.capacity_factor = capacity_factor;
-    dc.kind = kind;
-    dc.domain_size = domain_size;
+    dc.capacity_factor = moe.capacity_factor;
+    dc.kind = moe.dispatch;
+    dc.domain_size = ep_ranks_per_domain;
     // Dual overlap runs two half micro-batches, each with its own routing and buffers.
-    const bool dual = overlap == MoeOverlap::dual;
+    const bool dual = moe.overlap == MoeOverlap::dual;
     dc.num_buffers = dual ? 2 : 1;
     dc.num_slots = num_moe_slots(c) * (dual ? 2 : 1);
     return dc;
@@ -425,9 +428,8 @@ struct Model::Impl : ActivationSet {
         bind_model_params(bind_g, g, c);
 
         if (c.n_routed_experts > 0) {
-            const parallel::ExpertDispatchConfig dc =
-                expert_dispatch_config(c, r.batch_size * r.seq_len, par.dispatch, par.domain_size,
-                                       par.moe_overlap, par.moe_capacity_factor);
+            const parallel::ExpertDispatchConfig dc = expert_dispatch_config(
+                c, r.batch_size * r.seq_len, par.moe, ep_ranks_per_domain(par));
             check_domain_limited_routing(c, par);
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
@@ -456,8 +458,8 @@ struct Model::Impl : ActivationSet {
         if (!bp.is_moe) return -1;
         const auto slot = static_cast<int64_t>(slot_bias.size());
         ba.moe.dispatcher = dispatcher.get();
-        ba.moe.overlap = parallel.moe_overlap;
-        const bool dual = parallel.moe_overlap == MoeOverlap::dual;
+        ba.moe.overlap = parallel.moe.overlap;
+        const bool dual = parallel.moe.overlap == MoeOverlap::dual;
         ba.moe.dispatch_slot = dual ? 2 * slot : slot;  // dual: slots 2l and 2l+1, buffers 0 and 1
         ba.moe.dispatch_slot_b = dual ? 2 * slot + 1 : -1;
         slot_bias.push_back(bp.moe.correction_bias);
@@ -845,7 +847,8 @@ size_t Model::planned_bytes() const {
 }
 
 RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtime,
-                                const RankMemoryLayout& layout) {
+                                const parallel::Topology& layout, const MoeSettings& moe,
+                                bool zero1) {
     MT_CHECK(layout.tp >= 1 && layout.ep >= 1 && layout.dp >= 1 && layout.edp >= 1,
              "[model] plan_rank_memory: bad layout tp {} ep {} dp {} edp {}", layout.tp, layout.ep,
              layout.dp, layout.edp);
@@ -862,20 +865,18 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
     plan.parameters = static_cast<size_t>(table.total_numel()) * sizeof(float);
     plan.gradients = plan.parameters;
     // AdamW's two moments; ZeRO-1 shards them over DP (routed experts: over EDP).
-    const int64_t moment_floats = layout.zero1
-                                      ? dense_floats / layout.dp + expert_floats / layout.edp
-                                      : dense_floats + expert_floats;
+    const int64_t moment_floats = zero1 ? dense_floats / layout.dp + expert_floats / layout.edp
+                                        : dense_floats + expert_floats;
     plan.optimizer_state = static_cast<size_t>(2 * moment_floats) * sizeof(float);
 
     // The expert side: the rows the dispatcher plans, then the activation arena's plan.
     if (c.n_routed_experts > 0) {
-        parallel::ExpertDispatchConfig dc =
-            expert_dispatch_config(c, runtime.batch_size * runtime.seq_len, layout.dispatch,
-                                   layout.domain_size, layout.moe_overlap, layout.capacity_factor);
+        parallel::ExpertDispatchConfig dc = expert_dispatch_config(
+            c, runtime.batch_size * runtime.seq_len, moe, layout.ep_ranks_per_domain());
         plan.expert_rows = parallel::planned_expert_rows(dc, layout.ep);
         dc.capacity_factor = 0;
         plan.worst_case_expert_rows = parallel::planned_expert_rows(dc, layout.ep);
-        dc.capacity_factor = layout.capacity_factor;
+        dc.capacity_factor = moe.capacity_factor;
         plan.communication = parallel::planned_buffer_bytes(dc, layout.ep);
     }
     ArenaPlan acts("activations");

@@ -20,6 +20,7 @@
 #include "moetron/model/params.h"  // ParamEntry, TensorSpec
 #include "moetron/parallel/expert_dispatcher.h"
 #include "moetron/parallel/grad_buckets.h"
+#include "moetron/parallel/topology.h"
 
 namespace moetron::parallel {
 class Communicator;
@@ -49,6 +50,22 @@ struct MicroBatchLosses {
 
 // Where the model sits in a distributed job (DESIGN.md sec. 3). The communicators belong to the
 // caller and must outlive the model. The default is one process holding every expert.
+// How the MoE layers run, as the user chose them (train's --dispatch, --moe-overlap,
+// --moe-capacity-factor): one struct from the command line to the Model and plan_rank_memory.
+struct MoeSettings {
+    // How the EP group's all-to-all crosses scale-up domains (parallel/expert_dispatcher.h).
+    // two_tier needs n_group to be a multiple of the EP domains (domain-limited routing: each
+    // router group's experts in one domain).
+    parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
+    // How each MoE layer hides its all-to-all (moe.h); dual gives every layer two dispatcher
+    // slots and the dispatcher two exchange buffers.
+    MoeOverlap overlap = MoeOverlap::off;
+    // The expert-side buffers hold this many times the balanced load (ExpertDispatchConfig::
+    // capacity_factor; 0: the worst case); a step that exceeds it runs in rounds, dropless. Only
+    // used with expert parallelism.
+    double capacity_factor = parallel::kDefaultMoeCapacityFactor;
+};
+
 struct ModelParallel {
     // The routed experts are split over this group: its rank r holds experts [r*El, (r+1)*El),
     // El = E / size, and every MoE layer exchanges token copies over it. Null or one rank: all E.
@@ -57,19 +74,10 @@ struct ModelParallel {
     // that routes different tokens (the world; with tp > 1 each TP rank counts its own share).
     // Null: this process only.
     parallel::Communicator* load = nullptr;
-    // The expert-side buffers hold this many times the balanced load (ExpertDispatchConfig::
-    // capacity_factor; 0: the worst case); a step that exceeds it runs in rounds, dropless. Only
-    // used with expert parallelism.
-    double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
-    // How the EP group's all-to-all crosses scale-up domains (parallel/expert_dispatcher.h), the
-    // EP ranks per domain, and the groups two_tier works over (ParallelGroups::ep_rail and
-    // ep_domain). two_tier needs n_group to be a multiple of the EP domains (domain-limited
-    // routing: each router group's experts in one domain).
-    parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
-    // How each MoE layer hides its all-to-all (moe.h); dual gives every layer two dispatcher
-    // slots and the dispatcher two exchange buffers.
-    MoeOverlap moe_overlap = MoeOverlap::off;
-    int64_t domain_size = 0;
+    MoeSettings moe;
+    // The groups two_tier works over (ParallelGroups::ep_rail and ep_domain, built from the
+    // Topology). ep_domain is also where the EP group's domain split is read: its size is the EP
+    // ranks per domain (null: the EP group is one domain).
     parallel::Communicator* ep_rail = nullptr;
     parallel::Communicator* ep_domain = nullptr;
     // Tensor parallelism (Megatron style) over this group: its ranks hold the same tokens and
@@ -195,18 +203,6 @@ class Model {
     std::unique_ptr<Impl> impl_;
 };
 
-// Where one rank sits, for plan_rank_memory: the sizes of its groups and the MoE knobs.
-struct RankMemoryLayout {
-    int tp = 1, ep = 1;
-    int dp = 1;   // the attention side's data-parallel replicas (ZeRO-1 shards over them)
-    int edp = 1;  // the routed experts' replicas
-    bool zero1 = true;
-    parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
-    int64_t domain_size = 0;
-    MoeOverlap moe_overlap = MoeOverlap::off;
-    double capacity_factor = parallel::kDefaultMoeCapacityFactor;
-};
-
 // The memory one rank plans for training, by category, from the planners the engine uses: the
 // parameter table a Model builds, the activation arena's plan (bound as a Model binds it), the
 // dispatcher's rows and exchange buffers. Allocates nothing of that size (for moetron info).
@@ -220,7 +216,10 @@ struct RankMemoryPlan {
     int64_t expert_rows = 0;     // R per MoE layer, planned for the capacity factor
     int64_t worst_case_expert_rows = 0;  // R per MoE layer with capacity factor 0
 };
+// For a rank of `topology` (ZeRO-1, when zero1, shards the dense moments over dp and the routed
+// experts' over edp) running its MoE layers with `moe`.
 RankMemoryPlan plan_rank_memory(const ModelConfig& config, const ModelRuntime& runtime,
-                                const RankMemoryLayout& layout);
+                                const parallel::Topology& topology, const MoeSettings& moe,
+                                bool zero1);
 
 }  // namespace moetron

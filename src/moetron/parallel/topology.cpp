@@ -147,7 +147,7 @@ GroupMembership group_of(const Topology& t, GroupKind kind, int rank) {
             g.index = c.domain;
             break;
         case GroupKind::ep_domain: {  // EP ranks [first, first + L) of this rank's domain
-            const int per_domain = std::min(t.ep, t.domain_size);
+            const int per_domain = t.ep_ranks_per_domain();
             const int first = c.ep / per_domain * per_domain;
             for (int i = first; i < first + per_domain; ++i)
                 g.ranks.push_back(expert_rank(i, c.edp, c.expert_pp));
@@ -155,7 +155,7 @@ GroupMembership group_of(const Topology& t, GroupKind kind, int rank) {
             break;
         }
         case GroupKind::ep_rail: {  // EP ranks with this rank's local index, one per domain
-            const int per_domain = std::min(t.ep, t.domain_size);
+            const int per_domain = t.ep_ranks_per_domain();
             for (int i = c.ep % per_domain; i < t.ep; i += per_domain)
                 g.ranks.push_back(expert_rank(i, c.edp, c.expert_pp));
             g.index = c.ep / per_domain;

@@ -34,6 +34,10 @@ struct Topology {
     int ep = 1, edp = 1;
 
     int num_domains() const { return world_size / domain_size; }
+    // The EP group's ranks inside one domain (the whole group when it fits in one), and the
+    // domains it spans: what the two-tier dispatch routes by and the flat one counts bytes by.
+    int ep_ranks_per_domain() const { return ep < domain_size ? ep : domain_size; }
+    int ep_domains() const { return ep / ep_ranks_per_domain(); }
     // "world 8 (2 domains of 4): attention pp1 x dp2 x cp1 x tp2, experts pp1 x edp2 x ep4"
     std::string str() const;
 };

@@ -28,10 +28,7 @@ ModelParallel model_parallel(parallel::ParallelGroups& groups, const TrainParall
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
     mp.load = p.world;  // every rank routes tokens of its own (TP ranks: their share of them)
-    mp.dispatch = p.dispatch;
-    mp.moe_overlap = p.moe_overlap;
-    mp.moe_capacity_factor = p.moe_capacity_factor;
-    mp.domain_size = p.domain_size;
+    mp.moe = p.moe;
     mp.ep_rail = groups.ep_rail.get();
     mp.ep_domain = groups.ep_domain.get();
     return mp;

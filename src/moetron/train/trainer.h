@@ -65,14 +65,8 @@ struct TrainParallel {
     double bucket_mb = 4.0;                   // gradient-sync bucket size in MiB
     bool zero1 = true;    // shard the optimizer state (DP over DP, routed experts over EDP)
     bool overlap = true;  // post gradient buckets during the backward
-    // How the MoE all-to-all crosses domains (--dispatch; parallel/expert_dispatcher.h).
-    parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
-    // How each MoE layer hides its all-to-all (--moe-overlap; model/moe.h).
-    // off by default: measured faster with two_tier only (README "Two tiers").
-    MoeOverlap moe_overlap = MoeOverlap::off;
-    // The expert-side buffers in units of the balanced load (--moe-capacity-factor;
-    // parallel::ExpertDispatchConfig::capacity_factor; 0: the worst case).
-    double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
+    // How the MoE layers run (--dispatch, --moe-overlap, --moe-capacity-factor; model.h).
+    MoeSettings moe;
 };
 
 class Trainer {
