@@ -213,6 +213,9 @@ TEST(ParallelTopology, DpCountingTheExpertSideSaysWhatToWrite) {
                             "follows from ep. Write dp4 or leave dp out");
     // The cluster model reads the same string the same way.
     expect_error_containing([] { parse_layout("dp2.ep2", 4); }, "Write dp4 or leave dp out");
+    // Sizes whose product does not fit 64 bits are refused, not wrapped.
+    expect_error_containing([] { parse_layout("tp2000000000.cp2000000000.pp2000000000", 8); },
+                            "the sizes multiply to more than any world");
     EXPECT_EQ(parse_layout("dp4.ep2", 4).edp(), 2);
 }
 

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <charconv>
+#include <initializer_list>
 
 #include "moetron/core/user_error.h"
 
@@ -76,11 +77,20 @@ Layout resolve_layout(const Layout& layout, int64_t world_size) {
                   "[layout] layout {}: vpp {} needs pp > 1 (virtual stages split a pipeline)",
                   layout.str(), layout.vpp);
     Layout l = layout;
-    const int64_t model_parallel = l.tp * l.cp * l.pp;
+    // Each size is below 2^31 (parse_layout), but a product of three may not fit 64 bits.
+    const auto product = [&](std::initializer_list<int64_t> sizes) {
+        int64_t p = 1;
+        for (const int64_t size : sizes)
+            MT_USER_CHECK(!__builtin_mul_overflow(p, size, &p),
+                          "[layout] layout {}: the sizes multiply to more than any world",
+                          layout.str());
+        return p;
+    };
+    const int64_t model_parallel = product({l.tp, l.cp, l.pp});
     MT_USER_CHECK(world_size % model_parallel == 0,
                   "[layout] the world of {} ranks is not divisible by tp*cp*pp = {}*{}*{} = {}",
                   world_size, l.tp, l.cp, l.pp, model_parallel);
-    MT_USER_CHECK(world_size % (l.ep * l.pp) == 0,
+    MT_USER_CHECK(world_size % product({l.ep, l.pp}) == 0,
                   "[layout] expert side: the world of {} ranks is not divisible by ep*pp = {}*{} "
                   "= {} (the ranks of a pipeline stage must hold whole expert groups)",
                   world_size, l.ep, l.pp, l.ep * l.pp);
@@ -98,7 +108,7 @@ Layout resolve_layout(const Layout& layout, int64_t world_size) {
         MT_USER_THROW(
             "[layout] layout {} does not fit a world of {} ranks: dp{} needs dp*tp*cp*pp = {} "
             "ranks, but world/(tp*cp*pp) = {}; write dp{} or leave dp out (it is what remains)",
-            layout.str(), world_size, layout.dp, layout.dp * model_parallel, l.dp, l.dp);
+            layout.str(), world_size, layout.dp, product({layout.dp, model_parallel}), l.dp, l.dp);
     }
     return l;
 }
