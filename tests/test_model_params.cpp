@@ -114,7 +114,8 @@ TEST(ModelMemoryPlan, AddsUpToTheModelsArenas) {
     const ModelConfig c = tiny_config();
     const ModelRuntime runtime{2, 16};
     const Model model(c, runtime, {});
-    const RankMemoryPlan p = plan_rank_memory(c, runtime, {});
+    const RankMemoryPlan p =
+        plan_rank_memory(c, runtime, parallel::Topology{}, MoeSettings{}, true);
     EXPECT_EQ(p.parameters + p.gradients + p.activations + p.expert_side + p.communication,
               model.planned_bytes());
     EXPECT_EQ(p.parameters, static_cast<size_t>(model.num_params()) * sizeof(float));
