@@ -86,7 +86,7 @@ Options parse_options(int argc, char** argv) {
 
 double slowest(Communicator& world, double seconds) {
     std::vector<double> all(static_cast<size_t>(world.size()));
-    world.all_gather(std::span<double>(all), std::span<const double>(&seconds, 1));
+    world.all_gather(std::span<double>(all), std::span<const double>(&seconds, 1), kHostStream);
     return *std::max_element(all.begin(), all.end());
 }
 
@@ -94,7 +94,7 @@ double slowest(Communicator& world, double seconds) {
 double at_last_rank(Communicator& world, double key, double value) {
     const std::array<double, 2> mine{key, value};
     std::vector<double> all(2 * static_cast<size_t>(world.size()));
-    world.all_gather(std::span<double>(all), std::span<const double>(mine));
+    world.all_gather(std::span<double>(all), std::span<const double>(mine), kHostStream);
     size_t last = 0;
     for (size_t r = 1; r < all.size() / 2; ++r)
         if (all[2 * r] > all[2 * last]) last = r;
@@ -128,9 +128,10 @@ int run(const Options& o, Communicator& world) {
     so.zero1 = o.zero1;
     // Two syncs over the same buffer and groups: overlapped and not.
     parallel::GradSync overlapped(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp,
-                                  so);
+                                  so, kHostStream);
     so.overlap = false;
-    parallel::GradSync after(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so);
+    parallel::GradSync after(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so,
+                             kHostStream);
     parallel::DistributedAdamW opt_overlapped(overlapped, world, {});
     parallel::DistributedAdamW opt_after(after, world, {});
     parallel::GradSync* active = &overlapped;

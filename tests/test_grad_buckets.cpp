@@ -179,7 +179,7 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
     parallel::GradSyncOptions o;
     o.bucket_bytes = 16 * sizeof(float);
     o.zero1 = true;
-    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
+    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o, kHostStream);
 
     sync.grads_ready(0, 100);  // not armed: ignored
     sync.arm();
@@ -199,7 +199,7 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
 
     parallel::GradSyncOptions no_overlap = o;
     no_overlap.overlap = false;
-    parallel::GradSync late(spans, 100, grads.data(), dp, edp, no_overlap);
+    parallel::GradSync late(spans, 100, grads.data(), dp, edp, no_overlap, kHostStream);
     late.arm();
     late.grads_ready(0, 100);
     EXPECT_EQ(late.last_stats().buckets_posted_in_backward, 0);
@@ -245,7 +245,7 @@ TEST(DistributedAdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
         parallel::GradSyncOptions o;
         o.bucket_bytes = 12 * sizeof(float);
         o.zero1 = sharded;
-        parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
+        parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o, kHostStream);
         parallel::DistributedAdamW opt(sync, world, config);
         for (int64_t step = 1; step <= 3; ++step) {
             // Copy into the buffer GradSync holds (assigning a new vector would free it).
@@ -279,7 +279,7 @@ TEST(DistributedAdamW, NothingReadsTheParametersWhileTheirGathersAreInFlight) {
     parallel::GradSyncOptions o;
     o.bucket_bytes = 12 * sizeof(float);
     o.zero1 = true;
-    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
+    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o, kHostStream);
     parallel::DistributedAdamW posted(sync, world, {}), whole(sync, world, {});
     std::vector<float> a = start, b = start;
     sync.arm();

@@ -130,9 +130,9 @@ class SharedTempDir {
             path = pattern;
         }
         int64_t length = static_cast<int64_t>(path.size());
-        comm.broadcast(&length, 1, DType::i64, 0);
+        comm.broadcast(&length, 1, DType::i64, 0, kHostStream);
         path.resize(static_cast<size_t>(length));
-        comm.broadcast(path.data(), path.size(), DType::u8, 0);
+        comm.broadcast(path.data(), path.size(), DType::u8, 0, kHostStream);
         path_ = path;
     }
     ~SharedTempDir() {
@@ -183,7 +183,7 @@ GlobalParams global_params(Trainer& t) {
             std::copy(local + local_offset, local + local_offset + n, global + global_offset);
         });
     }
-    if (t.world() != nullptr) t.world()->all_reduce_sum(std::span<float>(g.values));
+    if (t.world() != nullptr) t.world()->all_reduce_sum(std::span<float>(g.values), kHostStream);
     return g;
 }
 
@@ -287,7 +287,7 @@ TEST(MpiCheckpoint, EveryRankSharesTheRunIdAndAResumeContinuesIt) {
     const std::string id = first->run_id();
     ASSERT_TRUE(is_run_id(id)) << id;
     std::string rank0_id = id;
-    world.broadcast(rank0_id.data(), rank0_id.size(), DType::u8, 0);
+    world.broadcast(rank0_id.data(), rank0_id.size(), DType::u8, 0, kHostStream);
     EXPECT_EQ(id, rank0_id) << "rank " << world.rank();
     run_steps(*first, 1);
     const fs::path saved = save_checkpoint(*first, dir.path() / "root", 0);

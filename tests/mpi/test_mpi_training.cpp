@@ -192,7 +192,8 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
     so.zero1 = k.zero1;
     so.overlap = k.overlap;
     const std::vector<parallel::ParamSpan> spans = model.param_spans();
-    parallel::GradSync sync(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so);
+    parallel::GradSync sync(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so,
+                            kHostStream);
     model.set_grad_ready_callback(
         [&sync](int64_t begin, int64_t end) { sync.grads_ready(begin, end); });
     parallel::DistributedAdamW optimizer(sync, world, adamw_config());
@@ -214,7 +215,7 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
         counts[1] = static_cast<double>(den.sequences);
         for (int64_t d = 0; d < kMaxMtpDepths; ++d)
             counts[2 + d] = static_cast<double>(den.mtp_tokens[d]);
-        groups.dp->all_reduce_sum(std::span<double>(counts));
+        groups.dp->all_reduce_sum(std::span<double>(counts), kHostStream);
         den.lm_tokens = static_cast<int64_t>(counts[0]);
         den.sequences = static_cast<int64_t>(counts[1]);
         for (int64_t d = 0; d < kMaxMtpDepths; ++d)
@@ -233,7 +234,7 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
             shares[2] += l.balance_loss;
         }
         sync.finish();
-        groups.dp->all_reduce_sum(std::span<double>(shares));
+        groups.dp->all_reduce_sum(std::span<double>(shares), kHostStream);
         run.result.losses.push_back({shares[0], shares[1], shares[2]});
         optimizer.clip_gradients(model.grads());
         optimizer.step(model.params(), model.grads(), kLr);
@@ -286,7 +287,7 @@ TensorError tensor_error(const float* got, const float* want, int64_t n,
         sums[1] += static_cast<double>(want[i]) * want[i];
         e.max_abs = std::max(e.max_abs, std::fabs(d));
     }
-    if (split_over != nullptr) split_over->all_reduce_sum(std::span<double>(sums));
+    if (split_over != nullptr) split_over->all_reduce_sum(std::span<double>(sums), kHostStream);
     e.l2_rel = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
     return e;
 }
@@ -632,7 +633,7 @@ void expect_expert_state_sharded(const std::string& layout) {
     EXPECT_LE(owned[1], 1e-4) << layout << ": sharded and replicated expert moments differ";
     // Summed over the world, each expert float is owned once per EDP group: the world holds
     // world/edp groups of experts (one per EP x TP position).
-    mpi_world().all_reduce_sum(std::span<double>(owned.data(), 1));
+    mpi_world().all_reduce_sum(std::span<double>(owned.data(), 1), kHostStream);
     EXPECT_EQ(owned[0] * edp, static_cast<double>(rep_moments / 2 * mpi_world().size())) << layout;
 }
 
@@ -752,7 +753,7 @@ TEST(MpiTraining, TensorParallelGradientsAreSlicesOfTheOneProcessGradients) {
         if (!e.trainable) continue;
         const ParamEntry& we = full.param_entries()[i];
         std::vector<float> g(sharded.grads() + e.offset, sharded.grads() + e.offset + e.numel);
-        if (is_routed_expert_param(e.name)) world.all_reduce_sum(std::span<float>(g));
+        if (is_routed_expert_param(e.name)) world.all_reduce_sum(std::span<float>(g), kHostStream);
         const std::vector<float> slice = reference_slice(e, we, full.grads() + we.offset, {});
         const TensorError err = tensor_error(g.data(), slice.data(), e.numel);
         EXPECT_LE(err.l2_rel, 1e-5) << e.name;

@@ -114,7 +114,7 @@ double DistributedAdamW::clip_gradients(float* grads) {
                      (static_cast<double>(bucket.group_size) * copies);
         }
     }
-    world_.all_reduce_sum(&local, 1, DType::f64);
+    world_.all_reduce_sum(&local, 1, DType::f64, kHostStream);
     const double norm = std::sqrt(local);
     const float factor = cpu::clip_factor(norm, static_cast<float>(config_.grad_clip));
     if (factor != 1.0f) {
@@ -185,9 +185,9 @@ void DistributedAdamW::post_step(float* params, const float* grads, double lr) {
 #endif
         float* out = s.staging_offset >= 0 ? gather_staging_.data() + s.staging_offset
                                            : params + bucket.offset;
-        gathers_[b] =
-            sync_.group(bucket.group)
-                .all_gather_async(out, p, static_cast<size_t>(bucket.shard_numel), DType::f32);
+        gathers_[b] = sync_.group(bucket.group)
+                          .all_gather_async(out, p, static_cast<size_t>(bucket.shard_numel),
+                                            DType::f32, sync_.stream());
     }
     gather_params_ = params;
 }

@@ -33,9 +33,9 @@ namespace {
 
 void broadcast_string(parallel::Communicator& comm, std::string& text, int root) {
     int64_t length = static_cast<int64_t>(text.size());
-    comm.broadcast(&length, 1, DType::i64, root);
+    comm.broadcast(&length, 1, DType::i64, root, kHostStream);
     text.resize(static_cast<size_t>(length));
-    if (length > 0) comm.broadcast(text.data(), text.size(), DType::u8, root);
+    if (length > 0) comm.broadcast(text.data(), text.size(), DType::u8, root, kHostStream);
 }
 
 std::string what_failed(const std::exception& e) {
@@ -206,13 +206,13 @@ void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& e
     const auto n = static_cast<size_t>(comm.size());
     int64_t mine = static_cast<int64_t>(error.size());
     std::vector<int64_t> lengths(n);
-    comm.all_gather(lengths.data(), &mine, 1, DType::i64);
+    comm.all_gather(lengths.data(), &mine, 1, DType::i64, kHostStream);
     const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
     if (longest == 0) return;
     std::string own = error;
     own.resize(static_cast<size_t>(longest));
     std::string all(static_cast<size_t>(longest) * n, '\0');
-    comm.all_gather(all.data(), own.data(), static_cast<size_t>(longest), DType::u8);
+    comm.all_gather(all.data(), own.data(), static_cast<size_t>(longest), DType::u8, kHostStream);
     // Ranks with the same error are listed together (a missing file fails every rank alike).
     std::vector<std::pair<std::string, std::vector<int>>> groups;
     for (size_t r = 0; r < n; ++r) {
@@ -237,7 +237,7 @@ void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& e
 
 bool any_rank(parallel::Communicator& comm, bool flag) {
     double count = flag ? 1.0 : 0.0;
-    comm.all_reduce_sum(&count, 1, DType::f64);
+    comm.all_reduce_sum(&count, 1, DType::f64, kHostStream);
     return count > 0;
 }
 
@@ -291,7 +291,8 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
     // Rank 0: the index (with every shard's checksum), the state, commit, `latest`.
     const std::array<uint64_t, 2> own{digest.num_bytes, digest.xxh3};
     std::vector<uint64_t> digests(2 * static_cast<size_t>(world.size()));
-    world.all_gather(digests.data(), own.data(), 2, DType::i64);  // 64-bit words, moved only
+    world.all_gather(digests.data(), own.data(), 2, DType::i64,
+                     kHostStream);  // 64-bit words, moved only
     if (rank == 0) {
         try {
             CheckpointIndex index;

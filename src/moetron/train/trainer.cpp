@@ -12,6 +12,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/flops.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
@@ -114,7 +115,7 @@ void record_dispatch_stats(StepRecord& r, const parallel::DispatchStats& s) {
 // Sums a few doubles over the data-parallel group (no-op on one process).
 template <size_t N>
 void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& values) {
-    if (groups.dp != nullptr) groups.dp->all_reduce_sum(std::span<double>(values));
+    if (groups.dp != nullptr) groups.dp->all_reduce_sum(std::span<double>(values), kHostStream);
 }
 
 }  // namespace
@@ -146,7 +147,8 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
         so.overlap = parallel.overlap;
         const std::vector<parallel::ParamSpan> spans = model_->param_spans();
         sync_ = std::make_unique<parallel::GradSync>(spans, model_->num_params(), model_->grads(),
-                                                     *groups_.dp, *groups_.edp, so);
+                                                     *groups_.dp, *groups_.edp, so,
+                                                     cpu_backend().stream());
         model_->set_grad_ready_callback(
             [sync = sync_.get()](int64_t begin, int64_t end) { sync->grads_ready(begin, end); });
         dist_optimizer_ = std::make_unique<parallel::DistributedAdamW>(
@@ -157,7 +159,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
                             static_cast<double>(config.tokens_per_step());
     run_id_ = new_run_id();
     if (world_ != nullptr)  // one run, one identity: rank 0's
-        world_->broadcast(run_id_.data(), run_id_.size(), DType::u8, 0);
+        world_->broadcast(run_id_.data(), run_id_.size(), DType::u8, 0, kHostStream);
 }
 
 const AdamW& Trainer::optimizer() const {
@@ -406,7 +408,7 @@ void Trainer::write_trace() {
         const int n = world_->size();
         int64_t my_size = static_cast<int64_t>(mine.size());
         std::vector<int64_t> sizes(static_cast<size_t>(n));
-        world_->all_gather(sizes.data(), &my_size, 1, DType::i64);
+        world_->all_gather(sizes.data(), &my_size, 1, DType::i64, kHostStream);
         std::vector<int> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
         send_counts[0] = static_cast<int>(my_size);
         std::string all;
@@ -422,7 +424,7 @@ void Trainer::write_trace() {
             all.resize(static_cast<size_t>(offset));
         }
         world_->all_to_all_v(all.data(), recv_counts, recv_displs, mine.data(), send_counts,
-                             send_displs, DType::u8);
+                             send_displs, DType::u8, kHostStream);
         if (world_->rank() == 0)
             for (int p = 0; p < n; ++p)
                 fragments.push_back(all.substr(static_cast<size_t>(recv_displs[p]),
