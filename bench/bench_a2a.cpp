@@ -32,6 +32,7 @@
 namespace {
 
 using moetron::DType;
+using moetron::kHostStream;
 using moetron::Timer;
 using moetron::parallel::Communicator;
 
