@@ -2,9 +2,9 @@
 // cuBLAS, all issued on one stream the backend owns; every other op throws OpNotImplemented.
 // Plain C++ against the CUDA runtime and cuBLAS; the kernels live in the .cu files.
 //
-// Ordering: every op is asynchronous on stream_, except the three that must hand the host a
-// value (copy_to_host, sum_squares) or read one (grouped_linear_*: the segment offsets decide
-// the GEMM shapes), which wait for the stream.
+// Ordering: every op is asynchronous on stream_, except those that hand the host a value or
+// read one, which wait for the stream: copy_to_host, copy_from_host, sum_squares, and
+// grouped_linear_* (its segment offsets decide the GEMM shapes).
 #include "moetron/kernels/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -327,7 +327,7 @@ class CudaBackend final : public Backend {
         if (k == 0) {
             if (beta == 0.0f) {
                 zero(c, static_cast<size_t>(m * n) * sizeof(float));
-            } else {
+            } else if (beta != 1.0f) {
                 cuda::scale_inplace(c, m * n, beta, stream_);
             }
             return;
