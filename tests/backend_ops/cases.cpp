@@ -28,7 +28,8 @@ void register_elementwise(Registry& r) {
             });
         r.add("zero", shape)
             .tensors({output("dst", n)})
-            .forward("zero", [=](Backend& b, const Args& a) { b.zero(a.f32("dst"), n * 4); });
+            .forward("zero",
+                     [=](Backend& b, const Args& a) { b.zero(a.f32("dst"), n * sizeof(float)); });
         r.add("add_inplace", shape)
             .tensors({inout("y", n), input("x", n)})
             .forward("add_inplace",
