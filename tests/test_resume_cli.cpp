@@ -12,6 +12,7 @@
 #include "cli_run.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_sharded.h"
 #include "temp_dir.h"
 
 namespace moetron {
@@ -60,9 +61,11 @@ TEST_F(ResumeCli, ContinuesTheCheckpointsRunAsConfigured) {
     EXPECT_CONTAINS(out.text, "corpus.txt (text, byte-level");
     EXPECT_NOT_CONTAINS(out.text, "overridden");
     // The same run: the final checkpoints are byte for byte the same.
-    const std::string straight = read_file(fs::path(checkpoint("a", 6)) / kCheckpointModelFile);
+    const std::string straight =
+        read_file(fs::path(checkpoint("a", 6)) / checkpoint_shard_file_name(0, 1));
     ASSERT_FALSE(straight.empty());
-    EXPECT_TRUE(straight == read_file(fs::path(checkpoint("b", 6)) / kCheckpointModelFile))
+    EXPECT_TRUE(straight ==
+                read_file(fs::path(checkpoint("b", 6)) / checkpoint_shard_file_name(0, 1)))
         << "the resumed run ended with other parameters than the straight one";
 }
 

@@ -41,7 +41,6 @@
 #include "moetron/model/hf_names.h"
 #include "moetron/model/moe.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_root.h"
@@ -183,7 +182,7 @@ GlobalParams global_params(Trainer& t) {
             std::copy(local + local_offset, local + local_offset + n, global + global_offset);
         });
     }
-    if (t.world() != nullptr) t.world()->all_reduce_sum(std::span<float>(g.values));
+    t.world().all_reduce_sum(std::span<float>(g.values));  // a one-process trainer: a no-op
     return g;
 }
 
@@ -237,7 +236,7 @@ std::vector<Layout> layouts_for(int world_size) {
 // Parameters and this rank's moments, as bytes.
 std::vector<float> state_of(Trainer& t) {
     std::vector<float> s(t.model().params(), t.model().params() + t.model().num_params());
-    for (const auto& r : t.distributed_optimizer()->moment_ranges()) {
+    for (const auto& r : t.optimizer().moment_ranges()) {
         s.insert(s.end(), r.m, r.m + r.numel);
         s.insert(s.end(), r.v, r.v + r.numel);
     }
