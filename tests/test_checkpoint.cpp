@@ -19,6 +19,7 @@
 #include "moetron/model/config.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_pieces.h"
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/checksum.h"
@@ -188,6 +189,81 @@ TEST(Checkpoint, TooManySkippedStepsStopNamingTheLastCheckpoint) {
     const std::string err = error_of([&] { t->step(); });
     EXPECT_NE(err.find("3 steps in a row"), std::string::npos) << err;
     EXPECT_NE(err.find(saved.string()), std::string::npos) << err;
+}
+
+// ---- one format for every world size ----
+
+nlohmann::json read_state(const fs::path& dir) {
+    std::ifstream in(dir / kCheckpointStateFile);
+    return nlohmann::json::parse(in);
+}
+
+// A single process is a world of one: it writes the shards every world size writes (one of
+// them), and no single file. test_mpi_checkpoint.cpp checks that N ranks write the same format.
+TEST(Checkpoint, OneProcessWritesOneShardOfTheShardedFormat) {
+    TempDir dir;
+    auto t = make_trainer(tiny_config(), small_run());
+    t->step();
+    const fs::path saved = save_checkpoint(*t, dir.path(), 0);
+    const nlohmann::json state = read_state(saved);
+    EXPECT_EQ(state.at("version"), kCheckpointVersion);
+    EXPECT_EQ(state.at("world_size"), 1);
+    EXPECT_EQ(state.at("layout"), "dp1.tp1.ep1");
+    EXPECT_EQ(state.at("shard_files"), nlohmann::json::array({kOneShard}));
+    EXPECT_FALSE(fs::exists(saved / kSingleFileCheckpointModelFile));
+    const SafetensorsFile shard = SafetensorsFile::open((saved / kOneShard).string());
+    EXPECT_TRUE(shard.metadata().contains(kShardSlicesKey));
+}
+
+// A checkpoint written before one process became a world of one (version 1: one
+// model.safetensors, every tensor whole, moments under "optimizer.m." and "optimizer.v.") still
+// resumes: this writes one as that version did and loads it.
+TEST(Checkpoint, AVersionOneCheckpointStillResumes) {
+    TempDir dir;
+    auto t = make_trainer(tiny_config(), small_run());
+    t->step();
+    t->step();
+    const fs::path saved = save_checkpoint(*t, dir.path(), 0);
+    const fs::path old = dir.path() / "old";
+    fs::create_directories(old);
+    const std::vector<ParamEntry>& entries = t->model().param_entries();
+    const std::vector<float> m = moments_of(*t, true), v = moments_of(*t, false);
+    SafetensorsWriter writer;
+    auto dims = [](const ParamEntry& e) {
+        return std::vector<int64_t>(e.shape.dims.begin(), e.shape.dims.begin() + e.shape.ndim);
+    };
+    for (const ParamEntry& e : entries)
+        writer.add(e.name, DType::f32, dims(e), t->model().params() + e.offset);
+    for (const ParamEntry& e : entries)
+        writer.add("optimizer.m." + e.name, DType::f32, dims(e), m.data() + e.offset);
+    for (const ParamEntry& e : entries)
+        writer.add("optimizer.v." + e.name, DType::f32, dims(e), v.data() + e.offset);
+    writer.set_metadata("format", "moetron");
+    CheckpointIndex index;
+    index.add(kSingleFileCheckpointModelFile,
+              writer.write((old / kSingleFileCheckpointModelFile).string()));
+    nlohmann::json state = read_state(saved);
+    for (const char* key : {"world_size", "topology", "shard_files"}) state.erase(key);
+    state["version"] = kSingleFileCheckpointVersion;
+    state["layout"] = "single";
+    {
+        std::ofstream out(old / kCheckpointStateFile);
+        out << state.dump(2) << "\n";
+    }
+    index.add_file(old.string(), kCheckpointStateFile);
+    index.write((old / kCheckpointIndexName).string());
+
+    auto from_old = make_trainer(tiny_config(), small_run());
+    load_checkpoint(*from_old, old);
+    auto from_new = make_trainer(tiny_config(), small_run());
+    load_checkpoint(*from_new, saved);
+    EXPECT_EQ(from_old->steps_done(), 2);
+    const int64_t n = t->model().num_params();
+    EXPECT_TRUE(same_bits(from_old->model().params(), from_new->model().params(), n));
+    EXPECT_TRUE(same_bits(moments_of(*from_old, true).data(), m.data(), n));
+    EXPECT_TRUE(same_bits(moments_of(*from_old, false).data(), v.data(), n));
+    EXPECT_EQ(from_old->optimizer().step_count(), from_new->optimizer().step_count());
+    EXPECT_EQ(from_old->step().loss, from_new->step().loss);
 }
 
 // ---- bad input ----
