@@ -403,7 +403,7 @@ TEST_F(Resharding, FourRanksEp2ToFourRanksDp4) {
 TEST_F(Resharding, OneProcessAndFourRanksWriteOneFormat) {
     const fs::path four_ranks = checkpoint_;
     save_one_process_checkpoint();
-    const fs::path one_process = checkpoint_;
+    const fs::path one_process = resolve_checkpoint_dir(checkpoint_);
     auto state_of_dir = [](const fs::path& dir) {
         std::ifstream in(dir / kCheckpointStateFile);
         return nlohmann::json::parse(in);
@@ -422,7 +422,9 @@ TEST_F(Resharding, OneProcessAndFourRanksWriteOneFormat) {
         std::vector<float> params(saved_params_.values.size());
         read_verified_checkpoint_state(dir);
         read_checkpoint_tensors(dir, saved_params_.entries, params.data(), nullptr, nullptr);
-        if (dir == four_ranks) EXPECT_EQ(params, saved_params_.values);
+        if (dir == four_ranks) {
+            EXPECT_EQ(params, saved_params_.values);
+        }
     }
     mpi_world().barrier();
 }
