@@ -3,7 +3,6 @@
 // torch.nn.utils.clip_grad_norm_.
 #include "moetron/kernels/cpu/adamw.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "moetron/core/error.h"
@@ -56,14 +55,6 @@ double sum_squares(const float* x, int64_t n) {
 void scale_inplace(float* x, int64_t n, float factor) {
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = 0; i < n; ++i) x[i] *= factor;
-}
-
-// torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1. A non-finite norm
-// gives 0 or NaN, as torch with error_if_nonfinite=False; the trainer decides what to do then.
-float clip_factor(double norm, float max_norm) {
-    if (max_norm <= 0.0f) return 1.0f;
-    const double factor = static_cast<double>(max_norm) / (norm + 1e-6);
-    return static_cast<float>(std::min(factor, 1.0));  // std::min keeps a NaN factor (NaN first)
 }
 
 }  // namespace moetron::cpu

@@ -4,16 +4,11 @@
 
 #include <cstdint>
 
+#include "moetron/kernels/op_types.h"
+
 namespace moetron::cpu {
 
-struct AdamWParams {
-    float lr;
-    float beta1;
-    float beta2;
-    float eps;
-    float weight_decay;  // decoupled: p -= lr * weight_decay * p
-    int64_t step;        // 1-based step count for bias correction
-};
+using moetron::AdamWParams;
 
 // In place on params, m, v for n elements, as torch.optim.AdamW:
 //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
@@ -25,8 +20,6 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
 double sum_squares(const float* x, int64_t n);
 // x *= factor.
 void scale_inplace(float* x, int64_t n, float factor);
-// The factor that clips a gradient of norm `norm` to max_norm (1 when it is already within, or
-// when max_norm <= 0 disables clipping), as torch.nn.utils.clip_grad_norm_ (eps 1e-6).
-float clip_factor(double norm, float max_norm);
+using moetron::clip_factor;  // kernels/op_types.h
 
 }  // namespace moetron::cpu

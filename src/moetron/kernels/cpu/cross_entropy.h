@@ -4,13 +4,11 @@
 
 #include <cstdint>
 
+#include "moetron/kernels/op_types.h"
+
 namespace moetron::cpu {
 
-struct CrossEntropyResult {
-    double loss_sum;    // sum of per-token losses over valid tokens
-    int64_t num_valid;  // tokens whose target != ignore_index
-    double mean() const { return num_valid ? loss_sum / static_cast<double>(num_valid) : 0.0; }
-};
+using moetron::CrossEntropyResult;
 
 // losses (N) written (0 for ignored tokens); lse (N) saved. logits (N, V).
 CrossEntropyResult cross_entropy_forward(float* losses, float* lse, const float* logits,

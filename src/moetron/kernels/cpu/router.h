@@ -10,17 +10,11 @@
 
 #include <cstdint>
 
+#include "moetron/kernels/op_types.h"
+
 namespace moetron::cpu {
 
-struct RouterShape {
-    int64_t num_tokens;   // N
-    int64_t num_experts;  // E
-    int64_t top_k;        // K
-    int64_t num_groups;   // G (n_group); E % G == 0; G == 1 is plain top-k
-    int64_t topk_groups;  // topk_group <= G; K <= topk_group * E / G
-    float routed_scaling_factor;
-    bool norm_topk_prob;
-};
+using moetron::RouterShape;
 
 // topk_ids (N, K) in descending order of choice; topk_weights (N, K); scores (N, E) saved = s.
 // bias (E) may be null (no correction). Experts outside the kept groups are never chosen (HF masks

@@ -1,0 +1,170 @@
+// The op seam: every piece of math and data movement on tensors that model/, parallel/ and train/
+// do goes through a Backend, and a Backend owns the memory its tensors live in. The CPU backend
+// (kernels/cpu/cpu_backend.h) implements every op and is the reference; the CUDA backend
+// (kernels/cuda/cuda_backend.h) implements what it has kernels for and throws
+// OpNotImplemented for the rest, which the op-parity harness (tests/) reports as skipped.
+//
+// Conventions (kernels/README.md): pointers are into this backend's memory; outputs first, then
+// inputs, then saved statistics, then dimensions; parameter gradients accumulate, activation
+// gradients are written; a null output gradient skips its computation. Each op's semantics are
+// documented once, at the CPU reference named beside it. Work is ordered by stream(): on the CPU
+// every call has finished when it returns; on a GPU it runs in issue order on the stream, and
+// the communicator calls that touch the same buffers take the same stream.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "moetron/core/stream.h"
+#include "moetron/core/tensor.h"
+#include "moetron/kernels/op_types.h"
+
+namespace moetron {
+
+class MemoryResource;  // core/arena.h
+
+// Thrown by a backend for an op it has no kernel for (the CUDA backend, for now, for several).
+class OpNotImplemented : public std::runtime_error {
+  public:
+    OpNotImplemented(std::string_view backend, std::string_view op);
+};
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+
+    // ---- identity, memory, ordering ----
+    virtual std::string_view name() const = 0;  // "cpu", "cuda"
+    virtual Device device() const = 0;
+    // Where this backend's arenas come from (core/arena.h): host memory or cudaMalloc.
+    virtual MemoryResource& memory() = 0;
+    virtual Stream stream() const = 0;
+    // Waits until every op issued so far has finished (nothing to wait for on the CPU).
+    virtual void synchronize() = 0;
+    // Copies between this backend's memory and the host, for set-up, checkpoints and tests (not
+    // the step loop); on the CPU both are memcpy.
+    virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+    virtual void copy_from_host(void* dst, const void* host_src, size_t bytes) = 0;
+
+    // ---- data movement (cpu/elementwise.h) ----
+    virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+    virtual void zero(void* dst, size_t bytes) = 0;
+
+    // ---- elementwise (cpu/elementwise.h) ----
+    virtual void add_inplace(float* y, const float* x, int64_t n) = 0;
+    virtual void axpy(float* y, float alpha, const float* x, int64_t n) = 0;
+    virtual void add(float* out, const float* a, const float* b, int64_t n) = 0;
+
+    // ---- GEMMs (cpu/matmul.h) ----
+    virtual void matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k,
+                        bool trans_a, bool trans_b, float beta) = 0;
+    virtual void linear_forward(float* out, const float* inp, const float* weight, int64_t num_rows,
+                                int64_t in_dim, int64_t out_dim) = 0;
+    virtual void linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                 const float* weight, int64_t num_rows, int64_t in_dim,
+                                 int64_t out_dim) = 0;
+    virtual void grouped_linear_forward(float* out, const float* inp, const float* weight,
+                                        const int64_t* offsets, int64_t num_experts, int64_t in_dim,
+                                        int64_t out_dim) = 0;
+    virtual void grouped_linear_backward(float* dinp, float* dweight, const float* dout,
+                                         const float* inp, const float* weight,
+                                         const int64_t* offsets, int64_t num_experts,
+                                         int64_t in_dim, int64_t out_dim) = 0;
+
+    // ---- norms, activations, positions (cpu/rmsnorm.h, cpu/swiglu.h, cpu/rope.h) ----
+    virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
+                                 int64_t num_rows, int64_t dim, float eps) = 0;
+    virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                  const float* weight, const float* rstd, int64_t num_rows,
+                                  int64_t dim) = 0;
+    virtual void swiglu_forward(float* out, const float* inp, int64_t num_rows,
+                                int64_t ffn_dim) = 0;
+    virtual void swiglu_backward(float* dinp, const float* dout, const float* inp, int64_t num_rows,
+                                 int64_t ffn_dim) = 0;
+    virtual void rope_tables(float* cos, float* sin, int64_t seq_len, int64_t rope_dim,
+                             float theta) = 0;
+    virtual void rope_forward(float* x, const float* cos, const float* sin, int64_t num_tokens,
+                              int64_t seq_len, int64_t num_heads, int64_t head_stride,
+                              int64_t rope_offset, int64_t rope_dim) = 0;
+    virtual void rope_backward(float* dx, const float* cos, const float* sin, int64_t num_tokens,
+                               int64_t seq_len, int64_t num_heads, int64_t head_stride,
+                               int64_t rope_offset, int64_t rope_dim) = 0;
+
+    // ---- attention (cpu/attention.h) ----
+    virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                   const float* v, int64_t batch, int64_t seq_len,
+                                   int64_t num_heads, int64_t qk_head_dim, int64_t v_head_dim,
+                                   float scale) = 0;
+    virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                    const float* q, const float* k, const float* v,
+                                    const float* out, const float* lse, int64_t batch,
+                                    int64_t seq_len, int64_t num_heads, int64_t qk_head_dim,
+                                    int64_t v_head_dim, float scale) = 0;
+
+    // ---- embedding and loss (cpu/embedding.h, cpu/cross_entropy.h) ----
+    virtual void embedding_forward(float* out, const int32_t* tokens, const float* table,
+                                   int64_t num_tokens, int64_t vocab_size, int64_t dim) = 0;
+    virtual void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
+                                    int64_t num_tokens, int64_t vocab_size, int64_t dim) = 0;
+    virtual void embedding_part_forward(float* out, const int32_t* tokens, const float* table_part,
+                                        int64_t num_tokens, int64_t vocab_first, int64_t part_vocab,
+                                        int64_t dim) = 0;
+    virtual void embedding_part_backward(float* dtable_part, const float* dout,
+                                         const int32_t* tokens, int64_t num_tokens,
+                                         int64_t vocab_first, int64_t part_vocab, int64_t dim) = 0;
+    virtual CrossEntropyResult cross_entropy_forward(float* losses, float* lse, const float* logits,
+                                                     const int32_t* targets, int64_t num_tokens,
+                                                     int64_t vocab_size, int32_t ignore_index) = 0;
+    virtual void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                                        const int32_t* targets, int64_t num_tokens,
+                                        int64_t vocab_size, int32_t ignore_index,
+                                        float dloss_per_token) = 0;
+    virtual void cross_entropy_part_max(float* row_max, const float* logits, int64_t num_tokens,
+                                        int64_t part_vocab) = 0;
+    virtual void cross_entropy_part_sums(double* sum_exp, double* target_logit, const float* logits,
+                                         const float* row_max, const int32_t* targets,
+                                         int64_t num_tokens, int64_t part_vocab,
+                                         int64_t vocab_first, int32_t ignore_index) = 0;
+    virtual void cross_entropy_part_backward(float* dlogits, const float* logits, const float* lse,
+                                             const int32_t* targets, int64_t num_tokens,
+                                             int64_t part_vocab, int64_t vocab_first,
+                                             int32_t ignore_index, float dloss_per_token) = 0;
+
+    // ---- routing and token permutation (cpu/router.h, cpu/permute.h) ----
+    virtual void router_forward(int32_t* topk_ids, float* topk_weights, float* scores,
+                                const float* logits, const float* bias,
+                                const RouterShape& shape) = 0;
+    virtual void router_backward(float* dlogits, const float* dtopk_weights,
+                                 const float* dscores_extra, const float* scores,
+                                 const int32_t* topk_ids, const RouterShape& shape) = 0;
+    virtual void moe_permute_layout(int32_t* copy_to_row, int64_t* expert_offsets,
+                                    const int32_t* topk_ids, int64_t num_tokens, int64_t top_k,
+                                    int64_t num_experts) = 0;
+    virtual void permute_forward(float* out, const float* inp, const int32_t* copy_to_row,
+                                 int64_t num_tokens, int64_t top_k, int64_t dim) = 0;
+    virtual void permute_backward(float* dinp, const float* dout, const int32_t* copy_to_row,
+                                  int64_t num_tokens, int64_t top_k, int64_t dim) = 0;
+    virtual void unpermute_forward(float* out, const float* inp, const float* weights,
+                                   const int32_t* copy_to_row, int64_t num_tokens, int64_t top_k,
+                                   int64_t dim) = 0;
+    virtual void unpermute_backward(float* dinp, float* dweights, const float* dout,
+                                    const float* inp, const float* weights,
+                                    const int32_t* copy_to_row, int64_t num_tokens, int64_t top_k,
+                                    int64_t dim) = 0;
+
+    // ---- optimizer (cpu/adamw.h) ----
+    virtual void adamw_update(float* params, float* m, float* v, const float* grads, int64_t n,
+                              const AdamWParams& hp) = 0;
+    // Sum of squares in double, returned to the host (the global norm adds these over buffers and
+    // ranks).
+    virtual double sum_squares(const float* x, int64_t n) = 0;
+    virtual void scale_inplace(float* x, int64_t n, float factor) = 0;
+};
+
+// The CPU reference backend: stateless, so one shared instance serves every caller.
+Backend& cpu_backend();
+
+}  // namespace moetron

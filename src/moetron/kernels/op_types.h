@@ -1,0 +1,48 @@
+// Parameter and result types shared by every backend's ops (kernels/backend.h): the same struct
+// whichever backend runs the op, so callers never name a backend's namespace.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace moetron {
+
+// The router's shape and DeepSeek-V3 config keys (kernels/cpu/router.h has the math).
+struct RouterShape {
+    int64_t num_tokens;   // N
+    int64_t num_experts;  // E
+    int64_t top_k;        // K (num_experts_per_tok)
+    int64_t num_groups;   // G (n_group); E % G == 0; G == 1 is plain top-k
+    int64_t topk_groups;  // topk_group <= G; K <= topk_group * E / G
+    float routed_scaling_factor;
+    bool norm_topk_prob;
+};
+
+// AdamW hyper-parameters of one update (kernels/cpu/adamw.h has the math).
+struct AdamWParams {
+    float lr;
+    float beta1;
+    float beta2;
+    float eps;
+    float weight_decay;  // decoupled: p -= lr * weight_decay * p
+    int64_t step;        // 1-based step count for bias correction
+};
+
+struct CrossEntropyResult {
+    double loss_sum;    // sum of per-token losses over valid tokens
+    int64_t num_valid;  // tokens whose target != ignore_index
+    double mean() const { return num_valid ? loss_sum / static_cast<double>(num_valid) : 0.0; }
+};
+
+// The factor that clips a gradient of norm `norm` to max_norm (1 when it is already within, or
+// when max_norm <= 0 disables clipping), as torch.nn.utils.clip_grad_norm_:
+// clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1. A non-finite norm gives 0 or
+// NaN, as torch with error_if_nonfinite=False; the trainer decides what to do then. Scalar host
+// math, the same for every backend.
+inline float clip_factor(double norm, float max_norm) {
+    if (max_norm <= 0.0f) return 1.0f;
+    const double factor = static_cast<double>(max_norm) / (norm + 1e-6);
+    return static_cast<float>(std::min(factor, 1.0));  // std::min keeps a NaN factor (NaN first)
+}
+
+}  // namespace moetron
