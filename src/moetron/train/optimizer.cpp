@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "moetron/core/error.h"
-#include "moetron/kernels/cpu/adamw.h"
+#include "moetron/kernels/backend.h"
 
 namespace moetron {
 
@@ -18,8 +17,9 @@ using parallel::GradBuckets;
 using parallel::ReplicaGroup;
 
 AdamW::AdamW(std::span<const parallel::ParamSpan> spans, int64_t num_params, float* grads,
-             AdamWGroups groups, const AdamWConfig& config)
-    : sync_(std::make_unique<parallel::GradSync>(spans, num_params, grads, groups.dp, groups.edp,
+             AdamWGroups groups, const AdamWConfig& config, Backend& backend)
+    : backend_(backend),
+      sync_(std::make_unique<parallel::GradSync>(spans, num_params, grads, groups.dp, groups.edp,
                                                  config.grad_sync)),
       world_(groups.world),
       config_(config) {
@@ -119,24 +119,24 @@ double AdamW::clip_gradients(float* grads) {
         // Ranks outside the group with the same copy (TP replicas) each add their share too.
         const auto copies = static_cast<double>(bucket.copies_outside_group);
         if (bucket.sharded) {
-            local += cpu::sum_squares(shard_grads + s.state_offset, s.owned_numel) / copies;
+            local += backend_.sum_squares(shard_grads + s.state_offset, s.owned_numel) / copies;
         } else {
             // Every rank of the bucket's group holds the same summed copy.
-            local += cpu::sum_squares(grads + bucket.offset, bucket.numel) /
+            local += backend_.sum_squares(grads + bucket.offset, bucket.numel) /
                      (static_cast<double>(bucket.group_size) * copies);
         }
     }
     world_.all_reduce_sum(&local, 1, DType::f64);
     const double norm = std::sqrt(local);
-    const float factor = cpu::clip_factor(norm, static_cast<float>(config_.grad_clip));
+    const float factor = clip_factor(norm, static_cast<float>(config_.grad_clip));
     if (factor != 1.0f) {
         for (size_t b = 0; b < buckets.size(); ++b) {
             const GradBucket& bucket = buckets[b];
             const BucketState& s = states_[b];
             if (bucket.sharded)
-                cpu::scale_inplace(shard_grads + s.state_offset, s.owned_numel, factor);
+                backend_.scale_inplace(shard_grads + s.state_offset, s.owned_numel, factor);
             else
-                cpu::scale_inplace(grads + bucket.offset, bucket.numel, factor);
+                backend_.scale_inplace(grads + bucket.offset, bucket.numel, factor);
         }
     }
     return norm;
@@ -158,7 +158,7 @@ void AdamW::post_step(float* params, const float* grads, double lr) {
              "flight (call finish_param_gathers() first)",
              step_count_ + 1, step_count_);
     ++step_count_;
-    cpu::AdamWParams hp{};
+    AdamWParams hp{};
     hp.lr = static_cast<float>(lr);
     hp.beta1 = static_cast<float>(config_.beta1);
     hp.beta2 = static_cast<float>(config_.beta2);
@@ -176,22 +176,22 @@ void AdamW::post_step(float* params, const float* grads, double lr) {
             const float* g = grads + bucket.offset;
             for (const DecayRun& r : s.runs) {
                 hp.weight_decay = r.weight_decay ? decay : 0.0f;
-                cpu::adamw_update(p + r.offset, replica_m_.data() + s.state_offset + r.offset,
-                                  replica_v_.data() + s.state_offset + r.offset, g + r.offset,
-                                  r.numel, hp);
+                backend_.adamw_update(p + r.offset, replica_m_.data() + s.state_offset + r.offset,
+                                      replica_v_.data() + s.state_offset + r.offset, g + r.offset,
+                                      r.numel, hp);
             }
             continue;
         }
         // The fp32 shard starts from the full buffer each step, so that anything that wrote the
         // parameters since (a checkpoint load) is picked up.
         float* p = shard_params_.data() + s.state_offset;
-        std::memcpy(p, params + bucket.offset + s.owned_begin,
-                    static_cast<size_t>(s.owned_numel) * sizeof(float));
+        backend_.copy(p, params + bucket.offset + s.owned_begin,
+                      static_cast<size_t>(s.owned_numel) * sizeof(float));
         for (const DecayRun& r : s.runs) {
             hp.weight_decay = r.weight_decay ? decay : 0.0f;
-            cpu::adamw_update(p + r.offset, shard_m_.data() + s.state_offset + r.offset,
-                              shard_v_.data() + s.state_offset + r.offset,
-                              shard_grads + s.state_offset + r.offset, r.numel, hp);
+            backend_.adamw_update(p + r.offset, shard_m_.data() + s.state_offset + r.offset,
+                                  shard_v_.data() + s.state_offset + r.offset,
+                                  shard_grads + s.state_offset + r.offset, r.numel, hp);
         }
 #ifndef NDEBUG
         // Debug builds: the bucket's parameters read as NaN until its gather lands, so that a read
@@ -216,9 +216,9 @@ void AdamW::finish_param_gathers() {
         gathers_[b].wait();
         const BucketState& s = states_[b];
         if (s.staging_offset >= 0) {
-            std::memcpy(gather_params_ + buckets[b].offset,
-                        gather_staging_.data() + s.staging_offset,
-                        static_cast<size_t>(buckets[b].numel) * sizeof(float));
+            backend_.copy(gather_params_ + buckets[b].offset,
+                          gather_staging_.data() + s.staging_offset,
+                          static_cast<size_t>(buckets[b].numel) * sizeof(float));
         }
     }
     gather_params_ = nullptr;

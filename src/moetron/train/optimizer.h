@@ -10,7 +10,8 @@
 //     parameters back into every rank's full parameter buffer over that group;
 //   without it (--no-zero1, the replicated baseline; and a world of one, where there is nobody to
 //     shard over): every replica applies the same update to its full copy.
-// The math is kernels/cpu/adamw.h's: decoupled weight decay only where the parameter asks for it
+// The math is the backend's (kernels/backend.h: adamw_update, sum_squares, scale_inplace; the
+// reference is kernels/cpu/adamw.h): decoupled weight decay only where the parameter asks for it
 // (not on norms and biases), non-trainable parameters (the router correction bias, moved by load
 // instead of gradient) never touched, bias correction from a 1-based step count. So one rank and
 // N ranks update alike.
@@ -35,6 +36,7 @@
 #include <span>
 #include <vector>
 
+#include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/grad_sync.h"
 
@@ -63,9 +65,10 @@ struct AdamWGroups {
 class AdamW {
   public:
     // spans describe the flat parameter (and gradient) buffer of num_params floats; grads is the
-    // gradient buffer, which the synchronization reduces in place.
+    // gradient buffer, which the synchronization reduces in place. backend runs the math and
+    // must outlive the optimizer. (The optimizer's own state is host memory for now.)
     AdamW(std::span<const parallel::ParamSpan> spans, int64_t num_params, float* grads,
-          AdamWGroups groups, const AdamWConfig& config);
+          AdamWGroups groups, const AdamWConfig& config, Backend& backend = cpu_backend());
 
     // The gradient synchronization: arm() before the last micro-batch's backward, its
     // grads_ready() from the model's readiness callback, finish() before clip_gradients().
@@ -121,6 +124,7 @@ class AdamW {
         int64_t staging_offset = -1;  // padded sharded buckets: into gather_staging_
     };
 
+    Backend& backend_;
     std::unique_ptr<parallel::GradSync> sync_;
     parallel::Communicator& world_;
     AdamWConfig config_;
