@@ -368,34 +368,30 @@ void Trainer::set_trace(std::string path, int64_t step) {
 // and writes one trace file there, through a temporary file and a rename.
 void Trainer::write_trace() {
     std::string mine = trace_.events_json(rank());
-    std::vector<std::string> fragments;
-    {
-        const int n = world_->size();
-        int64_t my_size = static_cast<int64_t>(mine.size());
-        std::vector<int64_t> sizes(static_cast<size_t>(n));
-        world_->all_gather(sizes.data(), &my_size, 1, DType::i64);
-        std::vector<int> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
-        send_counts[0] = static_cast<int>(my_size);
-        std::string all;
-        if (world_->rank() == 0) {
-            int64_t offset = 0;
-            for (int p = 0; p < n; ++p) {
-                MT_CHECK(offset + sizes[p] <= INT32_MAX,
-                         "[train] the trace is too large to gather");
-                recv_counts[p] = static_cast<int>(sizes[p]);
-                recv_displs[p] = static_cast<int>(offset);
-                offset += sizes[p];
-            }
-            all.resize(static_cast<size_t>(offset));
+    const int n = world_->size();
+    int64_t my_size = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(static_cast<size_t>(n));
+    world_->all_gather(sizes.data(), &my_size, 1, DType::i64);
+    std::vector<int> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
+    send_counts[0] = static_cast<int>(my_size);
+    std::string all;
+    if (world_->rank() == 0) {
+        int64_t offset = 0;
+        for (int p = 0; p < n; ++p) {
+            MT_CHECK(offset + sizes[p] <= INT32_MAX, "[train] the trace is too large to gather");
+            recv_counts[p] = static_cast<int>(sizes[p]);
+            recv_displs[p] = static_cast<int>(offset);
+            offset += sizes[p];
         }
-        world_->all_to_all_v(all.data(), recv_counts, recv_displs, mine.data(), send_counts,
-                             send_displs, DType::u8);
-        if (world_->rank() == 0)
-            for (int p = 0; p < n; ++p)
-                fragments.push_back(all.substr(static_cast<size_t>(recv_displs[p]),
-                                               static_cast<size_t>(recv_counts[p])));
+        all.resize(static_cast<size_t>(offset));
     }
+    world_->all_to_all_v(all.data(), recv_counts, recv_displs, mine.data(), send_counts,
+                         send_displs, DType::u8);
     if (rank() != 0) return;
+    std::vector<std::string> fragments;
+    for (int p = 0; p < n; ++p)
+        fragments.push_back(
+            all.substr(static_cast<size_t>(recv_displs[p]), static_cast<size_t>(recv_counts[p])));
     const std::string document = chrome_trace_document(fragments);
     replace_file_durably(trace_path_, document, this_process_writer());
     std::fprintf(stderr, "moetron: wrote the timeline of step %lld (%d rank(s)) to %s%s\n",
