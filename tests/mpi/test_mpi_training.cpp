@@ -8,7 +8,7 @@
 // with its slice of the reference.
 //
 // The same comparison through train/trainer.h: Trainer::step on N ranks (TrainParallel) against
-// Trainer::step on one process (which uses train/optimizer.h's AdamW, not the distributed one).
+// Trainer::step on one process (a world of one, with the same optimizer, train/optimizer.h).
 //
 // Runs under mpirun -np 1, 2 and 4; a layout that needs another world size is skipped.
 #include <gtest/gtest.h>
@@ -27,9 +27,9 @@
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
+#include "moetron/train/optimizer.h"
 #include "moetron/train/trainer.h"
 #include "mpi/mpi_test_main.h"
 #include "testing.h"
@@ -49,8 +49,8 @@ ModelConfig tiny_config() {
     return load_model_config(std::string(MOETRON_SOURCE_DIR) + "/configs/models/tiny.toml");
 }
 
-parallel::DistributedAdamWConfig adamw_config() {
-    parallel::DistributedAdamWConfig c;
+AdamWConfig adamw_config() {
+    AdamWConfig c;
     c.grad_clip = 1.0;
     c.weight_decay = 0.1;
     return c;
@@ -102,7 +102,7 @@ RunResult reference_run(const ModelConfig& c, bool adversarial = false) {
     Model model(c, {kGlobalBatch, kSeq}, kLossWeights);
     model.init_parameters(kSeed);
     if (adversarial) route_everything_to_rank_zero(model);
-    const parallel::DistributedAdamWConfig hp = adamw_config();
+    const AdamWConfig hp = adamw_config();
     std::vector<float> m(static_cast<size_t>(model.num_params()), 0.0f), v = m;
     RunResult r;
     for (int step = 1; step <= kSteps; ++step) {
@@ -187,16 +187,16 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
                   memory.communication,
               model.planned_bytes())
         << k.layout;
-    parallel::GradSyncOptions so;
-    so.bucket_bytes = k.bucket_bytes;
-    so.zero1 = k.zero1;
-    so.overlap = k.overlap;
+    AdamWConfig config = adamw_config();
+    config.grad_sync.bucket_bytes = k.bucket_bytes;
+    config.grad_sync.zero1 = k.zero1;
+    config.grad_sync.overlap = k.overlap;
     const std::vector<parallel::ParamSpan> spans = model.param_spans();
-    parallel::GradSync sync(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so,
-                            kHostStream);
+    AdamW optimizer(spans, model.num_params(), model.grads(), {world, *groups.dp, *groups.edp},
+                    config);
+    parallel::GradSync& sync = optimizer.grad_sync();
     model.set_grad_ready_callback(
         [&sync](int64_t begin, int64_t end) { sync.grads_ready(begin, end); });
-    parallel::DistributedAdamW optimizer(sync, world, adamw_config());
 
     ParallelRun run;
     run.ep = topo.ep;
@@ -578,8 +578,8 @@ void expect_expert_state_sharded(const std::string& layout) {
     Trainer& sharded = *trainers[1];
     const int edp = sharded.topology().edp;
     ASSERT_GT(edp, 1) << layout;
-    parallel::DistributedAdamW& rep_opt = *replicated.distributed_optimizer();
-    parallel::DistributedAdamW& zero_opt = *sharded.distributed_optimizer();
+    AdamW& rep_opt = replicated.optimizer();
+    AdamW& zero_opt = sharded.optimizer();
     constexpr auto kExperts = parallel::ReplicaGroup::expert_data_parallel;
     constexpr auto kData = parallel::ReplicaGroup::data_parallel;
 
@@ -611,13 +611,13 @@ void expect_expert_state_sharded(const std::string& layout) {
             if (offset >= sp.offset && offset < sp.offset + sp.numel) return sp.group == kExperts;
         return false;
     };
-    const std::vector<parallel::DistributedAdamW::MomentRange> rep = rep_opt.moment_ranges();
+    const std::vector<AdamW::MomentRange> rep = rep_opt.moment_ranges();
     // The two sum the same gradients in different orders (reduce-scatter vs all-reduce).
     auto rel = [](float got, float want) {
         return std::fabs(static_cast<double>(got) - want) / (std::fabs(want) + 1e-12);
     };
     std::array<double, 2> owned{};  // expert floats owned here, worst relative moment difference
-    for (const parallel::DistributedAdamW::MomentRange& r : zero_opt.moment_ranges()) {
+    for (const AdamW::MomentRange& r : zero_opt.moment_ranges()) {
         if (!is_expert(r.offset)) continue;
         EXPECT_FALSE(r.replicated) << layout;
         owned[0] += static_cast<double>(r.numel);

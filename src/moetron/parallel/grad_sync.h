@@ -6,7 +6,7 @@
 //   data-parallel buckets:        over the DP group
 //   expert-data-parallel buckets: over the EDP group (routed experts)
 // each all-reduced (sum) in place, or, with ZeRO-1, reduce-scattered into this rank's shard
-// buffer (zero_optimizer.h updates the shard and all-gathers the parameters back).
+// buffer (train/optimizer.h updates the shard and all-gathers the parameters back).
 // A group of one rank moves nothing (a sharded bucket is then a copy into the shard buffer).
 //
 // The sum is the whole batch's gradient when each rank's micro-batches were normalized by the
