@@ -32,6 +32,7 @@
 namespace {
 
 using moetron::DType;
+using moetron::kHostStream;
 using moetron::Timer;
 using moetron::parallel::Communicator;
 
@@ -79,7 +80,8 @@ void a2a_moetron(benchmark::State& state, Communicator& comm, MPI_Comm timing, s
     for (auto _ : state) {
         MPI_CHECK(MPI_Barrier(timing));
         const Timer t;
-        comm.all_to_all_v(x.recv.data(), x.counts, x.displs, x.send.data(), x.counts, x.displs);
+        comm.all_to_all_v(x.recv.data(), x.counts, x.displs, x.send.data(), x.counts, x.displs,
+                          kHostStream);
         const double s = slowest(t.elapsed_s(), timing);
         state.SetIterationTime(s);
         total_s += s;
@@ -123,7 +125,7 @@ void progress(benchmark::State& state, Communicator& comm, MPI_Comm timing, doub
         MPI_CHECK(MPI_Barrier(timing));
         const Timer t;
         moetron::parallel::CollectiveHandle h =
-            comm.all_reduce_sum_async(data.data(), kCount, DType::f32);
+            comm.all_reduce_sum_async(data.data(), kCount, DType::f32, kHostStream);
         compute_for(kComputeS);
         const Timer w;
         h.wait();

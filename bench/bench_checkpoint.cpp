@@ -18,6 +18,7 @@
 #include "moetron/model/params.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_root.h"
+#include "moetron/train/checkpoint_sharded.h"
 
 namespace fs = std::filesystem;
 using namespace moetron;
@@ -59,7 +60,8 @@ int main(int argc, char** argv) {
             Timer t;
             const fs::path dir = save_training_state(root, st, 0);
             const double save_s = t.elapsed_s();
-            const double bytes = static_cast<double>(fs::file_size(dir / kCheckpointModelFile));
+            const double bytes =
+                static_cast<double>(fs::file_size(dir / checkpoint_shard_file_name(0, 1)));
             t.reset();
             read_verified_checkpoint_state(dir);
             const double verify_s = t.elapsed_s();

@@ -1,9 +1,9 @@
-// Sharded checkpoint files against the single file, for a model preset (default: small), on one
-// process: the training state (fp32 parameters and both AdamW moments) cut into N contiguous
+// N shard files against one (what a world of one writes), for a model preset (default: small), on
+// one process: the training state (fp32 parameters and both AdamW moments) cut into N contiguous
 // ranges of the flat buffer (as N ZeRO-1 ranks own it; pieces cut tensors anywhere), written as
 // N shard files one after another (train/checkpoint_pieces.h; a real job writes them in
 // parallel), then read back under an M-way cut (resharding) through CheckpointTensors and
-// checked bit for bit. Beside it, the same state through the single-file path
+// checked bit for bit. Beside it, the same state as one shard holding every tensor whole
 // (save_training_state, read_checkpoint_tensors). Write times include each file's fsync.
 //   bench_checkpoint_sharded DIR PRESET.toml [N] [M] [REPEATS]
 #include <algorithm>
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
         for (int r = 0; r < repeats; ++r) {
             fs::remove_all(root);
             fs::create_directories(root / "sharded");
-            // Single file.
+            // One shard, every tensor whole.
             TrainingStateView st;
             st.model_config = &config;
             st.train_config = &train;

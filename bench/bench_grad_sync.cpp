@@ -39,7 +39,7 @@
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/parallel/zero_optimizer.h"
+#include "moetron/train/optimizer.h"
 
 namespace moetron {
 namespace {
@@ -87,7 +87,7 @@ Options parse_options(int argc, char** argv) {
 
 double slowest(Communicator& world, double seconds) {
     std::vector<double> all(static_cast<size_t>(world.size()));
-    world.all_gather(std::span<double>(all), std::span<const double>(&seconds, 1));
+    world.all_gather(std::span<double>(all), std::span<const double>(&seconds, 1), kHostStream);
     return *std::max_element(all.begin(), all.end());
 }
 
@@ -95,7 +95,7 @@ double slowest(Communicator& world, double seconds) {
 double at_last_rank(Communicator& world, double key, double value) {
     const std::array<double, 2> mine{key, value};
     std::vector<double> all(2 * static_cast<size_t>(world.size()));
-    world.all_gather(std::span<double>(all), std::span<const double>(mine));
+    world.all_gather(std::span<double>(all), std::span<const double>(mine), kHostStream);
     size_t last = 0;
     for (size_t r = 1; r < all.size() / 2; ++r)
         if (all[2 * r] > all[2 * last]) last = r;
@@ -124,16 +124,17 @@ int run(const Options& o, Communicator& world) {
     Model model(config, {o.batch, o.seq}, {}, mp);
     model.init_parameters(1);
     const std::vector<parallel::ParamSpan> spans = model.param_spans();
-    parallel::GradSyncOptions so;
-    so.bucket_bytes = static_cast<int64_t>(o.bucket_mb * (1 << 20));
-    so.zero1 = o.zero1;
-    // Two syncs over the same buffer and groups: overlapped and not.
-    parallel::GradSync overlapped(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp,
-                                  so);
-    so.overlap = false;
-    parallel::GradSync after(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so);
-    parallel::DistributedAdamW opt_overlapped(overlapped, world, {});
-    parallel::DistributedAdamW opt_after(after, world, {});
+    AdamWConfig adamw;
+    adamw.grad_sync.bucket_bytes = static_cast<int64_t>(o.bucket_mb * (1 << 20));
+    adamw.grad_sync.zero1 = o.zero1;
+    // Two optimizers (each with its sync) over the same buffer and groups: overlapped and not.
+    AdamW opt_overlapped(spans, model.num_params(), model.grads(), {world, *groups.dp, *groups.edp},
+                         adamw);
+    adamw.grad_sync.overlap = false;
+    AdamW opt_after(spans, model.num_params(), model.grads(), {world, *groups.dp, *groups.edp},
+                    adamw);
+    parallel::GradSync& overlapped = opt_overlapped.grad_sync();
+    parallel::GradSync& after = opt_after.grad_sync();
     parallel::GradSync* active = &overlapped;
     model.set_grad_ready_callback(
         [&active](int64_t begin, int64_t end) { active->grads_ready(begin, end); });
@@ -150,7 +151,7 @@ int run(const Options& o, Communicator& world) {
     for (int64_t& m : den.mtp_tokens) m *= topo.dp;
 
     // sync null: the compute-only baseline (gradients left unsynchronized, optimizer still run).
-    auto step = [&](parallel::GradSync* sync, parallel::DistributedAdamW& opt) {
+    auto step = [&](parallel::GradSync* sync, AdamW& opt) {
         active = sync != nullptr ? sync : &after;
         world.barrier();
         const Timer t;

@@ -19,9 +19,12 @@
 #include "moetron/model/config.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_pieces.h"
 #include "moetron/train/checkpoint_root.h"
+#include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/checksum.h"
 #include "moetron/train/data_source.h"
+#include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 #include "temp_dir.h"
 
@@ -62,6 +65,18 @@ bool same_bits(const float* a, const float* b, int64_t n) {
     return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
 
+// The optimizer's first (second: false) or second moments laid out like the parameters, zeros
+// where it keeps none (non-trainable tensors).
+std::vector<float> moments_of(Trainer& t, bool first) {
+    std::vector<float> out(static_cast<size_t>(t.model().num_params()), 0.0f);
+    for (const AdamW::MomentRange& r : t.optimizer().moment_ranges())
+        std::copy_n(first ? r.m : r.v, r.numel, out.begin() + r.offset);
+    return out;
+}
+
+// The one shard a one-process trainer writes.
+const std::string kOneShard = checkpoint_shard_file_name(0, 1);
+
 TEST(Checkpoint, ResumeIsBitExact) {
     const ModelConfig model = tiny_config();
     const TrainConfig c = small_run();
@@ -97,10 +112,9 @@ TEST(Checkpoint, ResumeIsBitExact) {
     }
     const int64_t n = straight->model().num_params();
     EXPECT_TRUE(same_bits(straight->model().params(), second->model().params(), n));
-    EXPECT_TRUE(same_bits(straight->optimizer().first_moment().data(),
-                          second->optimizer().first_moment().data(), n));
-    EXPECT_TRUE(same_bits(straight->optimizer().second_moment().data(),
-                          second->optimizer().second_moment().data(), n));
+    EXPECT_TRUE(same_bits(moments_of(*straight, true).data(), moments_of(*second, true).data(), n));
+    EXPECT_TRUE(
+        same_bits(moments_of(*straight, false).data(), moments_of(*second, false).data(), n));
     EXPECT_EQ(straight->optimizer().step_count(), second->optimizer().step_count());
     // The router biases moved (so the comparison above covers them) and are in the checkpoint.
     const TensorView bias = straight->model().param("layers.1.mlp.router_bias");
@@ -139,7 +153,7 @@ TEST(Checkpoint, NonFiniteGradientSkipsTheStep) {
     t->step();
     const int64_t n = t->model().num_params();
     const std::vector<float> params(t->model().params(), t->model().params() + n);
-    const std::vector<float> m = t->optimizer().first_moment();
+    const std::vector<float> m = moments_of(*t, true);
     const int64_t opt_steps = t->optimizer().step_count();
     // Poison one gradient of step 2 only.
     t->set_grad_hook([](int64_t step, float* grads) {
@@ -152,7 +166,7 @@ TEST(Checkpoint, NonFiniteGradientSkipsTheStep) {
     EXPECT_EQ(t->steps_done(), 2);
     EXPECT_EQ(t->optimizer().step_count(), opt_steps);
     EXPECT_TRUE(same_bits(params.data(), t->model().params(), n)) << "params (router bias too)";
-    EXPECT_TRUE(same_bits(m.data(), t->optimizer().first_moment().data(), n));
+    EXPECT_TRUE(same_bits(m.data(), moments_of(*t, true).data(), n));
     // The next good step updates again and resets the run of skips.
     t->step();
     EXPECT_FALSE(t->last_step_skipped());
@@ -177,6 +191,81 @@ TEST(Checkpoint, TooManySkippedStepsStopNamingTheLastCheckpoint) {
     EXPECT_NE(err.find(saved.string()), std::string::npos) << err;
 }
 
+// ---- one format for every world size ----
+
+nlohmann::json read_state(const fs::path& dir) {
+    std::ifstream in(dir / kCheckpointStateFile);
+    return nlohmann::json::parse(in);
+}
+
+// A single process is a world of one: it writes the shards every world size writes (one of
+// them), and no single file. test_mpi_checkpoint.cpp checks that N ranks write the same format.
+TEST(Checkpoint, OneProcessWritesOneShardOfTheShardedFormat) {
+    TempDir dir;
+    auto t = make_trainer(tiny_config(), small_run());
+    t->step();
+    const fs::path saved = save_checkpoint(*t, dir.path(), 0);
+    const nlohmann::json state = read_state(saved);
+    EXPECT_EQ(state.at("version"), kCheckpointVersion);
+    EXPECT_EQ(state.at("world_size"), 1);
+    EXPECT_EQ(state.at("layout"), "dp1.tp1.ep1");
+    EXPECT_EQ(state.at("shard_files"), nlohmann::json::array({kOneShard}));
+    EXPECT_FALSE(fs::exists(saved / kSingleFileCheckpointModelFile));
+    const SafetensorsFile shard = SafetensorsFile::open((saved / kOneShard).string());
+    EXPECT_TRUE(shard.metadata().contains(kShardSlicesKey));
+}
+
+// A checkpoint written before one process became a world of one (version 1: one
+// model.safetensors, every tensor whole, moments under "optimizer.m." and "optimizer.v.") still
+// resumes: this writes one as that version did and loads it.
+TEST(Checkpoint, AVersionOneCheckpointStillResumes) {
+    TempDir dir;
+    auto t = make_trainer(tiny_config(), small_run());
+    t->step();
+    t->step();
+    const fs::path saved = save_checkpoint(*t, dir.path(), 0);
+    const fs::path old = dir.path() / "old";
+    fs::create_directories(old);
+    const std::vector<ParamEntry>& entries = t->model().param_entries();
+    const std::vector<float> m = moments_of(*t, true), v = moments_of(*t, false);
+    SafetensorsWriter writer;
+    auto dims = [](const ParamEntry& e) {
+        return std::vector<int64_t>(e.shape.dims.begin(), e.shape.dims.begin() + e.shape.ndim);
+    };
+    for (const ParamEntry& e : entries)
+        writer.add(e.name, DType::f32, dims(e), t->model().params() + e.offset);
+    for (const ParamEntry& e : entries)
+        writer.add("optimizer.m." + e.name, DType::f32, dims(e), m.data() + e.offset);
+    for (const ParamEntry& e : entries)
+        writer.add("optimizer.v." + e.name, DType::f32, dims(e), v.data() + e.offset);
+    writer.set_metadata("format", "moetron");
+    CheckpointIndex index;
+    index.add(kSingleFileCheckpointModelFile,
+              writer.write((old / kSingleFileCheckpointModelFile).string()));
+    nlohmann::json state = read_state(saved);
+    for (const char* key : {"world_size", "topology", "shard_files"}) state.erase(key);
+    state["version"] = kSingleFileCheckpointVersion;
+    state["layout"] = "single";
+    {
+        std::ofstream out(old / kCheckpointStateFile);
+        out << state.dump(2) << "\n";
+    }
+    index.add_file(old.string(), kCheckpointStateFile);
+    index.write((old / kCheckpointIndexName).string());
+
+    auto from_old = make_trainer(tiny_config(), small_run());
+    load_checkpoint(*from_old, old);
+    auto from_new = make_trainer(tiny_config(), small_run());
+    load_checkpoint(*from_new, saved);
+    EXPECT_EQ(from_old->steps_done(), 2);
+    const int64_t n = t->model().num_params();
+    EXPECT_TRUE(same_bits(from_old->model().params(), from_new->model().params(), n));
+    EXPECT_TRUE(same_bits(moments_of(*from_old, true).data(), m.data(), n));
+    EXPECT_TRUE(same_bits(moments_of(*from_old, false).data(), v.data(), n));
+    EXPECT_EQ(from_old->optimizer().step_count(), from_new->optimizer().step_count());
+    EXPECT_EQ(from_old->step().loss, from_new->step().loss);
+}
+
 // ---- bad input ----
 
 class BadCheckpoint : public ::testing::Test {
@@ -197,27 +286,27 @@ class BadCheckpoint : public ::testing::Test {
 };
 
 TEST_F(BadCheckpoint, TruncatedFileIsCaughtByTheIndex) {
-    const fs::path file = ckpt_ / kCheckpointModelFile;
+    const fs::path file = ckpt_ / kOneShard;
     fs::resize_file(file, fs::file_size(file) - 100);
     const std::string err = load_error();
-    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+    EXPECT_NE(err.find(kOneShard), std::string::npos) << err;
 }
 
 TEST_F(BadCheckpoint, TruncatedFileWithRewrittenIndexIsCaughtByTheReader) {
-    const fs::path file = ckpt_ / kCheckpointModelFile;
+    const fs::path file = ckpt_ / kOneShard;
     fs::resize_file(file, fs::file_size(file) - 100);
     CheckpointIndex index;
-    index.add_file(ckpt_.string(), kCheckpointModelFile);
+    index.add_file(ckpt_.string(), kOneShard);
     index.add_file(ckpt_.string(), kCheckpointStateFile);
     fs::remove(ckpt_ / kCheckpointIndexName);
     index.write((ckpt_ / kCheckpointIndexName).string());
     const std::string err = load_error();
-    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+    EXPECT_NE(err.find(kOneShard), std::string::npos) << err;
     EXPECT_NE(err.find("[safetensors]"), std::string::npos) << err;
 }
 
 TEST_F(BadCheckpoint, FlippedByteIsCaughtByTheChecksum) {
-    const fs::path file = ckpt_ / kCheckpointModelFile;
+    const fs::path file = ckpt_ / kOneShard;
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(static_cast<std::streamoff>(fs::file_size(file) / 2));
     char byte = 0;
@@ -227,7 +316,7 @@ TEST_F(BadCheckpoint, FlippedByteIsCaughtByTheChecksum) {
     f.write(&byte, 1);
     f.close();
     const std::string err = load_error();
-    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+    EXPECT_NE(err.find(kOneShard), std::string::npos) << err;
     EXPECT_NE(err.find("checksum"), std::string::npos) << err;
 }
 
@@ -266,7 +355,7 @@ TEST_F(BadCheckpoint, WrongTensorShapeNamesFileAndTensor) {
     const fs::path bad = save_training_state(dir_->path() / "bad", st, 0);
     auto fresh = make_trainer(tiny_config(), small_run());
     const std::string err = error_of([&] { load_checkpoint(*fresh, bad); });
-    EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+    EXPECT_NE(err.find(kOneShard), std::string::npos) << err;
     EXPECT_NE(err.find("'final_norm'"), std::string::npos) << err;
 }
 

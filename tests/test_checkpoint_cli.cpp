@@ -28,6 +28,7 @@
 #include "moetron/model/hf_names.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/hf_export.h"
 #include "moetron/train/safetensors.h"
@@ -149,10 +150,10 @@ TEST(CheckpointCli, ResumedRunEndsInTheSameCheckpointFile) {
     EXPECT_NE(read_file(dir.path() / "d.txt").find("belongs to another run"), std::string::npos)
         << read_file(dir.path() / "d.txt");
     // Parameters and both moments, byte for byte.
-    const std::string name = checkpoint_dir_name(10) + "/" + kCheckpointModelFile;
+    const std::string name = checkpoint_dir_name(10) + "/" + checkpoint_shard_file_name(0, 1);
     const std::string straight = read_file(a / name), resumed = read_file(c / name);
     ASSERT_FALSE(straight.empty());
-    EXPECT_TRUE(straight == resumed) << "model.safetensors of the straight and resumed runs differ";
+    EXPECT_TRUE(straight == resumed) << "the shards of the straight and resumed runs differ";
 }
 
 // A trained checkpoint (router biases moved, so they are checked too) and its parameters.

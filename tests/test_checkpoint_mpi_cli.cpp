@@ -210,5 +210,34 @@ TEST(CheckpointMpiCli, TensorParallelCheckpointResumesOnOneProcess) {
     EXPECT_NEAR(got, want, 1e-4) << read_file(dir.path() / "resume.txt");
 }
 
+// --save-final under expert parallelism (once refused: "each rank holds only its experts"): the
+// 2 ranks write their shards of the final state, and one process samples from it the same text
+// as from the job's last --save checkpoint.
+TEST(CheckpointMpiCli, SaveFinalOfAnExpertParallelJobSamplesOnOneProcess) {
+    if (!mpirun_available()) GTEST_SKIP() << "mpirun is not on the PATH";
+    TempDir dir;
+    const fs::path root = dir.path() / "ckpt", final_root = dir.path() / "final";
+    const std::string job =
+        "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
+        "--oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
+        std::string(MOETRON_BINARY) +
+        " train --layout ep2 --steps 3 --batch-size 2 --seq-len 16 --eval-every 0 --threads 1 "
+        "--save " +
+        root.string() + " --save-final " + final_root.string() + " > " +
+        (dir.path() / "job.txt").string() + " 2>&1";
+    ASSERT_EQ(std::system(job.c_str()), 0) << read_file(dir.path() / "job.txt");
+    auto sample = [&](const fs::path& weights, const std::string& name) {
+        const fs::path out = dir.path() / name;
+        const std::string command =
+            std::string(MOETRON_BINARY) + " sample --weights " + weights.string() +
+            " --prompt ab --new-tokens 8 --temperature 0 --threads 1 > " + out.string() + " 2>&1";
+        EXPECT_EQ(std::system(command.c_str()), 0) << read_file(out);
+        return read_file(out);
+    };
+    const std::string from_final = sample(final_root, "final.txt");
+    EXPECT_EQ(from_final.size(), 2u + 8u + 1u) << from_final;
+    EXPECT_EQ(from_final, sample(root, "save.txt"));
+}
+
 }  // namespace
 }  // namespace moetron

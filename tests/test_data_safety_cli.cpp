@@ -12,6 +12,7 @@
 
 #include "cli_run.h"
 #include "moetron/train/atomic_dir.h"
+#include "moetron/train/checkpoint_sharded.h"
 #include "temp_dir.h"
 
 namespace moetron {
@@ -204,7 +205,7 @@ TEST(DataSafetyCli, FailedExportLeavesThePreviousExportWhole) {
 }
 
 // Every output path is checked before any compute: --save-final into a missing directory once
-// failed after training and discarded the weights.
+// failed after training and discarded the weights. --save and --save-final are checkpoint roots.
 TEST(DataSafetyCli, OutputPathsAreCheckedBeforeTheFirstStep) {
     TempDir dir;
     write_text(dir.path() / "file", "x");
@@ -215,10 +216,9 @@ TEST(DataSafetyCli, OutputPathsAreCheckedBeforeTheFirstStep) {
         std::string args, message;
     };
     const Case cases[] = {
-        {"--save-final " + q(dir.path() / "missing" / "w.bin"), "the directory '"},
-        {"--save-final " + q(dir.path()), "is a directory"},
+        {"--save-final " + q(dir.path() / "file"), "is a file"},
         // /proc takes no new files, even for root: a read-only directory.
-        {"--save-final /proc/moetron-weights.bin", "cannot create files in '/proc'"},
+        {"--save-final /proc/moetron-final", "cannot create the directory"},
         {"--save /proc/moetron-ck", "cannot create the directory"},
         {"--save " + q(dir.path() / "file" / "ck"), "cannot create the directory"},
         {"--save " + q(dir.path() / "file"), "is a file"},
@@ -228,7 +228,8 @@ TEST(DataSafetyCli, OutputPathsAreCheckedBeforeTheFirstStep) {
         {"--log-jsonl " + q(dir.path() / "x.json") + " --trace " + q(dir.path() / "x.json"),
          "is the same file as --trace"},
         // A copy of the preset: a binary with the bug would overwrite the file given.
-        {"--config " + q(config) + " --save-final " + q(config), "is the same file as --config"},
+        {"--config " + q(config) + " --log-jsonl " + q(config), "is the same file as --config"},
+        {"--config " + q(config) + " --save-final " + q(config), "is a file"},
     };
     for (const Case& c : cases) {
         SCOPED_TRACE(c.args);
@@ -247,20 +248,21 @@ TEST(DataSafetyCli, OutputsNeverLandInACheckpoint) {
     const fs::path ck = dir.path() / "ck";
     train_twenty_steps(ck);
     const fs::path step = ck / "step-00000020";
-    const std::string model = read_file(step / "model.safetensors");
+    const std::string shard = checkpoint_shard_file_name(0, 1);
+    const std::string model = read_file(step / shard);
     const std::string train = "train --steps 3 " + kTiny;
-    const auto weights = run_cli(train + "--save-final " + q(step / "model.safetensors"));
+    const auto weights = run_cli(train + "--log-jsonl " + q(step / shard));
     EXPECT_EQ(weights.exit_code, 1) << weights.text;
     EXPECT_CONTAINS(weights.text, "lies in the checkpoint directory");
     const auto log = run_cli(train + "--log-jsonl " + q(ck / "latest"));
     EXPECT_EQ(log.exit_code, 1) << log.text;
     EXPECT_CONTAINS(log.text, "would replace the `latest` file of the checkpoint root");
     write_text(dir.path() / "a.txt", "text");
-    const auto shard =
+    const auto prepared =
         run_cli("prepare --text " + q(dir.path() / "a.txt") + " --out " + q(step / "state.json"));
-    EXPECT_EQ(shard.exit_code, 1) << shard.text;
-    EXPECT_CONTAINS(shard.text, "lies in the checkpoint directory");
-    EXPECT_TRUE(read_file(step / "model.safetensors") == model);
+    EXPECT_EQ(prepared.exit_code, 1) << prepared.text;
+    EXPECT_CONTAINS(prepared.text, "lies in the checkpoint directory");
+    EXPECT_TRUE(read_file(step / shard) == model);
     EXPECT_EQ(read_latest_pointer(ck), "step-00000020");
     const auto resumed = run_cli("train --steps 21 " + kTiny + "--resume " + q(ck));
     EXPECT_EQ(resumed.exit_code, 0) << resumed.text;

@@ -1,6 +1,7 @@
 // Single-process pieces of distributed training: the gradient bucket layout (grad_buckets.h),
-// GradSync and DistributedAdamW over one-rank groups, the model's gradient-readiness notifications
-// and its loss denominators (the normalization that makes N ranks' gradients add up to one rank's).
+// GradSync and AdamW (train/optimizer.h) over one-rank groups, the model's gradient-readiness
+// notifications and its loss denominators (the normalization that makes N ranks' gradients add up
+// to one rank's).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,7 +17,7 @@
 #include "moetron/parallel/grad_buckets.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/local_communicator.h"
-#include "moetron/parallel/zero_optimizer.h"
+#include "moetron/train/optimizer.h"
 #include "testing.h"
 
 namespace moetron {
@@ -170,7 +171,7 @@ TEST(GradBuckets, BadSpansAreNamed) {
     EXPECT_THROW(GradBuckets(std::vector<ParamSpan>{}, 0, o), Error);
 }
 
-// ---- GradSync and DistributedAdamW on groups of one rank ----
+// ---- GradSync and AdamW on groups of one rank ----
 
 TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
     const auto spans = toy_spans();
@@ -179,7 +180,7 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
     parallel::GradSyncOptions o;
     o.bucket_bytes = 16 * sizeof(float);
     o.zero1 = true;
-    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
+    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o, kHostStream);
 
     sync.grads_ready(0, 100);  // not armed: ignored
     sync.arm();
@@ -199,7 +200,7 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
 
     parallel::GradSyncOptions no_overlap = o;
     no_overlap.overlap = false;
-    parallel::GradSync late(spans, 100, grads.data(), dp, edp, no_overlap);
+    parallel::GradSync late(spans, 100, grads.data(), dp, edp, no_overlap, kHostStream);
     late.arm();
     late.grads_ready(0, 100);
     EXPECT_EQ(late.last_stats().buckets_posted_in_backward, 0);
@@ -207,12 +208,12 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
     EXPECT_EQ(late.last_stats().num_buckets, 7);
 }
 
-// The reference: the clipping and AdamW step of train/optimizer.h, tensor by tensor. Returns the
+// The reference: the clipping and AdamW step, tensor by tensor. Returns the
 // norm before clipping.
 double reference_adamw_step(std::vector<float>& params, std::vector<float>& m,
                             std::vector<float>& v, std::vector<float>& grads,
-                            const std::vector<ParamSpan>& spans,
-                            const parallel::DistributedAdamWConfig& c, double lr, int64_t step) {
+                            const std::vector<ParamSpan>& spans, const AdamWConfig& c, double lr,
+                            int64_t step) {
     double sum = 0;
     for (const ParamSpan& s : spans)
         if (s.trainable) sum += cpu::sum_squares(grads.data() + s.offset, s.numel);
@@ -233,20 +234,19 @@ double reference_adamw_step(std::vector<float>& params, std::vector<float>& m,
     return norm;
 }
 
-TEST(DistributedAdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
+TEST(AdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
     const auto spans = toy_spans();
-    parallel::DistributedAdamWConfig config;
+    AdamWConfig config;
     config.grad_clip = 0.5;  // the random gradients have norm ~10: clipping is active
+    config.grad_sync.bucket_bytes = 12 * sizeof(float);
     for (const bool sharded : {false, true}) {
         parallel::LocalCommunicator world("world"), dp("dp"), edp("edp");
         std::vector<float> params = testing::random_floats(100, 2);
         std::vector<float> ref_params = params, m(100, 0.0f), v(100, 0.0f);
         std::vector<float> grads(100);
-        parallel::GradSyncOptions o;
-        o.bucket_bytes = 12 * sizeof(float);
-        o.zero1 = sharded;
-        parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
-        parallel::DistributedAdamW opt(sync, world, config);
+        config.grad_sync.zero1 = sharded;
+        AdamW opt(spans, 100, grads.data(), {world, dp, edp}, config);
+        parallel::GradSync& sync = opt.grad_sync();
         for (int64_t step = 1; step <= 3; ++step) {
             // Copy into the buffer GradSync holds (assigning a new vector would free it).
             const std::vector<float> fresh =
@@ -262,7 +262,7 @@ TEST(DistributedAdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
             EXPECT_NEAR(norm, ref_norm, 1e-9 * ref_norm);
             EXPECT_GT(norm, 2 * config.grad_clip);
         }
-        testing::expect_close("distributed_adamw", sharded ? "zero1 one rank" : "replicated",
+        testing::expect_close("adamw", sharded ? "zero1 one rank" : "replicated",
                               testing::compare(params.data(), ref_params.data(), 100), 1e-6);
         EXPECT_EQ(params[14], ref_params[14]);                    // the frozen bias is untouched
         EXPECT_NE(params[0], testing::random_floats(100, 2)[0]);  // and the rest moved
@@ -271,19 +271,21 @@ TEST(DistributedAdamW, OneRankMatchesThePerTensorReferenceShardedOrNot) {
 
 // post_step() leaves the parameter all-gathers in flight: until finish_param_gathers(), whatever
 // would read the parameters (the optimizer's own calls) refuses; afterwards the result is step()'s.
-TEST(DistributedAdamW, NothingReadsTheParametersWhileTheirGathersAreInFlight) {
+TEST(AdamW, NothingReadsTheParametersWhileTheirGathersAreInFlight) {
     const auto spans = toy_spans();
     parallel::LocalCommunicator world("world"), dp("dp"), edp("edp");
     std::vector<float> grads = testing::random_floats(100, 3);
     const std::vector<float> start = testing::random_floats(100, 4);
-    parallel::GradSyncOptions o;
-    o.bucket_bytes = 12 * sizeof(float);
-    o.zero1 = true;
-    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o);
-    parallel::DistributedAdamW posted(sync, world, {}), whole(sync, world, {});
+    AdamWConfig config;
+    config.grad_sync.bucket_bytes = 12 * sizeof(float);
+    config.grad_sync.zero1 = true;
+    AdamW posted(spans, 100, grads.data(), {world, dp, edp}, config);
+    AdamW whole(spans, 100, grads.data(), {world, dp, edp}, config);
     std::vector<float> a = start, b = start;
-    sync.arm();
-    sync.finish();
+    for (AdamW* opt : {&posted, &whole}) {
+        opt->grad_sync().arm();
+        opt->grad_sync().finish();
+    }
     whole.step(b.data(), grads.data(), 1e-2);
     EXPECT_FALSE(whole.params_in_flight());
     posted.post_step(a.data(), grads.data(), 1e-2);

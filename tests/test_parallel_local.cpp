@@ -35,20 +35,20 @@ TEST(ParallelLocal, CollectivesOfAWorldOfOne) {
     EXPECT_EQ(world.size(), 1);
     EXPECT_EQ(world.name(), "world");
     std::vector<float> x = {1, 2, 3};
-    world.all_reduce_sum(std::span<float>(x));
+    world.all_reduce_sum(std::span<float>(x), kHostStream);
     EXPECT_EQ(x, (std::vector<float>{1, 2, 3}));
     std::vector<float> y(3);
-    world.reduce_scatter_sum(y.data(), x.data(), 3, DType::f32);
+    world.reduce_scatter_sum(y.data(), x.data(), 3, DType::f32, kHostStream);
     EXPECT_EQ(y, x);
     std::vector<double> g(2);
     const std::vector<double> mine = {4, 5};
-    world.all_gather(std::span<double>(g), std::span<const double>(mine));
+    world.all_gather(std::span<double>(g), std::span<const double>(mine), kHostStream);
     EXPECT_EQ(g, mine);
     std::vector<int> c = {2}, d = {1};
     std::vector<float> r(3, 0);
-    world.all_to_all_v(r.data(), c, d, x.data(), c, std::vector<int>{0});
+    world.all_to_all_v(r.data(), c, d, x.data(), c, std::vector<int>{0}, kHostStream);
     EXPECT_EQ(r, (std::vector<float>{0, 1, 2}));
-    world.broadcast(x.data(), 3, DType::f32, 0);
+    world.broadcast(x.data(), 3, DType::f32, 0, kHostStream);
     world.barrier();
     CollectiveHandle h = world.barrier_async();
     EXPECT_FALSE(h.pending());
@@ -64,25 +64,49 @@ TEST(ParallelLocal, CollectivesOfAWorldOfOne) {
     auto child = world.split(0, 0, "ep");
     EXPECT_EQ(child->name(), "ep");
     expect_error_containing([&] { world.split(-1, 0, "x"); }, "color must be >= 0");
-    expect_error_containing([&] { world.broadcast(x.data(), 3, DType::f32, 1); },
+    expect_error_containing([&] { world.broadcast(x.data(), 3, DType::f32, 1, kHostStream); },
                             "root 1 is not in [0, 1)");
-    expect_error_containing([&] { world.all_reduce_sum(x.data(), 3, DType::i32); },
+    expect_error_containing([&] { world.all_reduce_sum(x.data(), 3, DType::i32, kHostStream); },
                             "[all_reduce] group 'world': sums are supported for F32 and F64");
     std::vector<int> two = {1, 1};
-    expect_error_containing([&] { world.all_to_all_v(r.data(), two, two, x.data(), two, two); },
-                            "group 'world' has 1 ranks but got 2 recv counts");
+    expect_error_containing(
+        [&] { world.all_to_all_v(r.data(), two, two, x.data(), two, two, kHostStream); },
+        "group 'world' has 1 ranks but got 2 recv counts");
     std::vector<float> small(1);
     expect_error_containing(
-        [&] { world.all_gather(std::span<float>(small), std::span<const float>(x)); },
+        [&] { world.all_gather(std::span<float>(small), std::span<const float>(x), kHostStream); },
         "output holds 1 elements, needs 3");
     EXPECT_EQ(collective_name(CollectiveKind::all_to_all), "all_to_all_v");
+}
+
+// A device stream with host buffers is an internal error, whichever collective gets it.
+TEST(ParallelLocal, CollectivesRefuseADeviceStream) {
+    LocalCommunicator world("world");
+    int cuda_stream_object = 0;
+    const Stream device{Device::cuda, &cuda_stream_object};
+    std::vector<float> x = {1, 2, 3}, y(3);
+    std::vector<int> one = {3}, zero = {0};
+    expect_error_containing([&] { world.all_reduce_sum(x.data(), 3, DType::f32, device); },
+                            "[all_reduce] group 'world': a device stream");
+    expect_error_containing(
+        [&] { world.reduce_scatter_sum(y.data(), x.data(), 3, DType::f32, device); },
+        "[reduce_scatter] group 'world': a device stream");
+    expect_error_containing([&] { world.all_gather(y.data(), x.data(), 3, DType::f32, device); },
+                            "[all_gather] group 'world': a device stream");
+    expect_error_containing(
+        [&] { world.all_to_all_v(y.data(), one, zero, x.data(), one, zero, DType::f32, device); },
+        "[all_to_all_v] group 'world': a device stream");
+    expect_error_containing([&] { world.broadcast(x.data(), 3, DType::f32, 0, device); },
+                            "[broadcast] group 'world': a device stream");
+    EXPECT_THROW((void)world.all_reduce_sum_async(x.data(), 3, DType::f32, device), Error);
+    world.all_reduce_sum(x.data(), 3, DType::f32, kHostStream);  // a host stream is fine
 }
 
 void run_local_case(const DispatchCase& c) {
     LocalCommunicator ep("ep");
     const DispatchConfig cfg = testing::config_for(c);
-    DispatchBuffer buffer(cfg, 1);
-    DispatchLayout layout(cfg, 1, 0);
+    DispatchBuffer buffer(cfg, 1, cpu_backend());
+    DispatchLayout layout(cfg, 1, 0, cpu_backend());
     const testing::DispatchResult got = testing::run_dispatch(c, ep, layout, buffer);
     testing::expect_matches_reference(got, testing::reference_result(c, 0, 1),
                                       testing::analytic_bytes(c, 0, 1, false), c.name);
@@ -115,8 +139,8 @@ TEST(ParallelLocalDispatch, LayoutOfAKnownRouting) {
     cfg.top_k = 2;
     cfg.hidden = 1;
     cfg.max_tokens = 3;
-    DispatchLayout layout(cfg, 1, 0);
-    DispatchBuffer buffer(cfg, 1);
+    DispatchLayout layout(cfg, 1, 0, cpu_backend());
+    DispatchBuffer buffer(cfg, 1, cpu_backend());
     const std::vector<int32_t> ids = {2, 0, 0, 3, 2, 1};  // tokens 0, 1, 2
     const std::vector<float> weights(6, 1.0f);
     dispatch_layout(layout, ids.data(), weights.data(), 3, buffer, ep);
@@ -179,8 +203,8 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
     cfg.top_k = 2;
     cfg.hidden = 3;
     cfg.max_tokens = 2;
-    DispatchLayout layout(cfg, 1, 0);
-    DispatchBuffer buffer(cfg, 1);
+    DispatchLayout layout(cfg, 1, 0, cpu_backend());
+    DispatchBuffer buffer(cfg, 1, cpu_backend());
     const std::vector<float> w(6, 0.5f);
     const std::vector<int32_t> bad = {0, 1, 2, 4};
     expect_error_containing([&] { dispatch_layout(layout, bad.data(), w.data(), 2, buffer, ep); },
@@ -191,8 +215,8 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
 
     DispatchConfig tight = cfg;
     tight.pair_capacity_rows = 3;
-    DispatchLayout small(tight, 1, 0);
-    DispatchBuffer small_buffer(tight, 1);
+    DispatchLayout small(tight, 1, 0, cpu_backend());
+    DispatchBuffer small_buffer(tight, 1, cpu_backend());
     expect_error_containing(
         [&] { dispatch_layout(small, ok.data(), w.data(), 2, small_buffer, ep); },
         "rank 0 sends 4 rows to EP rank 0, more than the 3 planned");
@@ -201,7 +225,7 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
     dispatch_layout(layout, ok.data(), w.data(), 2, buffer, ep);
     DispatchConfig other = cfg;
     other.hidden = 5;
-    DispatchBuffer wrong(other, 1);
+    DispatchBuffer wrong(other, 1, cpu_backend());
     std::vector<float> x(6), y(24);
     expect_error_containing([&] { dispatch_forward(y.data(), x.data(), layout, wrong, ep); },
                             "does not fit the layout");
@@ -261,14 +285,14 @@ TEST(MoeCapacity, RoutingSplitsIntoRoundsWithinThePairBudget) {
     // rank 0 to 5 rows, token 5 (in the next round) to 4, so each opens a round.
     const std::vector<int32_t> ids = {0, 1, 0, 2, 2, 3, 1, 0, 0, 3, 1, 2};
     std::vector<int64_t> ends(6), rows(2);
-    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 6, d, 2), 3);
+    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 6, d, 2, cpu_backend()), 3);
     EXPECT_EQ(std::vector<int64_t>(ends.begin(), ends.begin() + 3),
               (std::vector<int64_t>{3, 5, 6}));
     // A budget that holds everything (7 rows to rank 0): one round; no tokens: one empty round.
     d.pair_capacity_rows = 7;
-    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 6, d, 2), 1);
+    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 6, d, 2, cpu_backend()), 1);
     EXPECT_EQ(ends[0], 6);
-    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 0, d, 2), 1);
+    EXPECT_EQ(split_into_rounds(ends, rows, ids.data(), 0, d, 2, cpu_backend()), 1);
     EXPECT_EQ(ends[0], 0);
 }
 
@@ -281,7 +305,7 @@ TEST(MoeCapacity, OneRankRoutesInOneRound) {
     c.max_tokens = 3;
     c.num_slots = 1;
     c.capacity_factor = 0.1;
-    const auto d = make_expert_dispatcher(c, {});
+    const auto d = make_expert_dispatcher(c, {}, cpu_backend());
     const std::vector<int32_t> ids = {0, 1, 0, 1, 0, 1};
     const std::span<const int64_t> rounds = d->plan_rounds(0, ids.data(), 3);
     ASSERT_EQ(rounds.size(), 1u);

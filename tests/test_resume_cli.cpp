@@ -1,7 +1,9 @@
 // Doing what the user means, through the binary: `train --resume` continues the checkpoint's run
 // as it was configured (steps, schedule, batch, data) unless a flag overrides a setting, and says
-// which; resuming a finished run says so; `sample` and `export` take a checkpoint or a weights
-// file alike; the Hugging Face export can leave MTP out and brings a byte-level tokenizer.
+// which; resuming a finished run says so; `sample` and `export` take any checkpoint (a --save
+// root, a step directory, a file in it, the --save-final root) and refuse the weights files of
+// older versions with the commands that convert them; the Hugging Face export can leave MTP out
+// and brings a byte-level tokenizer.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include "cli_run.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_sharded.h"
 #include "temp_dir.h"
 
 namespace moetron {
@@ -22,6 +25,12 @@ using moetron::testing::run_cli;
 using moetron::testing::TempDir;
 
 namespace fs = std::filesystem;
+
+void write_text(const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+    ASSERT_TRUE(out.good()) << path;
+}
 
 // A run unlike the tiny preset's [train] table in every setting a resume must keep.
 const std::string kRun =
@@ -36,10 +45,10 @@ class ResumeCli : public ::testing::Test {
         for (int i = 0; i < 300; ++i) text << "a line of text number " << i << " to learn\n";
     }
     std::string path(const std::string& name) const { return (dir_.path() / name).string(); }
-    // The first run: 6 steps on the text file, checkpoints at 3 and 6, and a weights file.
+    // The first run: 6 steps on the text file, checkpoints at 3 and 6, and its final state.
     void train_first_run() {
         const auto out = run_cli(kRun + " --text " + path("corpus.txt") + " --save " + path("a") +
-                                 " --save-every 3 --save-final " + path("w.bin"));
+                                 " --save-every 3 --save-final " + path("final"));
         ASSERT_EQ(out.exit_code, 0) << out.text;
     }
     std::string checkpoint(const std::string& root, int step) const {
@@ -60,9 +69,11 @@ TEST_F(ResumeCli, ContinuesTheCheckpointsRunAsConfigured) {
     EXPECT_CONTAINS(out.text, "corpus.txt (text, byte-level");
     EXPECT_NOT_CONTAINS(out.text, "overridden");
     // The same run: the final checkpoints are byte for byte the same.
-    const std::string straight = read_file(fs::path(checkpoint("a", 6)) / kCheckpointModelFile);
+    const std::string straight =
+        read_file(fs::path(checkpoint("a", 6)) / checkpoint_shard_file_name(0, 1));
     ASSERT_FALSE(straight.empty());
-    EXPECT_TRUE(straight == read_file(fs::path(checkpoint("b", 6)) / kCheckpointModelFile))
+    EXPECT_TRUE(straight ==
+                read_file(fs::path(checkpoint("b", 6)) / checkpoint_shard_file_name(0, 1)))
         << "the resumed run ended with other parameters than the straight one";
 }
 
@@ -110,30 +121,67 @@ TEST_F(ResumeCli, AnImportTakesItsSettingsFromConfig) {
     EXPECT_NOT_CONTAINS(out.text, "overridden on the command line");
 }
 
-TEST_F(ResumeCli, SampleTakesACheckpointOrAWeightsFile) {
+// Before --save-final wrote checkpoints, sample refused a checkpoint's safetensors ("not a moetron
+// weights file"); every path to the trained state now samples the same greedy text.
+TEST_F(ResumeCli, SampleTakesAnyCheckpoint) {
     train_first_run();
     const std::string args = " --prompt 'a line' --new-tokens 12 --temperature 0 --threads 1";
-    const auto from_file = run_cli("sample --weights " + path("w.bin") + args);
-    ASSERT_EQ(from_file.exit_code, 0) << from_file.text;
-    const auto from_root = run_cli("sample --weights " + path("a") + args);
-    ASSERT_EQ(from_root.exit_code, 0) << from_root.text;
-    EXPECT_EQ(from_file.text, from_root.text);  // the same weights: the same greedy text
+    const auto from_final = run_cli("sample --weights " + path("final") + args);
+    ASSERT_EQ(from_final.exit_code, 0) << from_final.text;
+    for (const std::string& weights :
+         {path("a"), checkpoint("a", 6),
+          checkpoint("a", 6) + "/" + checkpoint_shard_file_name(0, 1)}) {
+        SCOPED_TRACE(weights);
+        const auto out = run_cli("sample --weights " + weights + args);
+        ASSERT_EQ(out.exit_code, 0) << out.text;
+        EXPECT_EQ(out.text, from_final.text);  // the same weights: the same greedy text
+    }
     const auto missing = run_cli("sample --weights " + path("none") + args);
     EXPECT_EQ(missing.exit_code, 1);
     EXPECT_CONTAINS(missing.text, "does not exist (expected a checkpoint directory");
+    write_text(path("notes.txt"), "not a checkpoint");
+    const auto stray = run_cli("sample --weights " + path("notes.txt") + args);
+    EXPECT_EQ(stray.exit_code, 1);
+    EXPECT_CONTAINS(stray.text, "is neither a checkpoint nor a file of one");
 }
 
-TEST_F(ResumeCli, ExportTakesACheckpointOrAWeightsFile) {
+TEST_F(ResumeCli, ExportTakesTheFinalStateOrACheckpoint) {
     train_first_run();
-    const auto from_file =
-        run_cli("export --weights " + path("w.bin") + " --out " + path("hf1") + " --dtype fp32");
-    ASSERT_EQ(from_file.exit_code, 0) << from_file.text;
+    const auto from_final =
+        run_cli("export --weights " + path("final") + " --out " + path("hf1") + " --dtype fp32");
+    ASSERT_EQ(from_final.exit_code, 0) << from_final.text;
     const auto from_ckpt = run_cli("export --weights " + checkpoint("a", 6) + " --out " +
                                    path("hf2") + " --dtype fp32");
     ASSERT_EQ(from_ckpt.exit_code, 0) << from_ckpt.text;
     const std::string weights = read_file(path("hf1") + "/model.safetensors");
     ASSERT_FALSE(weights.empty());
     EXPECT_TRUE(weights == read_file(path("hf2") + "/model.safetensors"));
+}
+
+// The weights file --save-final wrote before it wrote checkpoints (magic "MTWEIGHT") is refused,
+// by sample and export alike, with the two commands that convert it.
+TEST_F(ResumeCli, AnOldWeightsFileIsRefusedWithHowToConvertIt) {
+    write_text(path("w.bin"), std::string("MTWEIGHT\x01\0\0\0", 12) + "rest of an old file");
+    for (const std::string& command :
+         {"sample --weights " + path("w.bin") + " --prompt x",
+          "export --weights " + path("w.bin") + " --out " + path("hf")}) {
+        SCOPED_TRACE(command);
+        const auto out = run_cli(command);
+        EXPECT_EQ(out.exit_code, 1) << out.text;
+        EXPECT_CONTAINS(out.text, "is a weights file of an older moetron");
+        EXPECT_CONTAINS(out.text, "moetron export --weights " + path("w.bin"));
+        EXPECT_CONTAINS(out.text, "moetron import --hf HF_DIR --out CHECKPOINT_ROOT");
+        EXPECT_NOT_CONTAINS(out.text, ".cpp:");
+    }
+}
+
+// --save-final into the --save root keeps the checkpoint the run saved there at its last step.
+TEST_F(ResumeCli, SaveFinalIntoTheSaveRootKeepsTheLastCheckpoint) {
+    const auto out = run_cli(kRun + " --text " + path("corpus.txt") + " --save " + path("a") +
+                             " --save-final " + path("a"));
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    EXPECT_CONTAINS(out.text, "saved   weights to " + checkpoint("a", 6));
+    EXPECT_EQ(read_latest_pointer(path("a")), checkpoint_dir_name(6));
 }
 
 TEST_F(ResumeCli, ExportWithoutMtpAndWithAByteTokenizer) {

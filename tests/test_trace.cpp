@@ -86,8 +86,9 @@ TEST(TracedCommunicator, ChargesItsTrafficClassAndRecordsBothTracks) {
                                       parallel::TrafficClass::expert_dispatch, &totals, &recorder);
     recorder.begin(Timer::now_s());
     std::vector<float> data(256, 1.0f);
-    comm.all_reduce_sum(data.data(), data.size(), DType::f32);  // blocking
-    parallel::CollectiveHandle h = comm.all_reduce_sum_async(data.data(), 64, DType::f32);
+    comm.all_reduce_sum(data.data(), data.size(), DType::f32, kHostStream);  // blocking
+    parallel::CollectiveHandle h =
+        comm.all_reduce_sum_async(data.data(), 64, DType::f32, kHostStream);
     h.wait();
     EXPECT_FALSE(std::isnan(h.completed_at_s()));
     recorder.end();
@@ -105,6 +106,35 @@ TEST(TracedCommunicator, ChargesItsTrafficClassAndRecordsBothTracks) {
     EXPECT_EQ(recorder.event(2).track, TraceTrack::communication);
     EXPECT_EQ(recorder.event(2).bytes, 256u);
     EXPECT_LE(recorder.event(2).begin_s, recorder.event(2).end_s);
+}
+
+// The traced communicator hands the caller's stream to the one it wraps (which refuses a device
+// stream: the local communicator moves host memory).
+TEST(TracedCommunicator, ForwardsTheStream) {
+    parallel::CommWaitTotals totals;
+    parallel::TracedCommunicator comm(std::make_unique<parallel::LocalCommunicator>("ep"),
+                                      parallel::TrafficClass::expert_dispatch, &totals, nullptr);
+    int cuda_stream_object = 0;
+    const Stream device{Device::cuda, &cuda_stream_object};
+    std::vector<float> data(4, 1.0f), out(4);
+    std::vector<int> four = {4}, zero = {0};
+    EXPECT_THROW(comm.all_reduce_sum(data.data(), 4, DType::f32, device), Error);
+    EXPECT_THROW((void)comm.all_reduce_sum_async(data.data(), 4, DType::f32, device), Error);
+    EXPECT_THROW(comm.reduce_scatter_sum(out.data(), data.data(), 4, DType::f32, device), Error);
+    EXPECT_THROW(
+        (void)comm.reduce_scatter_sum_async(out.data(), data.data(), 4, DType::f32, device), Error);
+    EXPECT_THROW(comm.all_gather(out.data(), data.data(), 4, DType::f32, device), Error);
+    EXPECT_THROW((void)comm.all_gather_async(out.data(), data.data(), 4, DType::f32, device),
+                 Error);
+    EXPECT_THROW(
+        comm.all_to_all_v(out.data(), four, zero, data.data(), four, zero, DType::f32, device),
+        Error);
+    EXPECT_THROW((void)comm.all_to_all_v_async(out.data(), four, zero, data.data(), four, zero,
+                                               DType::f32, device),
+                 Error);
+    EXPECT_THROW(comm.broadcast(data.data(), 4, DType::f32, 0, device), Error);
+    EXPECT_THROW((void)comm.broadcast_async(data.data(), 4, DType::f32, 0, device), Error);
+    comm.all_reduce_sum(data.data(), 4, DType::f32, kHostStream);
 }
 
 TEST(TracedCommunicator, SplitGroupsStayTracedInTheSameClass) {

@@ -52,7 +52,7 @@ TEST_F(TrainCli, PrepareTrainSampleRoundTrip) {
     Output trained =
         run_cli("train --config " + config + " --data " + file("corpus.tok") +
                 " --steps 6 --batch-size 2 --seq-len 32 --eval-every 3 --threads 1 --log-jsonl " +
-                file("log.jsonl") + " --save-final " + file("w.bin"));
+                file("log.jsonl") + " --save-final " + file("final"));
     ASSERT_EQ(trained.exit_code, 0) << trained.text;
     EXPECT_CONTAINS(trained.text, "moetron shard v1");
     EXPECT_CONTAINS(trained.text, "step 6/6");
@@ -62,7 +62,7 @@ TEST_F(TrainCli, PrepareTrainSampleRoundTrip) {
     for (std::string line; std::getline(log, line);) ++lines;
     EXPECT_EQ(lines, 6);
 
-    Output sampled = run_cli("sample --config " + config + " --weights " + file("w.bin") +
+    Output sampled = run_cli("sample --config " + config + " --weights " + file("final") +
                              " --prompt 'the quick' --new-tokens 20 --temperature 0 --threads 1");
     ASSERT_EQ(sampled.exit_code, 0) << sampled.text;
     EXPECT_EQ(sampled.text.rfind("the quick", 0), 0u) << sampled.text;

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
 
         // The job passes only if every rank passed.
         double failed_ranks = status != 0 ? 1.0 : 0.0;
-        world->all_reduce_sum(&failed_ranks, 1, DType::f64);
+        world->all_reduce_sum(&failed_ranks, 1, DType::f64, moetron::kHostStream);
         if (world->rank() == 0 && failed_ranks > 0)
             std::fprintf(stderr, "%d of %d ranks failed\n", static_cast<int>(failed_ranks),
                          world->size());

@@ -33,6 +33,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,7 +42,6 @@
 #include "moetron/model/hf_names.h"
 #include "moetron/model/moe.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_root.h"
@@ -130,9 +130,9 @@ class SharedTempDir {
             path = pattern;
         }
         int64_t length = static_cast<int64_t>(path.size());
-        comm.broadcast(&length, 1, DType::i64, 0);
+        comm.broadcast(&length, 1, DType::i64, 0, kHostStream);
         path.resize(static_cast<size_t>(length));
-        comm.broadcast(path.data(), path.size(), DType::u8, 0);
+        comm.broadcast(path.data(), path.size(), DType::u8, 0, kHostStream);
         path_ = path;
     }
     ~SharedTempDir() {
@@ -183,7 +183,8 @@ GlobalParams global_params(Trainer& t) {
             std::copy(local + local_offset, local + local_offset + n, global + global_offset);
         });
     }
-    if (t.world() != nullptr) t.world()->all_reduce_sum(std::span<float>(g.values));
+    t.world().all_reduce_sum(std::span<float>(g.values),
+                             kHostStream);  // a one-process trainer: a no-op
     return g;
 }
 
@@ -237,7 +238,7 @@ std::vector<Layout> layouts_for(int world_size) {
 // Parameters and this rank's moments, as bytes.
 std::vector<float> state_of(Trainer& t) {
     std::vector<float> s(t.model().params(), t.model().params() + t.model().num_params());
-    for (const auto& r : t.distributed_optimizer()->moment_ranges()) {
+    for (const auto& r : t.optimizer().moment_ranges()) {
         s.insert(s.end(), r.m, r.m + r.numel);
         s.insert(s.end(), r.v, r.v + r.numel);
     }
@@ -287,7 +288,7 @@ TEST(MpiCheckpoint, EveryRankSharesTheRunIdAndAResumeContinuesIt) {
     const std::string id = first->run_id();
     ASSERT_TRUE(is_run_id(id)) << id;
     std::string rank0_id = id;
-    world.broadcast(rank0_id.data(), rank0_id.size(), DType::u8, 0);
+    world.broadcast(rank0_id.data(), rank0_id.size(), DType::u8, 0, kHostStream);
     EXPECT_EQ(id, rank0_id) << "rank " << world.rank();
     run_steps(*first, 1);
     const fs::path saved = save_checkpoint(*first, dir.path() / "root", 0);
@@ -340,7 +341,7 @@ class ReshardingFrom : public ::testing::Test {
         expect_close_run(got, want, global_params(t), want_params_, what);
     }
 
-    // One process saves its step 5 (the single-process format) into checkpoint_.
+    // One process saves its step 5 (one shard) into checkpoint_.
     void save_one_process_checkpoint() {
         std::string error;
         fs::path saved = dir_->path() / "single";
@@ -397,8 +398,40 @@ TEST_F(Resharding, FourRanksEp2ToFourRanksDp4) {
     resume_and_compare(*replicated, "4 ranks ep2 -> 4 ranks ep4 replicated optimizer");
 }
 
+// One format for every world size: the 4 ranks' checkpoint and one process's have the same
+// state.json fields, format and version (one shard file per rank), and one reader
+// (read_checkpoint_tensors) reads both; the 4 ranks' holds exactly their parameters.
+TEST_F(Resharding, OneProcessAndFourRanksWriteOneFormat) {
+    const fs::path four_ranks = checkpoint_;
+    save_one_process_checkpoint();
+    const fs::path one_process = resolve_checkpoint_dir(checkpoint_);
+    auto state_of_dir = [](const fs::path& dir) {
+        std::ifstream in(dir / kCheckpointStateFile);
+        return nlohmann::json::parse(in);
+    };
+    const nlohmann::json four = state_of_dir(four_ranks), one = state_of_dir(one_process);
+    std::vector<std::string> four_keys, one_keys;
+    for (const auto& [key, value] : four.items()) four_keys.push_back(key);
+    for (const auto& [key, value] : one.items()) one_keys.push_back(key);
+    EXPECT_EQ(four_keys, one_keys);
+    EXPECT_EQ(four.at("format"), one.at("format"));
+    EXPECT_EQ(four.at("version"), kCheckpointVersion);
+    EXPECT_EQ(one.at("version"), kCheckpointVersion);
+    EXPECT_EQ(four.at("shard_files").size(), 4u);
+    EXPECT_EQ(one.at("shard_files"), nlohmann::json::array({checkpoint_shard_file_name(0, 1)}));
+    for (const fs::path& dir : {four_ranks, one_process}) {
+        std::vector<float> params(saved_params_.values.size());
+        read_verified_checkpoint_state(dir);
+        read_checkpoint_tensors(dir, saved_params_.entries, params.data(), nullptr, nullptr);
+        if (dir == four_ranks) {
+            EXPECT_EQ(params, saved_params_.values);
+        }
+    }
+    mpi_world().barrier();
+}
+
 TEST_F(Resharding, OneProcessToFourRanksEp2) {
-    // One process saves its step 5 (the single-process format); the 4 ranks resume it.
+    // One process saves its step 5 (a world of one, one shard); the 4 ranks resume it.
     save_one_process_checkpoint();
     auto t = make_trainer(&mpi_world(), saved_layout_);
     resume_and_compare(*t, "1 process -> 4 ranks ep2");

@@ -40,8 +40,8 @@ TEST(MpiCommunicator, AllReduceSumFloatAndDouble) {
     std::vector<double> d(5);
     for (size_t i = 0; i < f.size(); ++i) f[i] = value_of(r, i);
     for (size_t i = 0; i < d.size(); ++i) d[i] = 0.5 * r + static_cast<double>(i);
-    world.all_reduce_sum(std::span<float>(f));
-    world.all_reduce_sum(std::span<double>(d));
+    world.all_reduce_sum(std::span<float>(f), kHostStream);
+    world.all_reduce_sum(std::span<double>(d), kHostStream);
     for (size_t i = 0; i < f.size(); ++i) {
         float want = 0;
         for (int p = 0; p < n; ++p) want += value_of(p, i);
@@ -57,7 +57,7 @@ TEST(MpiCommunicator, ReduceScatterAllGatherBroadcast) {
     const size_t count = 3;
     std::vector<float> inp(count * n), out(count);
     for (size_t i = 0; i < inp.size(); ++i) inp[i] = value_of(r, i);
-    world.reduce_scatter_sum(out.data(), inp.data(), count, DType::f32);
+    world.reduce_scatter_sum(out.data(), inp.data(), count, DType::f32, kHostStream);
     for (size_t i = 0; i < count; ++i) {
         float want = 0;
         for (int p = 0; p < n; ++p) want += value_of(p, r * count + i);
@@ -65,7 +65,7 @@ TEST(MpiCommunicator, ReduceScatterAllGatherBroadcast) {
     }
 
     std::vector<double> mine = {1.0 * r, 2.0 * r}, all(2 * n);
-    world.all_gather(std::span<double>(all), std::span<const double>(mine));
+    world.all_gather(std::span<double>(all), std::span<const double>(mine), kHostStream);
     for (int p = 0; p < n; ++p) {
         EXPECT_EQ(all[2 * p], 1.0 * p);
         EXPECT_EQ(all[2 * p + 1], 2.0 * p);
@@ -73,7 +73,7 @@ TEST(MpiCommunicator, ReduceScatterAllGatherBroadcast) {
 
     const int root = n - 1;
     std::vector<int32_t> b(4, r == root ? 42 : -1);
-    world.broadcast(b.data(), b.size(), DType::i32, root);
+    world.broadcast(b.data(), b.size(), DType::i32, root, kHostStream);
     for (int32_t x : b) EXPECT_EQ(x, 42);
     world.barrier();
 }
@@ -102,7 +102,7 @@ TEST(MpiCommunicator, AllToAllVTypedAndBytes) {
         for (int i = 0; i < sc[p]; ++i) send[sd[p] + i] = payload(r, p, i);
 
     world.reset_counters();
-    world.all_to_all_v(recv.data(), rc, rd, send.data(), sc, sd);
+    world.all_to_all_v(recv.data(), rc, rd, send.data(), sc, sd, kHostStream);
     for (int p = 0; p < n; ++p)
         for (int i = 0; i < rc[p]; ++i) EXPECT_EQ(recv[rd[p] + i], payload(p, r, i));
     const auto& counters = world.counters(CollectiveKind::all_to_all);
@@ -119,7 +119,7 @@ TEST(MpiCommunicator, AllToAllVTypedAndBytes) {
         rdb[p] = rd[p] * 4;
     }
     std::vector<float> recv_bytes(recv_total, -1.0f);
-    world.all_to_all_v(recv_bytes.data(), rcb, rdb, send.data(), scb, sdb, DType::u8);
+    world.all_to_all_v(recv_bytes.data(), rcb, rdb, send.data(), scb, sdb, DType::u8, kHostStream);
     EXPECT_EQ(recv_bytes, recv);
     EXPECT_EQ(world.counters(CollectiveKind::all_to_all).calls, 2u);
 }
@@ -131,9 +131,12 @@ TEST(MpiCommunicator, AsyncFormsCompleteOutOfOrder) {
     std::vector<double> b(10, 2.0);
     std::vector<int64_t> gathered(n);
     const int64_t mine = 7 * r;
-    parallel::CollectiveHandle ha = world.all_reduce_sum_async(a.data(), a.size(), DType::f32);
-    parallel::CollectiveHandle hb = world.all_reduce_sum_async(b.data(), b.size(), DType::f64);
-    parallel::CollectiveHandle hg = world.all_gather_async(gathered.data(), &mine, 1, DType::i64);
+    parallel::CollectiveHandle ha =
+        world.all_reduce_sum_async(a.data(), a.size(), DType::f32, kHostStream);
+    parallel::CollectiveHandle hb =
+        world.all_reduce_sum_async(b.data(), b.size(), DType::f64, kHostStream);
+    parallel::CollectiveHandle hg =
+        world.all_gather_async(gathered.data(), &mine, 1, DType::i64, kHostStream);
     parallel::CollectiveHandle hbar = world.barrier_async();
     while (!hbar.test()) {
     }
@@ -153,10 +156,10 @@ TEST(MpiCommunicator, CountersFollowNcclTestsSizes) {
     const size_t n = static_cast<size_t>(world.size());
     world.reset_counters();
     std::vector<float> x(10 * n), y(10);
-    world.all_reduce_sum(x.data(), x.size(), DType::f32);
-    world.reduce_scatter_sum(y.data(), x.data(), 10, DType::f32);
-    world.all_gather(x.data(), y.data(), 10, DType::f32);
-    world.broadcast(y.data(), 10, DType::f32, 0);
+    world.all_reduce_sum(x.data(), x.size(), DType::f32, kHostStream);
+    world.reduce_scatter_sum(y.data(), x.data(), 10, DType::f32, kHostStream);
+    world.all_gather(x.data(), y.data(), 10, DType::f32, kHostStream);
+    world.broadcast(y.data(), 10, DType::f32, 0, kHostStream);
     world.barrier();
     EXPECT_EQ(world.counters(CollectiveKind::all_reduce).payload_bytes, 40 * n);
     EXPECT_EQ(world.counters(CollectiveKind::reduce_scatter).payload_bytes, 40 * n);
@@ -176,7 +179,7 @@ TEST(MpiCommunicator, SplitMakesNamedGroups) {
     EXPECT_EQ(half->size(), members);
     EXPECT_EQ(half->progress_thread_active(), world.progress_thread_active());
     double sum = r;
-    half->all_reduce_sum(&sum, 1, DType::f64);
+    half->all_reduce_sum(&sum, 1, DType::f64, kHostStream);
     double want = 0;
     for (int p = r % 2; p < n; p += 2) want += p;
     EXPECT_EQ(sum, want);
@@ -191,17 +194,28 @@ TEST(MpiCommunicator, BadArgumentsAreErrorsNamingTheCollective) {
     Communicator& world = mpi_world();
     std::vector<uint16_t> h(4);
     try {
-        world.all_reduce_sum(h.data(), h.size(), DType::bf16);
+        world.all_reduce_sum(h.data(), h.size(), DType::bf16, kHostStream);
         ADD_FAILURE() << "bf16 sum accepted";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("[all_reduce] group 'world'"), std::string::npos)
             << e.what();
     }
+    // Host buffers only: a device stream is refused before anything is posted.
+    int cuda_stream_object = 0;
+    const Stream device{Device::cuda, &cuda_stream_object};
+    std::vector<float> x(4, 1.0f);
+    EXPECT_THROW(world.all_reduce_sum(x.data(), x.size(), DType::f32, device), Error);
+    EXPECT_THROW((void)world.all_to_all_v_async(x.data(), std::vector<int>(world.size()),
+                                                std::vector<int>(world.size()), x.data(),
+                                                std::vector<int>(world.size()),
+                                                std::vector<int>(world.size()), DType::f32, device),
+                 Error);
     std::vector<int> too_few(static_cast<size_t>(world.size()) + 1);
     float dummy = 0;
-    EXPECT_THROW(world.all_to_all_v(&dummy, too_few, too_few, &dummy, too_few, too_few, DType::f32),
+    EXPECT_THROW(world.all_to_all_v(&dummy, too_few, too_few, &dummy, too_few, too_few, DType::f32,
+                                    kHostStream),
                  Error);
-    EXPECT_THROW(world.broadcast(&dummy, 1, DType::f32, world.size()), Error);
+    EXPECT_THROW(world.broadcast(&dummy, 1, DType::f32, world.size(), kHostStream), Error);
 }
 
 TEST(MpiCommunicator, CollectiveThatNeverCompletesTimesOut) {
@@ -248,9 +262,9 @@ TEST(MpiCommunicator, PendingHandlesUnwoundPastATimeoutAreAbandoned) {
         std::string what = "(no error)";
         try {
             parallel::CollectiveHandle first =
-                impatient->all_reduce_sum_async(first_bucket.data(), 4, DType::f32);
+                impatient->all_reduce_sum_async(first_bucket.data(), 4, DType::f32, kHostStream);
             parallel::CollectiveHandle second =
-                impatient->all_reduce_sum_async(second_bucket.data(), 4, DType::f32);
+                impatient->all_reduce_sum_async(second_bucket.data(), 4, DType::f32, kHostStream);
             first.wait();
         } catch (const Error& e) {
             what = e.what();
@@ -268,8 +282,8 @@ TEST(MpiCommunicator, PendingHandlesUnwoundPastATimeoutAreAbandoned) {
     }
     world.barrier();
     if (world.rank() == 0) {  // completes the others' abandoned collectives
-        impatient->all_reduce_sum(first_bucket.data(), 4, DType::f32);
-        impatient->all_reduce_sum(second_bucket.data(), 4, DType::f32);
+        impatient->all_reduce_sum(first_bucket.data(), 4, DType::f32, kHostStream);
+        impatient->all_reduce_sum(second_bucket.data(), 4, DType::f32, kHostStream);
         impatient->barrier();
     }
     world.barrier();
@@ -291,7 +305,8 @@ TEST(MpiCommunicator, ProgressThreadAdvancesCollectivesDuringCompute) {
         std::vector<float> data(count, static_cast<float>(r + 1));
         comm->barrier();
         const Timer total;
-        parallel::CollectiveHandle h = comm->all_reduce_sum_async(data.data(), count, DType::f32);
+        parallel::CollectiveHandle h =
+            comm->all_reduce_sum_async(data.data(), count, DType::f32, kHostStream);
         // About 0.3 s of arithmetic that the compiler cannot drop.
         const Timer compute;
         volatile double sink = 0;

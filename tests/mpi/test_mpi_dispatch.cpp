@@ -15,8 +15,8 @@ using parallel::DispatchLayout;
 void run_case(const DispatchCase& c) {
     parallel::Communicator& ep = mpi_world();
     const parallel::DispatchConfig cfg = config_for(c);
-    DispatchBuffer buffer(cfg, ep.size());
-    DispatchLayout layout(cfg, ep.size(), ep.rank());
+    DispatchBuffer buffer(cfg, ep.size(), cpu_backend());
+    DispatchLayout layout(cfg, ep.size(), ep.rank(), cpu_backend());
     const DispatchResult got = run_dispatch(c, ep, layout, buffer);
     expect_matches_reference(got, reference_result(c, ep.rank(), ep.size()),
                              analytic_bytes(c, ep.rank(), ep.size(), false), c.name);
@@ -109,8 +109,8 @@ TEST(MpiDispatch, LayoutAndBufferReusedAcrossRoutings) {
     second.routing = Routing::last_experts;
     second.tokens_per_rank = {2, 12};
     const parallel::DispatchConfig cfg = config_for(first);
-    DispatchBuffer buffer(cfg, ep.size());
-    DispatchLayout layout(cfg, ep.size(), ep.rank());
+    DispatchBuffer buffer(cfg, ep.size(), cpu_backend());
+    DispatchLayout layout(cfg, ep.size(), ep.rank(), cpu_backend());
     for (const DispatchCase* c : {&first, &second, &first}) {
         const DispatchResult got = run_dispatch(*c, ep, layout, buffer);
         expect_matches_reference(got, reference_result(*c, ep.rank(), ep.size()),
@@ -127,8 +127,8 @@ TEST(MpiDispatch, OverflowingThePairBudgetIsRefusedBeforeAnyCollective) {
     c.top_k = 1;
     parallel::DispatchConfig cfg = config_for(c);
     cfg.pair_capacity_rows = 3;  // each rank sends 7 rows to rank 0
-    DispatchLayout layout(cfg, ep.size(), ep.rank());
-    DispatchBuffer buffer(cfg, ep.size());
+    DispatchLayout layout(cfg, ep.size(), ep.rank(), cpu_backend());
+    DispatchBuffer buffer(cfg, ep.size(), cpu_backend());
     EXPECT_EQ(buffer.config().capacity_rows(ep.size()), 3 * ep.size());
     const RankInputs in = make_inputs(c, ep.rank(), ep.size());
     try {

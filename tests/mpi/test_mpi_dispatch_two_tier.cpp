@@ -48,15 +48,15 @@ void run_case(DispatchCase c, const EmulatedDomains& domains) {
     c.domain_size = domains.domain_size;
     c.name += "/domain_size_" + std::to_string(c.domain_size);
     const parallel::DispatchConfig cfg = config_for(c);
-    TwoTierBuffer buffer(cfg, ep.size());
-    TwoTierLayout layout(cfg, ep.size(), ep.rank());
+    TwoTierBuffer buffer(cfg, ep.size(), cpu_backend());
+    TwoTierLayout layout(cfg, ep.size(), ep.rank(), cpu_backend());
     const DispatchResult two_tier =
         run_two_tier(c, ep.rank(), ep.size(), layout, buffer, domains.groups());
     expect_matches_reference(two_tier, reference_result(c, ep.rank(), ep.size()),
                              analytic_bytes(c, ep.rank(), ep.size(), true), c.name);
 
-    parallel::DispatchBuffer flat_buffer(cfg, ep.size());
-    parallel::DispatchLayout flat_layout(cfg, ep.size(), ep.rank());
+    parallel::DispatchBuffer flat_buffer(cfg, ep.size(), cpu_backend());
+    parallel::DispatchLayout flat_layout(cfg, ep.size(), ep.rank(), cpu_backend());
     const DispatchResult flat = run_dispatch(c, ep, flat_layout, flat_buffer);
     EXPECT_EQ(two_tier.expert_offsets, flat.expert_offsets) << c.name;
     EXPECT_EQ(two_tier.expert_inp, flat.expert_inp) << c.name;
@@ -132,8 +132,8 @@ TEST(MpiDispatchTwoTier, LayoutAndBufferReusedAcrossRoutings) {
     const EmulatedDomains domains = split_into_domains(ep, ep.size() / 2);
     first.domain_size = second.domain_size = domains.domain_size;
     const parallel::DispatchConfig cfg = config_for(first);
-    TwoTierBuffer buffer(cfg, ep.size());
-    TwoTierLayout layout(cfg, ep.size(), ep.rank());
+    TwoTierBuffer buffer(cfg, ep.size(), cpu_backend());
+    TwoTierLayout layout(cfg, ep.size(), ep.rank(), cpu_backend());
     for (const DispatchCase* c : {&first, &second, &first}) {
         const DispatchResult got =
             run_two_tier(*c, ep.rank(), ep.size(), layout, buffer, domains.groups());
@@ -162,8 +162,8 @@ TEST(MpiDispatchTwoTier, DomainLimitedRoutingReachesAtMostTopkGroupDomains) {
     cfg.hidden = 4;
     cfg.max_tokens = N;
     cfg.domain_size = 1;
-    TwoTierBuffer buffer(cfg, ep.size());
-    TwoTierLayout layout(cfg, ep.size(), ep.rank());
+    TwoTierBuffer buffer(cfg, ep.size(), cpu_backend());
+    TwoTierLayout layout(cfg, ep.size(), ep.rank(), cpu_backend());
     parallel::two_tier_layout(layout, ids.data(), w.data(), N, buffer, domains.groups());
     EXPECT_LE(layout.spread().domain_max, topk_groups);
     EXPECT_LE(layout.spread().domain_sum, N * topk_groups);

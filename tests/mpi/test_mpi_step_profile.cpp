@@ -94,7 +94,7 @@ TEST(MpiStepProfile, TraceHoldsEveryRankOnSeparateTracks) {
                 .string();
         std::snprintf(path_buf, sizeof(path_buf), "%s", p.c_str());
     }
-    world.broadcast(path_buf, sizeof(path_buf), DType::u8, 0);
+    world.broadcast(path_buf, sizeof(path_buf), DType::u8, 0, kHostStream);
     const std::string path(path_buf);
 
     Trainer trainer = make_trainer(ep_world());

@@ -34,7 +34,7 @@ std::vector<float> shared_random(int64_t n, uint64_t seed, float scale) {
 }
 
 TEST(MpiTensorParallel, VocabParallelCrossEntropyMatchesThePlainKernel) {
-    const parallel::TensorParallel tp(&mpi_world());
+    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
     const int64_t N = 10, V = 48, Vp = V / tp.size();
     std::vector<float> logits = shared_random(N * V, 1, 2.0f);
     for (int64_t v = 0; v < V; ++v) logits[3 * V + v] += 300.0f;  // needs the global max
@@ -77,7 +77,7 @@ TEST(MpiTensorParallel, VocabParallelCrossEntropyMatchesThePlainKernel) {
 // The lookup comes out as this rank's token rows (sequence parallelism); the backward takes every
 // rank's rows of the output gradient.
 TEST(MpiTensorParallel, VocabParallelEmbeddingMatchesThePlainKernel) {
-    const parallel::TensorParallel tp(&mpi_world());
+    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
     const int64_t N = 8, V = 16, D = 6, Vp = V / tp.size(), rows = N / tp.size();
     const std::vector<float> table = shared_random(V * D, 2, 1.0f);
     const std::vector<float> dout = shared_random(N * D, 3, 1.0f);
@@ -102,7 +102,7 @@ TEST(MpiTensorParallel, VocabParallelEmbeddingMatchesThePlainKernel) {
 
 // Sequence parallelism's pair: the gather of every rank's rows, the reduce-scatter of sums.
 TEST(MpiTensorParallel, GatherAndReduceScatterRows) {
-    const parallel::TensorParallel tp(&mpi_world());
+    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
     const int n = tp.size();
     const std::vector<float> mine = {static_cast<float>(tp.rank()), 1.0f};
     std::vector<float> full(2 * n, -1.0f);
@@ -120,7 +120,7 @@ TEST(MpiTensorParallel, GatherAndReduceScatterRows) {
 }
 
 TEST(MpiTensorParallel, SumsAndRowSharesCoverTheGroup) {
-    const parallel::TensorParallel tp(&mpi_world());
+    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
     std::vector<float> x = {1.0f, static_cast<float>(tp.rank())};
     tp.sum_partial_input_grads(x.data(), 2);
     const int n = tp.size();

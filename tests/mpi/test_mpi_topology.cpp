@@ -30,7 +30,8 @@ void check_layout(const std::string& layout_text, int domain_size) {
         // Every member reports its world rank; the group must list them in group order.
         const int32_t mine = world.rank();
         std::vector<int32_t> members(want.ranks.size());
-        group.all_gather(std::span<int32_t>(members), std::span<const int32_t>(&mine, 1));
+        group.all_gather(std::span<int32_t>(members), std::span<const int32_t>(&mine, 1),
+                         kHostStream);
         EXPECT_EQ(std::vector<int>(members.begin(), members.end()), want.ranks)
             << parallel::group_kind_name(kind);
     }

@@ -8,7 +8,7 @@
 // with its slice of the reference.
 //
 // The same comparison through train/trainer.h: Trainer::step on N ranks (TrainParallel) against
-// Trainer::step on one process (which uses train/optimizer.h's AdamW, not the distributed one).
+// Trainer::step on one process (a world of one, with the same optimizer, train/optimizer.h).
 //
 // Runs under mpirun -np 1, 2 and 4; a layout that needs another world size is skipped.
 #include <gtest/gtest.h>
@@ -28,9 +28,9 @@
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
+#include "moetron/train/optimizer.h"
 #include "moetron/train/trainer.h"
 #include "mpi/mpi_test_main.h"
 #include "testing.h"
@@ -50,8 +50,8 @@ ModelConfig tiny_config() {
     return load_model_config(std::string(MOETRON_SOURCE_DIR) + "/configs/models/tiny.toml");
 }
 
-parallel::DistributedAdamWConfig adamw_config() {
-    parallel::DistributedAdamWConfig c;
+AdamWConfig adamw_config() {
+    AdamWConfig c;
     c.grad_clip = 1.0;
     c.weight_decay = 0.1;
     return c;
@@ -103,7 +103,7 @@ RunResult reference_run(const ModelConfig& c, bool adversarial = false) {
     Model model(c, {kGlobalBatch, kSeq}, kLossWeights);
     model.init_parameters(kSeed);
     if (adversarial) route_everything_to_rank_zero(model);
-    const parallel::DistributedAdamWConfig hp = adamw_config();
+    const AdamWConfig hp = adamw_config();
     std::vector<float> m(static_cast<size_t>(model.num_params()), 0.0f), v = m;
     RunResult r;
     for (int step = 1; step <= kSteps; ++step) {
@@ -182,15 +182,16 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
                   memory.communication,
               model.planned_bytes())
         << k.layout;
-    parallel::GradSyncOptions so;
-    so.bucket_bytes = k.bucket_bytes;
-    so.zero1 = k.zero1;
-    so.overlap = k.overlap;
+    AdamWConfig config = adamw_config();
+    config.grad_sync.bucket_bytes = k.bucket_bytes;
+    config.grad_sync.zero1 = k.zero1;
+    config.grad_sync.overlap = k.overlap;
     const std::vector<parallel::ParamSpan> spans = model.param_spans();
-    parallel::GradSync sync(spans, model.num_params(), model.grads(), *groups.dp, *groups.edp, so);
+    AdamW optimizer(spans, model.num_params(), model.grads(), {world, *groups.dp, *groups.edp},
+                    config);
+    parallel::GradSync& sync = optimizer.grad_sync();
     model.set_grad_ready_callback(
         [&sync](int64_t begin, int64_t end) { sync.grads_ready(begin, end); });
-    parallel::DistributedAdamW optimizer(sync, world, adamw_config());
 
     ParallelRun run;
     run.ep = topo.ep;
@@ -209,7 +210,7 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
         counts[1] = static_cast<double>(den.sequences);
         for (int64_t d = 0; d < kMaxMtpDepths; ++d)
             counts[2 + d] = static_cast<double>(den.mtp_tokens[d]);
-        groups.dp->all_reduce_sum(std::span<double>(counts));
+        groups.dp->all_reduce_sum(std::span<double>(counts), kHostStream);
         den.lm_tokens = static_cast<int64_t>(counts[0]);
         den.sequences = static_cast<int64_t>(counts[1]);
         for (int64_t d = 0; d < kMaxMtpDepths; ++d)
@@ -228,7 +229,7 @@ ParallelRun parallel_run(const ModelConfig& c, const Case& k) {
             shares[2] += l.balance_loss;
         }
         sync.finish();
-        groups.dp->all_reduce_sum(std::span<double>(shares));
+        groups.dp->all_reduce_sum(std::span<double>(shares), kHostStream);
         run.result.losses.push_back({shares[0], shares[1], shares[2]});
         optimizer.clip_gradients(model.grads());
         optimizer.step(model.params(), model.grads(), kLr);
@@ -281,7 +282,7 @@ TensorError tensor_error(const float* got, const float* want, int64_t n,
         sums[1] += static_cast<double>(want[i]) * want[i];
         e.max_abs = std::max(e.max_abs, std::fabs(d));
     }
-    if (split_over != nullptr) split_over->all_reduce_sum(std::span<double>(sums));
+    if (split_over != nullptr) split_over->all_reduce_sum(std::span<double>(sums), kHostStream);
     e.l2_rel = sums[1] > 0 ? std::sqrt(sums[0] / sums[1]) : std::sqrt(sums[0]);
     return e;
 }
@@ -571,8 +572,8 @@ void expect_expert_state_sharded(const std::string& layout) {
     Trainer& sharded = *trainers[1];
     const int edp = sharded.topology().edp;
     ASSERT_GT(edp, 1) << layout;
-    parallel::DistributedAdamW& rep_opt = *replicated.distributed_optimizer();
-    parallel::DistributedAdamW& zero_opt = *sharded.distributed_optimizer();
+    AdamW& rep_opt = replicated.optimizer();
+    AdamW& zero_opt = sharded.optimizer();
     constexpr auto kExperts = parallel::ReplicaGroup::expert_data_parallel;
     constexpr auto kData = parallel::ReplicaGroup::data_parallel;
 
@@ -604,13 +605,13 @@ void expect_expert_state_sharded(const std::string& layout) {
             if (offset >= sp.offset && offset < sp.offset + sp.numel) return sp.group == kExperts;
         return false;
     };
-    const std::vector<parallel::DistributedAdamW::MomentRange> rep = rep_opt.moment_ranges();
+    const std::vector<AdamW::MomentRange> rep = rep_opt.moment_ranges();
     // The two sum the same gradients in different orders (reduce-scatter vs all-reduce).
     auto rel = [](float got, float want) {
         return std::fabs(static_cast<double>(got) - want) / (std::fabs(want) + 1e-12);
     };
     std::array<double, 2> owned{};  // expert floats owned here, worst relative moment difference
-    for (const parallel::DistributedAdamW::MomentRange& r : zero_opt.moment_ranges()) {
+    for (const AdamW::MomentRange& r : zero_opt.moment_ranges()) {
         if (!is_expert(r.offset)) continue;
         EXPECT_FALSE(r.replicated) << layout;
         owned[0] += static_cast<double>(r.numel);
@@ -626,7 +627,7 @@ void expect_expert_state_sharded(const std::string& layout) {
     EXPECT_LE(owned[1], 1e-4) << layout << ": sharded and replicated expert moments differ";
     // Summed over the world, each expert float is owned once per EDP group: the world holds
     // world/edp groups of experts (one per EP x TP position).
-    mpi_world().all_reduce_sum(std::span<double>(owned.data(), 1));
+    mpi_world().all_reduce_sum(std::span<double>(owned.data(), 1), kHostStream);
     EXPECT_EQ(owned[0] * edp, static_cast<double>(rep_moments / 2 * mpi_world().size())) << layout;
 }
 
@@ -746,7 +747,7 @@ TEST(MpiTraining, TensorParallelGradientsAreSlicesOfTheOneProcessGradients) {
         if (!e.trainable) continue;
         const ParamEntry& we = full.param_entries()[i];
         std::vector<float> g(sharded.grads() + e.offset, sharded.grads() + e.offset + e.numel);
-        if (is_routed_expert_param(e.name)) world.all_reduce_sum(std::span<float>(g));
+        if (is_routed_expert_param(e.name)) world.all_reduce_sum(std::span<float>(g), kHostStream);
         const std::vector<float> slice = reference_slice(e, we, full.grads() + we.offset, {});
         const TensorError err = tensor_error(g.data(), slice.data(), e.numel);
         EXPECT_LE(err.l2_rel, 1e-5) << e.name;

@@ -102,7 +102,7 @@ TEST(MpiTwoTierTraining, LossesEqualFlatOnEveryDomainSplit) {
             // returns), a token crosses to a domain once instead of once per rank there.
             std::array<double, 2> inter = {g.dispatch_inter_domain_bytes,
                                            w.dispatch_inter_domain_bytes};
-            mpi_world().all_reduce_sum(std::span<double>(inter));
+            mpi_world().all_reduce_sum(std::span<double>(inter), kHostStream);
             EXPECT_LE(inter[0], inter[1]) << what << " step " << s + 1;
             // Domain-limited routing: the router's groups map to domains, topk_group bounds them.
             EXPECT_LE(g.domains_per_token_max, static_cast<double>(model.topk_group)) << what;

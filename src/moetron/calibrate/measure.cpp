@@ -11,10 +11,7 @@
 #include "moetron/calibrate/calibrate.h"
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
-#include "moetron/kernels/cpu/attention.h"
-#include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/rmsnorm.h"
-#include "moetron/kernels/cpu/swiglu.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
 
 namespace moetron::calibrate {
@@ -70,11 +67,11 @@ GemmPoint measure_gemm(int64_t m, int64_t n, int64_t k, double seconds, bool qui
     const double s = mean_time_s(
         [&] {
             c = (c + 1) % copies;
-            cpu::linear_forward(out.data() + c * m * n, inp.data() + c * m * k,
-                                w.data() + c * n * k, m, k, n);
-            cpu::linear_backward(dinp.data() + c * m * k, dw.data() + c * n * k,
-                                 dout.data() + c * m * n, inp.data() + c * m * k,
-                                 w.data() + c * n * k, m, k, n);
+            cpu_backend().linear_forward(out.data() + c * m * n, inp.data() + c * m * k,
+                                         w.data() + c * n * k, m, k, n);
+            cpu_backend().linear_backward(dinp.data() + c * m * k, dw.data() + c * n * k,
+                                          dout.data() + c * m * n, inp.data() + c * m * k,
+                                          w.data() + c * n * k, m, k, n);
         },
         seconds);
     const double flops =
@@ -97,11 +94,11 @@ GroupedPoint measure_grouped(int64_t tokens_per_expert, int64_t experts, int64_t
         [&] {
             c = (c + 1) % copies;
             const int64_t a = c * rows * k, o = c * rows * n, wo = c * experts * n * k;
-            cpu::grouped_linear_forward(out.data() + o, inp.data() + a, w.data() + wo,
-                                        offsets.data(), experts, k, n);
-            cpu::grouped_linear_backward(dinp.data() + a, dw.data() + wo, dout.data() + o,
-                                         inp.data() + a, w.data() + wo, offsets.data(), experts, k,
-                                         n);
+            cpu_backend().grouped_linear_forward(out.data() + o, inp.data() + a, w.data() + wo,
+                                                 offsets.data(), experts, k, n);
+            cpu_backend().grouped_linear_backward(dinp.data() + a, dw.data() + wo, dout.data() + o,
+                                                  inp.data() + a, w.data() + wo, offsets.data(),
+                                                  experts, k, n);
         },
         seconds);
     const double flops =
@@ -119,15 +116,15 @@ AttentionPoint measure_attention(int64_t b, int64_t s, int64_t h, int64_t dq, in
     const float scale = 1.0f / std::sqrt(static_cast<float>(dq));
     const double fwd_s = mean_time_s(
         [&] {
-            cpu::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), b, s, h,
-                                   dq, dv, scale);
+            cpu_backend().attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(),
+                                            b, s, h, dq, dv, scale);
         },
         seconds);
     const double bwd_s = mean_time_s(
         [&] {
-            cpu::attention_backward(dq_.data(), dk.data(), dv_.data(), dout.data(), q.data(),
-                                    kk.data(), v.data(), out.data(), lse.data(), b, s, h, dq, dv,
-                                    scale);
+            cpu_backend().attention_backward(dq_.data(), dk.data(), dv_.data(), dout.data(),
+                                             q.data(), kk.data(), v.data(), out.data(), lse.data(),
+                                             b, s, h, dq, dv, scale);
         },
         seconds);
     // The sim's convention (sim/ops.cpp attn.core): causal pairs B S^2 / 2 per head, 2 FLOPs per
@@ -162,11 +159,12 @@ double measure_memory_kernels_gbytes_per_s(int64_t rows, int64_t dim, int64_t ff
     auto da = pattern(rows * ffn, 0.1f), dh = filled(rows * 2 * ffn, 0);
     const double s = mean_time_s(
         [&] {
-            cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-6f);
-            cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(),
-                                  rows, dim);
-            cpu::swiglu_forward(a.data(), h.data(), rows, ffn);
-            cpu::swiglu_backward(dh.data(), da.data(), h.data(), rows, ffn);
+            cpu_backend().rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim,
+                                          1e-6f);
+            cpu_backend().rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(),
+                                           rstd.data(), rows, dim);
+            cpu_backend().swiglu_forward(a.data(), h.data(), rows, ffn);
+            cpu_backend().swiglu_backward(dh.data(), da.data(), h.data(), rows, ffn);
         },
         seconds);
     const double bytes = 4.0 * static_cast<double>(rows) *
@@ -262,7 +260,7 @@ CollectiveMeasurements measure_collectives(parallel::Communicator& world,
             const Timer t;
             fn();
             double probe = t.elapsed_s();
-            world.all_reduce_sum(&probe, 1, DType::f64);
+            world.all_reduce_sum(&probe, 1, DType::f64, kHostStream);
             reps = static_cast<int>(
                 std::clamp(o.seconds_per_point / std::max(probe / n, 1e-7), 3.0, 200.0));
         }
@@ -275,13 +273,15 @@ CollectiveMeasurements measure_collectives(parallel::Communicator& world,
         }
         std::sort(times.begin(), times.end());
         double median = times[times.size() / 2];
-        world.all_reduce_sum(&median, 1, DType::f64);  // the mean of the ranks' medians
+        world.all_reduce_sum(&median, 1, DType::f64,
+                             kHostStream);  // the mean of the ranks' medians
         return median / n;
     };
     for (int64_t bytes : sizes) {
         const int64_t count = bytes / 4;
         std::vector<float> buf(static_cast<size_t>(count), 1.0f);
-        const double s = timed([&] { world.all_reduce_sum(buf.data(), buf.size(), DType::f32); });
+        const double s =
+            timed([&] { world.all_reduce_sum(buf.data(), buf.size(), DType::f32, kHostStream); });
         r.all_reduce.push_back({static_cast<double>(bytes), s});
     }
     for (int64_t bytes : sizes) {
@@ -290,8 +290,8 @@ CollectiveMeasurements measure_collectives(parallel::Communicator& world,
         for (int i = 0; i < n; ++i) displs[static_cast<size_t>(i)] = i * per_peer;
         std::vector<float> send(static_cast<size_t>(per_peer) * n, 1.0f), recv(send.size());
         const double s = timed([&] {
-            world.all_to_all_v(recv.data(), counts, displs, send.data(), counts, displs,
-                               DType::f32);
+            world.all_to_all_v(recv.data(), counts, displs, send.data(), counts, displs, DType::f32,
+                               kHostStream);
         });
         r.all_to_all.push_back({static_cast<double>(per_peer) * n * 4, s});
     }

@@ -32,7 +32,7 @@
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
-#include "moetron/kernels/cpu/router.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/dispatch_traffic.h"
 #include "moetron/parallel/expert_dispatcher.h"
@@ -85,19 +85,19 @@ Routing make_routing(const BenchA2aOptions& o, int64_t num_domains, int rank) {
     const int64_t groups = o.n_group > 0 ? o.n_group : num_domains;
     std::vector<float> logits(static_cast<size_t>(N * E)), scores(logits.size());
     for (float& x : logits) x = static_cast<float>(rng.next_unit_double() * 4.0 - 2.0);
-    cpu::router_forward(r.ids.data(), r.weights.data(), scores.data(), logits.data(), nullptr,
-                        {N, E, K, groups, o.topk_group, 1.0f, true});
+    cpu_backend().router_forward(r.ids.data(), r.weights.data(), scores.data(), logits.data(),
+                                 nullptr, {N, E, K, groups, o.topk_group, 1.0f, true});
     return r;
 }
 
 double slowest_s(parallel::Communicator& world, double seconds) {
     std::vector<double> all(static_cast<size_t>(world.size()));
-    world.all_gather(std::span<double>(all), std::span<const double>(&seconds, 1));
+    world.all_gather(std::span<double>(all), std::span<const double>(&seconds, 1), kHostStream);
     return *std::max_element(all.begin(), all.end());
 }
 
 double sum_over(parallel::Communicator& world, double value) {
-    world.all_reduce_sum(std::span<double>(&value, 1));
+    world.all_reduce_sum(std::span<double>(&value, 1), kHostStream);
     return value;
 }
 
@@ -137,7 +137,8 @@ Figures measure(const BenchA2aOptions& o, parallel::DispatchKind kind, const Rou
     c.capacity_factor = o.capacity_factor;
     c.kind = kind;
     c.domain_size = o.domain_size;
-    std::unique_ptr<parallel::ExpertDispatcher> d = parallel::make_expert_dispatcher(c, groups);
+    std::unique_ptr<parallel::ExpertDispatcher> d =
+        parallel::make_expert_dispatcher(c, groups, cpu_backend());
     const int64_t D = o.hidden;
     std::vector<float> x(static_cast<size_t>(o.tokens * D), 1.0f), out(x.size());
     std::vector<float> expert_rows(static_cast<size_t>(d->capacity_rows() * D));

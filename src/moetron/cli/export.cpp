@@ -1,4 +1,4 @@
-// moetron export: trained weights (a checkpoint, or a weights file from --save-final) to a Hugging
+// moetron export: trained weights (a checkpoint, from --save or --save-final) to a Hugging
 // Face DeepSeek-V3 directory (train/hf_export.h), loadable by transformers'
 // DeepseekV3ForCausalLM, with a byte-level tokenizer for models whose token ids are raw bytes.
 #include <CLI/CLI.hpp>
@@ -40,9 +40,8 @@ void run_export(const ExportOptions& o) {
                   "[export] --tokenizer must be byte or none, got '{}'", o.tokenizer);
     prepare_hf_export_dir(o.out);  // before any weights are read
     const TrainedWeightsSource source = inspect_trained_weights(o.weights);
-    const std::string config_path = !o.config_path.empty() ? model_config_path(o.config_path)
-                                    : source.is_checkpoint ? std::string()
-                                                           : find_preset("tiny");
+    const std::string config_path =
+        o.config_path.empty() ? std::string() : model_config_path(o.config_path);
     const ModelConfig config = trained_weights_model(source, config_path);
     const ParamTable table(model_param_specs(config));
     std::vector<float> params(static_cast<size_t>(table.total_numel()));
@@ -70,13 +69,12 @@ void register_export(CLI::App& app) {
         "Write trained weights as a Hugging Face DeepSeek-V3 directory (config.json, "
         "model.safetensors and its index, and a tokenizer for byte-level models)");
     cmd->add_option("--weights", o->weights,
-                    "a checkpoint directory or root (train --save) or a weights file (train "
-                    "--save-final)")
+                    "a checkpoint directory or root (train --save or --save-final)")
         ->required();
     add_renamed_option(*cmd, "--checkpoint", "--weights");
     cmd->add_option("--config", o->config_path,
-                    "for a weights file: the model it was trained with, a preset name or a TOML "
-                    "file (default: tiny); a checkpoint knows its model");
+                    "optional: the model the checkpoint must hold, a preset name or a TOML file "
+                    "(a checkpoint knows its model)");
     cmd->add_option("--format", o->format, "output format")->capture_default_str();
     cmd->add_option("--out", o->out, "output directory (created if needed)")->required();
     cmd->add_option("--dtype", o->dtype, "bf16 (the default) or fp32")->capture_default_str();

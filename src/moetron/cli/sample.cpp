@@ -1,5 +1,5 @@
 // moetron sample: generate text byte by byte from trained weights: a checkpoint (`moetron train
-// --save`) or a weights file (`moetron train --save-final`). Each new token runs the model forward
+// --save` or `--save-final`). Each new token runs the model forward
 // over the last `context` tokens (by default the [train] seq_len it was trained at) and samples
 // from the last position's logits.
 #include <CLI/CLI.hpp>
@@ -61,13 +61,11 @@ int32_t sample_token(const float* logits, int64_t vocab_size, double temperature
 void run_sample(const SampleOptions& o) {
     if (o.threads > 0) check_thread_count(o.threads, "--threads");  // flags before files
     const TrainedWeightsSource weights = inspect_trained_weights(o.weights_path);
-    // A checkpoint knows its model and settings; a weights file needs --config (default tiny).
-    const std::string config_path = !o.config_path.empty()  ? model_config_path(o.config_path)
-                                    : weights.is_checkpoint ? std::string()
-                                                            : find_preset("tiny");
+    // A checkpoint knows its model and settings; --config, if given, must name the same model.
+    const std::string config_path =
+        o.config_path.empty() ? std::string() : model_config_path(o.config_path);
     const ModelConfig model_config = trained_weights_model(weights, config_path);
-    const TrainConfig train_config =
-        weights.is_checkpoint ? *weights.train : load_train_config(config_path);
+    const TrainConfig& train_config = weights.train;
     MT_USER_CHECK(model_config.vocab_size >= kByteVocabSize,
                   "[sample] sampling is byte-level (256 ids) but the model has vocab_size {}",
                   model_config.vocab_size);
@@ -117,15 +115,14 @@ void run_sample(const SampleOptions& o) {
 
 void register_sample(CLI::App& app) {
     auto o = std::make_shared<SampleOptions>();
-    CLI::App* cmd = app.add_subcommand(
-        "sample", "Generate text (byte-level) from a checkpoint or a weights file");
+    CLI::App* cmd = app.add_subcommand("sample", "Generate text (byte-level) from a checkpoint");
     cmd->add_option("--config", o->config_path,
-                    "for a weights file: the model it was trained with, a preset name or a TOML "
-                    "file (default: tiny); a checkpoint knows its model");
+                    "optional: the model the checkpoint must hold, a preset name or a TOML file "
+                    "(a checkpoint knows its model)");
     cmd->add_option("--weights", o->weights_path,
-                    "a checkpoint directory or root (train --save) or a weights file (train "
-                    "--save-final)")
+                    "a checkpoint directory or root (train --save or --save-final)")
         ->required();
+    add_renamed_option(*cmd, "--checkpoint", "--weights");
     cmd->add_option("--prompt", o->prompt, "text to continue");
     cmd->add_option("--new-tokens", o->num_tokens, "tokens (bytes) to generate")
         ->capture_default_str()

@@ -29,6 +29,7 @@
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/parallel/communicator.h"
+#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/data_loader.h"
@@ -40,7 +41,6 @@
 #include "moetron/train/token_shard.h"
 #include "moetron/train/train_config.h"
 #include "moetron/train/trainer.h"
-#include "moetron/train/weights_file.h"
 
 namespace moetron::cli {
 
@@ -124,8 +124,7 @@ class RankOutput {
 void check_output_files(const TrainOptions& o, const std::string& config_path) {
     const std::vector<PathOption> inputs = {
         {"--config", config_path}, {"--data", o.data_path}, {"--text", o.text_path}};
-    const std::vector<PathOption> outputs = {{"--save-final", o.save_final_path},
-                                             {"--log-jsonl", o.log_jsonl_path},
+    const std::vector<PathOption> outputs = {{"--log-jsonl", o.log_jsonl_path},
                                              {"--trace", o.trace_path}};
     for (size_t i = 0; i < outputs.size(); ++i) {
         if (outputs[i].path.empty()) continue;
@@ -181,6 +180,8 @@ TokenData load_training_data(const TrainOptions& o, const std::optional<Checkpoi
 // world: every rank of the job, or null for one process.
 void run_train(const TrainOptions& o, parallel::Communicator* world) {
     const Timer wall;
+    MT_USER_CHECK(!o.share_save_root || !o.save_dir.empty() || !o.save_final_path.empty(),
+                  "--share-save-root requires --save or --save-final");
     const bool root = world == nullptr || world->rank() == 0;
     const RankOutput rank_output(root);
     std::FILE* out = rank_output.get();
@@ -239,10 +240,6 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
     Trainer trainer(model_config, config, std::move(loader), parallel);
-    MT_USER_CHECK(o.save_final_path.empty() || trainer.topology().ep == 1,
-                  "[train] --save-final with expert parallelism (ep {}) is not supported yet: each "
-                  "rank holds only its experts",
-                  trainer.topology().ep);
     trainer.set_max_skipped_steps(o.max_skipped_steps);
     if (!o.trace_path.empty())
         trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
@@ -259,18 +256,35 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                              "checkpoint's run's (flags override them)\n");
         }
     }
-    // The weights file for `moetron sample`, written by rank 0 after the run (or at once when
-    // there is nothing to train).
+    // --save and --save-final are checkpoint roots of this run, claimed before any work by the
+    // one writer (rank 0; the others only read them).
+    auto claim = [&](const std::string& path, const char* flag) {
+        if (path.empty() || !root) return;
+        SaveRootRequest request;
+        request.run_id = trainer.run_id();
+        request.start_step = trainer.steps_done();
+        request.share = o.share_save_root;
+        request.flag = flag;
+        request.override_flag = "--share-save-root";
+        claim_save_root(path, request);
+    };
+    claim(o.save_final_path, "--save-final");
+    // The final state for `moetron sample` and `export`: a checkpoint like any other (every rank
+    // writes its shard), saved after the run, or at once when there is nothing to train. A root
+    // that already holds this run's checkpoint of the step (--save-final the --save root, or the
+    // root a finished run resumed from) keeps it.
     auto save_final = [&] {
-        if (o.save_final_path.empty() || !root) return;
-        trainer.check_safe_to_save("--save-final");
-        save_weights(o.save_final_path, trainer.model());
-        const std::string config_hint =
-            config_path.empty() ? std::string() : " --config " + config_path;
+        if (o.save_final_path.empty()) return;
+        const std::filesystem::path dir =
+            std::filesystem::path(o.save_final_path) /
+            checkpoint_dir_name(static_cast<uint64_t>(trainer.steps_done()));
+        const bool saved =
+            std::filesystem::exists(dir) && checkpoint_run_id(dir) == trainer.run_id();
+        if (!saved) save_checkpoint(trainer, o.save_final_path, /*keep=*/1);
         std::fprintf(out,
-                     "saved   weights to %s (sample with: moetron sample%s --weights %s "
-                     "--prompt TEXT)\n",
-                     o.save_final_path.c_str(), config_hint.c_str(), o.save_final_path.c_str());
+                     "saved   weights to %s (sample with: moetron sample --weights %s --prompt "
+                     "TEXT)\n",
+                     dir.c_str(), o.save_final_path.c_str());
     };
     if (trainer.steps_done() >= config.steps) {
         std::fprintf(out,
@@ -284,14 +298,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  detail::errno_message());
         return;
     }
-    if (!o.save_dir.empty() && root) {  // one writer; the others only read the root
-        SaveRootRequest request;
-        request.run_id = trainer.run_id();
-        request.start_step = trainer.steps_done();
-        request.share = o.share_save_root;
-        request.override_flag = "--share-save-root";
-        claim_save_root(o.save_dir, request);
-    }
+    claim(o.save_dir, "--save");
     RunControl control({o.save_dir, o.save_every, static_cast<size_t>(o.keep), out});
     install_stop_signal_handlers();
     trainer.set_run_control(&control);
@@ -301,7 +308,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  static_cast<double>(trainer.model().num_params()) / 1e6,
                  trainer.topology().ep > 1 ? ", this rank's experts" : "",
                  to_mib(static_cast<double>(trainer.model().planned_bytes())));
-    if (trainer.distributed()) {
+    if (trainer.world_size() > 1) {
         std::fprintf(out, "ranks   %s; %s, %.1f MiB gradient buckets%s\n",
                      trainer.topology().str().c_str(),
                      parallel.zero1 ? "ZeRO-1 optimizer" : "replicated optimizer", o.bucket_mb,
@@ -362,7 +369,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     if (std::isfinite(entropy_floor)) std::fprintf(out, " (data entropy %.4f)", entropy_floor);
     std::fprintf(out,
                  "\nspeed   %.0f tokens/s, %.4f model TFLOP/s%s, MFU %.1f%% of the sgemm peak\n",
-                 s.tokens_per_s, s.model_tflops, trainer.distributed() ? " per rank" : "",
+                 s.tokens_per_s, s.model_tflops, trainer.world_size() > 1 ? " per rank" : "",
                  peak_gflops > 0 ? 100.0 * s.model_tflops * 1e3 / peak_gflops : 0.0);
     const double moments_bytes = 4.0 * static_cast<double>(trainer.optimizer_state_numel());
     std::fprintf(out,
@@ -441,9 +448,8 @@ void register_train(CLI::App& app) {
         ->check(whole_number(0))
         ->needs(save);
     cmd->add_flag("--share-save-root", o->share_save_root,
-                  "save into a --save root that holds another run's checkpoints, beside them "
-                  "(they are never deleted)")
-        ->needs(save);
+                  "save into a --save or --save-final root that holds another run's "
+                  "checkpoints, beside them (they are never deleted)");
     cmd->add_option("--resume", o->resume_dir,
                     "continue from a checkpoint directory, or a checkpoint root (its `latest`)");
     cmd->add_option("--max-skipped-steps", o->max_skipped_steps,
@@ -451,7 +457,8 @@ void register_train(CLI::App& app) {
                     "(such steps update nothing)")
         ->check(whole_number(1));
     cmd->add_option("--save-final", o->save_final_path,
-                    "write the trained weights here (for moetron sample)");
+                    "checkpoint root for the final state only (for moetron sample and export, "
+                    "which read it as any checkpoint)");
     cmd->add_option("--threads", o->threads,
                     "compute threads (default: OMP_NUM_THREADS, else 1 for steps under 5 model "
                     "GFLOP, else all cores)")

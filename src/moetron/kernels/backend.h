@@ -162,6 +162,57 @@ class Backend {
     // ranks).
     virtual double sum_squares(const float* x, int64_t n) = 0;
     virtual void scale_inplace(float* x, int64_t n, float factor) = 0;
+
+    // ---- dispatch ops (cpu/dispatch_rows.h, cpu/dispatch_layout.h): the expert dispatch's row
+    // movements around its all_to_all_v and the routing metadata before them ----
+    virtual void dispatch_fan_out(void* send, void* recv, const void* input,
+                                  const int32_t* slot_begin, const int32_t* row_slots,
+                                  int64_t num_inputs, int64_t row_bytes,
+                                  const SlotPlacement& own) = 0;
+    virtual void dispatch_fan_in(float* input, const float* send, const float* recv,
+                                 const int32_t* slot_begin, const int32_t* row_slots,
+                                 int64_t num_inputs, int64_t width, const SlotPlacement& own,
+                                 bool accumulate) = 0;
+    virtual void dispatch_expand(float* expert_rows, const float* staging,
+                                 const int32_t* copy_begin, const int32_t* copy_row,
+                                 const float* copy_weight, int64_t num_staging, int64_t dim) = 0;
+    virtual void dispatch_reduce(float* staging, const float* expert_rows,
+                                 const int32_t* copy_begin, const int32_t* copy_row,
+                                 const float* copy_weight, int64_t num_staging, int64_t dim) = 0;
+    virtual void dispatch_weight_grads(float* dweights, const float* dout, const float* expert_out,
+                                       const int32_t* copy_begin, const int32_t* copy_row,
+                                       const int32_t* copy_choice, int64_t num_staging,
+                                       int64_t top_k, int64_t dim) = 0;
+    virtual void unpermute_add(float* out, const float* inp, const float* weights,
+                               const int32_t* copy_to_row, int64_t num_tokens, int64_t top_k,
+                               int64_t dim) = 0;
+    virtual void dispatch_route_records(int32_t* records, const int32_t* topk_ids,
+                                        const float* topk_weights, int64_t num_tokens,
+                                        int64_t top_k, int64_t num_experts,
+                                        int32_t source_rank) = 0;
+    // Returned to the host (the dispatcher's statistics).
+    virtual RoutingSpread dispatch_layout(int64_t* copies_per_rank, const int32_t* topk_ids,
+                                          int64_t num_tokens, int64_t top_k,
+                                          int64_t experts_per_rank, int64_t ranks_per_domain,
+                                          int64_t num_ranks) = 0;
+    // The number of rounds, returned to the host (it agrees on it with the other ranks).
+    virtual int64_t dispatch_split_rounds(int64_t* ends, int64_t* copies_per_rank,
+                                          const int32_t* topk_ids, int64_t num_tokens,
+                                          int64_t top_k, int64_t experts_per_rank,
+                                          int64_t num_ranks, int64_t max_copies_per_rank) = 0;
+    virtual void dispatch_hop_layout(int32_t* slot_begin, int32_t* row_slots,
+                                     int32_t* rows_per_peer, int32_t* first_slot_of_peer,
+                                     const int32_t* records, int64_t num_inputs, int64_t top_k,
+                                     int64_t first_expert, int64_t num_hop_experts,
+                                     int64_t experts_per_peer, int64_t num_peers) = 0;
+    // The number of expert rows R, returned to the host (it checks it against the capacity).
+    virtual int64_t dispatch_expert_layout(int64_t* expert_offsets, int32_t* copy_begin,
+                                           int32_t* copy_row, int32_t* copy_choice,
+                                           float* copy_weight, int64_t* rows_by_source,
+                                           const int32_t* records, int64_t num_staging,
+                                           int64_t top_k, int64_t first_expert,
+                                           int64_t num_local_experts, int64_t num_sources,
+                                           int64_t capacity) = 0;
 };
 
 // The CPU reference backend: stateless, so one shared instance serves every caller.

@@ -1,6 +1,8 @@
 // The CUDA device API in a build without CUDA: no devices, and a clear error on any use.
 #include "moetron/core/arena.h"
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
+#include "moetron/kernels/cuda/cuda_backend.h"
 #include "moetron/kernels/cuda/device.h"
 
 namespace moetron::cuda {
@@ -28,3 +30,13 @@ void synchronize() {
 }
 
 }  // namespace moetron::cuda
+
+namespace moetron {
+
+std::unique_ptr<Backend> make_cuda_backend(int) {
+    MT_USER_THROW(
+        "the cuda backend is not available: moetron was built without CUDA (no nvcc found at "
+        "configure time); rebuild with the CUDA toolkit installed");
+}
+
+}  // namespace moetron

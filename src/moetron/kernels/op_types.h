@@ -34,6 +34,23 @@ struct CrossEntropyResult {
     double mean() const { return num_valid ? loss_sum / static_cast<double>(num_valid) : 0.0; }
 };
 
+// How far one routing's tokens spread over the EP group: destination ranks and domains per token,
+// summed and at most (kernels/cpu/dispatch_layout.h computes it).
+struct RoutingSpread {
+    int64_t num_tokens = 0;
+    int64_t rank_sum = 0, rank_max = 0;
+    int64_t domain_sum = 0, domain_max = 0;
+};
+
+// Where a dispatch hop's send slots live (kernels/cpu/dispatch_rows.h): slot s is row s of the
+// send buffer, except the slots a rank sends to itself, [own_first_slot, + own_num_slots), which
+// bypass the exchange and live in the receive buffer from row own_first_recv_row on.
+struct SlotPlacement {
+    int64_t own_first_slot = 0;
+    int64_t own_num_slots = 0;
+    int64_t own_first_recv_row = 0;
+};
+
 // The factor that clips a gradient of norm `norm` to max_norm (1 when it is already within, or
 // when max_norm <= 0 disables clipping), as torch.nn.utils.clip_grad_norm_:
 // clip_coef = max_norm / (total_norm + 1e-6), clamped to at most 1. A non-finite norm gives 0 or

@@ -410,7 +410,7 @@ struct Model::Impl : ActivationSet {
           runtime(r),
           loss_weights(lw),
           parallel(par),
-          tp(par.tp),
+          tp(par.tp, cpu_backend().stream()),
           shard(expert_shard_of(c, par)),
           table(sharded_param_specs(c, shard, tp.rank(), tp.size())),
           w(sharded_tree(c, shard)),
@@ -435,7 +435,7 @@ struct Model::Impl : ActivationSet {
             groups.ep = shard.count > 0 ? par.ep : nullptr;
             groups.rail = par.ep_rail;
             groups.domain = par.ep_domain;
-            dispatcher = parallel::make_expert_dispatcher(dc, groups);
+            dispatcher = parallel::make_expert_dispatcher(dc, groups, cpu_backend());
         }
 
         ArenaPlan act_plan("activations");
@@ -673,7 +673,7 @@ struct Model::Impl : ActivationSet {
             for (size_t e = 0; e < E; ++e)
                 load_sum[s * E + e] = static_cast<double>(load_counts[s][e]);
         // Counts are far below 2^53, so the sum in doubles is exact.
-        parallel.load->all_reduce_sum(load_sum.data(), load_sum.size(), DType::f64);
+        parallel.load->all_reduce_sum(load_sum.data(), load_sum.size(), DType::f64, kHostStream);
         for (size_t s = 0; s < load_counts.size(); ++s)
             for (size_t e = 0; e < E; ++e)
                 load_counts[s][e] = static_cast<int64_t>(load_sum[s * E + e]);

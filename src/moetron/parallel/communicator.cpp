@@ -110,6 +110,13 @@ void check_root(const Communicator& comm, int root) {
              comm.name(), root, comm.size());
 }
 
+void check_host_stream(const Communicator& comm, CollectiveKind kind, Stream stream) {
+    MT_CHECK(stream.device == Device::cpu && stream.native_handle == nullptr,
+             "[{}] group '{}': a device stream was given, but this communicator moves host memory "
+             "only (a NCCL communicator takes device streams)",
+             collective_name(kind), comm.name());
+}
+
 void count_all_to_all(CollectiveCounters& counters, int self_rank, std::span<const int> send_counts,
                       DType dtype) {
     uint64_t total = 0, peers = 0;

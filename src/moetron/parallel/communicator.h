@@ -5,6 +5,12 @@
 // every collective obeys the same timeout. Buffers passed to an async collective, and its
 // counts/displacement arrays, must stay alive and untouched until the handle completes (MPI's
 // rule).
+//
+// Every data-moving call takes the ordering context of its buffers (core/stream.h), last: the
+// backend's stream() for tensor data (the dispatch rows, gradients, activations), kHostStream for
+// host-side control data (counts, metrics, checkpoint bookkeeping). On a GPU a NCCL communicator
+// enqueues the collective on that stream, after the kernels that wrote its inputs; the MPI and
+// local communicators move host memory and accept host streams only (check_host_stream).
 #pragma once
 
 #include <array>
@@ -17,6 +23,7 @@
 #include <string_view>
 
 #include "moetron/core/dtype.h"
+#include "moetron/core/stream.h"
 
 namespace moetron::parallel {
 
@@ -113,23 +120,26 @@ class Communicator {
     // ---- async forms (outputs first, then inputs, then counts) ----
 
     // In place sum over the group; dtype f32 or f64.
-    virtual CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype) = 0;
+    virtual CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype,
+                                                  Stream stream) = 0;
     // out (count) = the sum over ranks of inp[rank * count, (rank + 1) * count); inp holds
     // size() * count elements; dtype f32 or f64.
     virtual CollectiveHandle reduce_scatter_sum_async(void* out, const void* inp, size_t count,
-                                                      DType dtype) = 0;
+                                                      DType dtype, Stream stream) = 0;
     // out (size() * count) = every rank's inp (count), in rank order; any dtype.
-    virtual CollectiveHandle all_gather_async(void* out, const void* inp, size_t count,
-                                              DType dtype) = 0;
+    virtual CollectiveHandle all_gather_async(void* out, const void* inp, size_t count, DType dtype,
+                                              Stream stream) = 0;
     // Rank r sends send[send_displs[p], + send_counts[p]) to each rank p and receives
     // recv[recv_displs[p], + recv_counts[p]) from each p. Counts and displacements are in
     // elements of dtype, one per rank of the group; any dtype (u8 for raw bytes).
     virtual CollectiveHandle all_to_all_v_async(void* recv, std::span<const int> recv_counts,
                                                 std::span<const int> recv_displs, const void* send,
                                                 std::span<const int> send_counts,
-                                                std::span<const int> send_displs, DType dtype) = 0;
+                                                std::span<const int> send_displs, DType dtype,
+                                                Stream stream) = 0;
     // data (count) on every rank = data on rank root.
-    virtual CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root) = 0;
+    virtual CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root,
+                                             Stream stream) = 0;
     virtual CollectiveHandle barrier_async() = 0;
 
     // Collective over this group: ranks with the same color form a new group named `name`,
@@ -143,43 +153,46 @@ class Communicator {
     // ---- blocking forms. By default the async form, then wait(); an implementation may skip
     // what only an async caller needs (the MPI one keeps these away from its progress thread).
 
-    virtual void all_reduce_sum(void* data, size_t count, DType dtype) {
-        all_reduce_sum_async(data, count, dtype).wait();
+    virtual void all_reduce_sum(void* data, size_t count, DType dtype, Stream stream) {
+        all_reduce_sum_async(data, count, dtype, stream).wait();
     }
-    virtual void reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype) {
-        reduce_scatter_sum_async(out, inp, count, dtype).wait();
+    virtual void reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype,
+                                    Stream stream) {
+        reduce_scatter_sum_async(out, inp, count, dtype, stream).wait();
     }
-    virtual void all_gather(void* out, const void* inp, size_t count, DType dtype) {
-        all_gather_async(out, inp, count, dtype).wait();
+    virtual void all_gather(void* out, const void* inp, size_t count, DType dtype, Stream stream) {
+        all_gather_async(out, inp, count, dtype, stream).wait();
     }
     virtual void all_to_all_v(void* recv, std::span<const int> recv_counts,
                               std::span<const int> recv_displs, const void* send,
                               std::span<const int> send_counts, std::span<const int> send_displs,
-                              DType dtype) {
-        all_to_all_v_async(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype)
+                              DType dtype, Stream stream) {
+        all_to_all_v_async(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype,
+                           stream)
             .wait();
     }
-    virtual void broadcast(void* data, size_t count, DType dtype, int root) {
-        broadcast_async(data, count, dtype, root).wait();
+    virtual void broadcast(void* data, size_t count, DType dtype, int root, Stream stream) {
+        broadcast_async(data, count, dtype, root, stream).wait();
     }
     virtual void barrier() { barrier_async().wait(); }
 
     // ---- typed conveniences ----
 
     template <class T>
-    void all_reduce_sum(std::span<T> data) {
-        all_reduce_sum(data.data(), data.size(), dtype_of<T>());
+    void all_reduce_sum(std::span<T> data, Stream stream) {
+        all_reduce_sum(data.data(), data.size(), dtype_of<T>(), stream);
     }
     template <class T>
-    void all_gather(std::span<T> out, std::span<const T> inp) {
+    void all_gather(std::span<T> out, std::span<const T> inp, Stream stream) {
         check_all_gather_sizes(out.size(), inp.size());
-        all_gather(out.data(), inp.data(), inp.size(), dtype_of<T>());
+        all_gather(out.data(), inp.data(), inp.size(), dtype_of<T>(), stream);
     }
     template <class T>
     void all_to_all_v(T* recv, std::span<const int> recv_counts, std::span<const int> recv_displs,
                       const T* send, std::span<const int> send_counts,
-                      std::span<const int> send_displs) {
-        all_to_all_v(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype_of<T>());
+                      std::span<const int> send_displs, Stream stream) {
+        all_to_all_v(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype_of<T>(),
+                     stream);
     }
 
   private:
@@ -193,6 +206,9 @@ void check_all_to_all_args(const Communicator& comm, std::span<const int> recv_c
                            std::span<const int> recv_displs, std::span<const int> send_counts,
                            std::span<const int> send_displs);
 void check_root(const Communicator& comm, int root);
+// For communicators that move host memory (MPI, local): a stream other than a host stream means
+// the caller's buffers live on a device, an internal error (MT_CHECK naming the collective).
+void check_host_stream(const Communicator& comm, CollectiveKind kind, Stream stream);
 
 // Adds one call to `counters` for an all_to_all_v from this rank.
 void count_all_to_all(CollectiveCounters& counters, int self_rank, std::span<const int> send_counts,

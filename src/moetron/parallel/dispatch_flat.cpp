@@ -22,15 +22,16 @@ std::vector<HopSpec> flat_hops(const DispatchConfig& config, int ep_size, int ep
     return {h};
 }
 
-DispatchBuffer::DispatchBuffer(const DispatchConfig& config, int ep_size)
-    : RouteBuffer(config, ep_size, flat_hops(config, ep_size, 0)) {}
+DispatchBuffer::DispatchBuffer(const DispatchConfig& config, int ep_size, Backend& backend)
+    : RouteBuffer(config, ep_size, flat_hops(config, ep_size, 0), backend) {}
 
 ArenaPlan DispatchBuffer::plan(const DispatchConfig& config, int ep_size) {
     return RouteBuffer::plan(config, flat_hops(config, ep_size, 0));
 }
 
-DispatchLayout::DispatchLayout(const DispatchConfig& config, int ep_size, int ep_rank)
-    : Route(config, ep_size, ep_rank, flat_hops(config, ep_size, ep_rank)) {}
+DispatchLayout::DispatchLayout(const DispatchConfig& config, int ep_size, int ep_rank,
+                               Backend& backend)
+    : Route(config, ep_size, ep_rank, flat_hops(config, ep_size, ep_rank), backend) {}
 
 void dispatch_layout(DispatchLayout& layout, const int32_t* topk_ids, const float* topk_weights,
                      int64_t num_tokens, DispatchBuffer& buffer, Communicator& ep) {

@@ -40,7 +40,8 @@ std::vector<HopSpec> flat_hops(const DispatchConfig& config, int ep_size, int ep
 // The communication buffers shared by every MoE layer of a rank.
 class DispatchBuffer : public RouteBuffer {
   public:
-    DispatchBuffer(const DispatchConfig& config, int ep_size);
+    // In backend.memory() (RouteBuffer).
+    DispatchBuffer(const DispatchConfig& config, int ep_size, Backend& backend);
     // The sizes, before allocating anything (dispatch_stage.h's RouteBuffer::plan, hop "ep").
     static ArenaPlan plan(const DispatchConfig& config, int ep_size);
 };
@@ -49,7 +50,8 @@ class DispatchBuffer : public RouteBuffer {
 // backward. Its arrays are sized once from the config (no allocation per call).
 class DispatchLayout : public Route {
   public:
-    DispatchLayout(const DispatchConfig& config, int ep_size, int ep_rank);
+    // Its ops run on backend (Route).
+    DispatchLayout(const DispatchConfig& config, int ep_size, int ep_rank, Backend& backend);
 
     int64_t num_recv_rows() const { return experts().num_rows(); }  // R
     int64_t local_experts() const { return experts().local_experts(); }

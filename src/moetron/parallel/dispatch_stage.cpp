@@ -1,9 +1,7 @@
 #include "moetron/parallel/dispatch_stage.h"
 
 #include <algorithm>
-#include <bit>
 #include <climits>
-#include <cstring>
 
 #include "moetron/core/error.h"
 
@@ -85,41 +83,29 @@ int64_t DispatchConfig::ranks_per_domain(int ep_size) const {
 
 int64_t split_into_rounds(std::span<int64_t> ends, std::span<int64_t> rows_to_rank,
                           const int32_t* topk_ids, int64_t num_tokens, const DispatchConfig& config,
-                          int ep_size) {
+                          int ep_size, Backend& backend) {
     MT_CHECK(static_cast<int64_t>(ends.size()) >= std::max<int64_t>(1, num_tokens) &&
                  static_cast<int64_t>(rows_to_rank.size()) == ep_size,
              "[dispatch] split_into_rounds: {} ends and {} counters for {} tokens and {} ranks",
              ends.size(), rows_to_rank.size(), num_tokens, ep_size);
-    const int64_t K = config.top_k, El = config.local_experts(ep_size);
-    const int64_t budget = config.pair_rows(ep_size);
-    std::fill(rows_to_rank.begin(), rows_to_rank.end(), 0);
-    int64_t count = 0;
-    for (int64_t t = 0; t < num_tokens; ++t) {
-        const int32_t* ids = topk_ids + t * K;
-        bool fits = true;
-        for (int64_t j = 0; j < K; ++j) fits = ++rows_to_rank[ids[j] / El] <= budget && fits;
-        if (fits) continue;
-        // The token opens the next round (alone it fits: budget >= min(K, El)).
-        ends[static_cast<size_t>(count++)] = t;
-        std::fill(rows_to_rank.begin(), rows_to_rank.end(), 0);
-        for (int64_t j = 0; j < K; ++j) ++rows_to_rank[ids[j] / El];
-    }
-    ends[static_cast<size_t>(count++)] = num_tokens;
-    return count;
+    // A token alone fits: pair_rows >= min(K, El).
+    return backend.dispatch_split_rounds(ends.data(), rows_to_rank.data(), topk_ids, num_tokens,
+                                         config.top_k, config.local_experts(ep_size), ep_size,
+                                         config.pair_rows(ep_size));
 }
 
 // ---- Hop ----
 
-Hop::Hop(HopSpec spec, int64_t hidden, int64_t top_k)
-    : spec_(std::move(spec)), hidden_(hidden), top_k_(top_k) {
+Hop::Hop(HopSpec spec, int64_t hidden, int64_t top_k, Backend& backend)
+    : spec_(std::move(spec)), hidden_(hidden), top_k_(top_k), backend_(&backend) {
     const auto g = static_cast<size_t>(spec_.group_size);
     MT_CHECK(spec_.peer_is_remote.size() == g && spec_.self >= 0 && spec_.self < spec_.group_size,
              "[dispatch] hop '{}': bad spec (group {}, self {})", spec_.name, spec_.group_size,
              spec_.self);
     input_slot_begin_.resize(static_cast<size_t>(spec_.max_inputs) + 1);
     input_slots_.resize(static_cast<size_t>(spec_.max_slots));
-    for (auto* v : {&send_rows_, &send_displs_, &recv_rows_, &recv_displs_, &next_slot_,
-                    &one_per_peer_, &peer_index_})
+    for (auto* v :
+         {&send_rows_, &send_displs_, &recv_rows_, &recv_displs_, &one_per_peer_, &peer_index_})
         v->resize(g);
     for (PeerCounts& c : counts_)
         for (auto* v : {&c.send_counts, &c.send_displs, &c.recv_counts, &c.recv_displs})
@@ -167,39 +153,16 @@ void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buf
     const int64_t K = top_k_, words = 2 * K + 1;
     const int g = spec_.group_size;
 
-    // The peers of each input row, ascending, one per peer however many experts it holds there.
-    std::fill(send_rows_.begin(), send_rows_.end(), 0);
-    int32_t n = 0;
-    for (int64_t i = 0; i < num_inputs; ++i) {
-        input_slot_begin_[i] = n;
-        const int32_t* ids = records + i * words + 1;
-        for (int64_t j = 0; j < K; ++j) {
-            const int p = spec_.to_peers.peer_of(ids[j]);
-            if (p < 0) continue;
-            int32_t pos = n;
-            bool seen = false;
-            for (int32_t s = input_slot_begin_[i]; s < n; ++s) seen = seen || input_slots_[s] == p;
-            if (seen) continue;
-            while (pos > input_slot_begin_[i] && input_slots_[pos - 1] > p) {
-                input_slots_[pos] = input_slots_[pos - 1];
-                --pos;
-            }
-            input_slots_[pos] = p;
-            ++n;
-            ++send_rows_[p];
-        }
-    }
-    input_slot_begin_[num_inputs] = n;
+    // The peers of each input row, the rows per peer, and each (row, peer) pair's send slot:
+    // peer major, then input row.
+    backend_->dispatch_hop_layout(input_slot_begin_.data(), input_slots_.data(), send_rows_.data(),
+                                  send_displs_.data(), records, num_inputs, K, spec_.to_peers.first,
+                                  spec_.to_peers.count, spec_.to_peers.per_peer, g);
     num_inputs_ = num_inputs;
-
-    // Send order: peer major, then input row; replace each peer by its send slot.
-    exclusive_prefix_sum(send_displs_, send_rows_);
-    std::copy(send_displs_.begin(), send_displs_.end(), next_slot_.begin());
-    for (int32_t s = 0; s < n; ++s) input_slots_[s] = next_slot_[input_slots_[s]]++;
 
     // Every peer learns how many rows it receives from this rank.
     group.all_to_all_v(recv_rows_.data(), one_per_peer_, peer_index_, send_rows_.data(),
-                       one_per_peer_, peer_index_);
+                       one_per_peer_, peer_index_, kHostStream);
     count_sent(one_per_peer_, bytes);
     exclusive_prefix_sum(recv_displs_, recv_rows_);
     num_recv_ = recv_displs_[g - 1] + recv_rows_[g - 1];
@@ -223,48 +186,28 @@ void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buf
 
     // The records follow the rows' own path.
     const PeerCounts& c = counts_[static_cast<int>(Payload::records)];
-    const int64_t own_begin = send_displs_[spec_.self],
-                  own_end = own_begin + send_rows_[spec_.self];
-    const int64_t own_recv = recv_displs_[spec_.self];
-    for (int64_t i = 0; i < num_inputs; ++i) {
-        for (int32_t s = input_slot_begin_[i]; s < input_slot_begin_[i + 1]; ++s) {
-            const int64_t slot = input_slots_[s];
-            int32_t* dst = slot >= own_begin && slot < own_end
-                               ? buffers.recv_records + (own_recv + slot - own_begin) * words
-                               : buffers.send_records + slot * words;
-            std::memcpy(dst, records + i * words, static_cast<size_t>(words) * sizeof(int32_t));
-        }
-    }
+    backend_->dispatch_fan_out(buffers.send_records, buffers.recv_records, records,
+                               input_slot_begin_.data(), input_slots_.data(), num_inputs,
+                               words * static_cast<int64_t>(sizeof(int32_t)), own_slots());
     group.all_to_all_v(buffers.recv_records, c.recv_counts, c.recv_displs, buffers.send_records,
-                       c.send_counts, c.send_displs);
+                       c.send_counts, c.send_displs, backend_->stream());
     count_sent(c.send_counts, bytes);
 }
 
-const float* Hop::slot_row(int32_t slot, const float* send, const float* recv, int64_t w) const {
-    const int own_begin = send_displs_[spec_.self];
-    if (slot >= own_begin && slot < own_begin + send_rows_[spec_.self])
-        return recv + (recv_displs_[spec_.self] + slot - own_begin) * w;
-    return send + static_cast<int64_t>(slot) * w;
-}
-
-float* Hop::slot_row(int32_t slot, float* send, float* recv, int64_t w) const {
-    return const_cast<float*>(
-        slot_row(slot, static_cast<const float*>(send), static_cast<const float*>(recv), w));
+SlotPlacement Hop::own_slots() const {
+    return {send_displs_[spec_.self], send_rows_[spec_.self], recv_displs_[spec_.self]};
 }
 
 CollectiveHandle Hop::fan_out(float* recv, float* send, const float* input, Payload payload,
                               Communicator& group, DispatchBytes& bytes) const {
     check_group(group, "dispatch");
-    const int64_t w = width(payload);
-    const size_t row_bytes = static_cast<size_t>(w) * sizeof(float);
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < num_inputs_; ++i)
-        for (int32_t s = input_slot_begin_[i]; s < input_slot_begin_[i + 1]; ++s)
-            std::memcpy(slot_row(input_slots_[s], send, recv, w), input + i * w, row_bytes);
+    const int64_t row_bytes = width(payload) * static_cast<int64_t>(sizeof(float));
+    backend_->dispatch_fan_out(send, recv, input, input_slot_begin_.data(), input_slots_.data(),
+                               num_inputs_, row_bytes, own_slots());
     const PeerCounts& c = counts_[static_cast<int>(payload)];
     count_sent(c.send_counts, bytes);
     return group.all_to_all_v_async(recv, c.recv_counts, c.recv_displs, send, c.send_counts,
-                                    c.send_displs, DType::f32);
+                                    c.send_displs, DType::f32, backend_->stream());
 }
 
 CollectiveHandle Hop::fan_in_post(float* send, const float* recv, Payload payload,
@@ -273,34 +216,19 @@ CollectiveHandle Hop::fan_in_post(float* send, const float* recv, Payload payloa
     const PeerCounts& c = counts_[static_cast<int>(payload)];
     count_sent(c.recv_counts, bytes);
     return group.all_to_all_v_async(send, c.send_counts, c.send_displs, recv, c.recv_counts,
-                                    c.recv_displs, DType::f32);
+                                    c.recv_displs, DType::f32, backend_->stream());
 }
 
 void Hop::fan_in_sum(float* input, const float* send, const float* recv, Payload payload,
                      bool accumulate) const {
-    const int64_t w = width(payload);
-    constexpr int64_t kBlock = 64;  // floats summed at once: the sum stays in registers
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < num_inputs_; ++i) {
-        float* dst = input + i * w;
-        const int32_t first = input_slot_begin_[i], last = input_slot_begin_[i + 1];
-        for (int64_t k0 = 0; k0 < w; k0 += kBlock) {
-            const int64_t n = std::min(kBlock, w - k0);
-            float sum[kBlock] = {};
-            for (int32_t s = first; s < last; ++s) {
-                const float* src = slot_row(input_slots_[s], send, recv, w) + k0;
-                for (int64_t k = 0; k < n; ++k) sum[k] += src[k];
-            }
-            for (int64_t k = 0; k < n; ++k)
-                dst[k0 + k] = accumulate ? dst[k0 + k] + sum[k] : sum[k];
-        }
-    }
+    backend_->dispatch_fan_in(input, send, recv, input_slot_begin_.data(), input_slots_.data(),
+                              num_inputs_, width(payload), own_slots(), accumulate);
 }
 
 // ---- ExpertSide ----
 
-ExpertSide::ExpertSide(const DispatchConfig& config, int ep_size, int ep_rank)
-    : config_(config), ep_size_(ep_size), ep_rank_(ep_rank) {
+ExpertSide::ExpertSide(const DispatchConfig& config, int ep_size, int ep_rank, Backend& backend)
+    : config_(config), ep_size_(ep_size), ep_rank_(ep_rank), backend_(&backend) {
     config.validate(ep_size);
     MT_CHECK(ep_rank >= 0 && ep_rank < ep_size, "[dispatch] rank {} is not in an EP group of {}",
              ep_rank, ep_size);
@@ -316,105 +244,35 @@ ExpertSide::ExpertSide(const DispatchConfig& config, int ep_size, int ep_rank)
 }
 
 void ExpertSide::build(const int32_t* records, int64_t num_staging, const std::string& group_name) {
-    const int64_t K = config_.top_k, El = local_experts_, words = 2 * K + 1;
-    auto local_expert = [&](const int32_t* rec, int64_t j) { return rec[1 + j] - first_expert_; };
-
-    // Copies per (source rank, local expert), then per local expert.
-    std::fill(rows_by_source_.begin(), rows_by_source_.end(), 0);
-    int64_t total = 0;
-    for (int64_t s = 0; s < num_staging; ++s) {
-        const int32_t* rec = records + s * words;
-        MT_CHECK(rec[0] >= 0 && rec[0] < ep_size_,
-                 "[dispatch_layout] a route record names source rank {} outside the EP group of {}",
-                 rec[0], ep_size_);
-        for (int64_t j = 0; j < K; ++j) {
-            const int64_t le = local_expert(rec, j);
-            if (le < 0 || le >= El) continue;
-            ++rows_by_source_[rec[0] * El + le];
-            ++total;
-        }
-    }
+    const int64_t total = backend_->dispatch_expert_layout(
+        expert_offsets_.data(), staging_copy_begin_.data(), copy_expert_row_.data(),
+        copy_choice_.data(), copy_weight_.data(), rows_by_source_.data(), records, num_staging,
+        config_.top_k, first_expert_, local_experts_, ep_size_, capacity_);
     MT_CHECK(total <= capacity_,
              "[dispatch_layout] rank {} of group '{}' receives {} rows for its {} experts, but the "
              "dispatch buffer holds {} (pair_capacity_rows); raise it, up to the worst case {}",
-             ep_rank_, group_name, total, El, capacity_, config_.worst_case_recv_rows(ep_size_));
-
-    // Segments: local expert major, then source rank; rows_by_source_ becomes each block's next
-    // free row.
-    int64_t row = 0;
-    for (int64_t le = 0; le < El; ++le) {
-        expert_offsets_[le] = row;
-        for (int p = 0; p < ep_size_; ++p) {
-            const int64_t n = rows_by_source_[p * El + le];
-            rows_by_source_[p * El + le] = row;
-            row += n;
-        }
-    }
-    expert_offsets_[El] = row;
-
-    // Copies in staging order; a source's rows keep its token order on every path.
-    int32_t c = 0;
-    for (int64_t s = 0; s < num_staging; ++s) {
-        staging_copy_begin_[s] = c;
-        const int32_t* rec = records + s * words;
-        for (int64_t j = 0; j < K; ++j) {
-            const int64_t le = local_expert(rec, j);
-            if (le < 0 || le >= El) continue;
-            copy_expert_row_[c] = static_cast<int32_t>(rows_by_source_[rec[0] * El + le]++);
-            copy_choice_[c] = static_cast<int32_t>(j);
-            copy_weight_[c] = std::bit_cast<float>(rec[1 + K + j]);
-            ++c;
-        }
-    }
-    staging_copy_begin_[num_staging] = c;
+             ep_rank_, group_name, total, local_experts_, capacity_,
+             config_.worst_case_recv_rows(ep_size_));
     num_staging_ = num_staging;
     num_rows_ = total;
 }
 
 void ExpertSide::expand(float* expert_rows, const float* staging, bool weighted) const {
-    const int64_t D = config_.hidden;
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < num_staging_; ++s) {
-        const float* src = staging + s * D;
-        for (int32_t c = staging_copy_begin_[s]; c < staging_copy_begin_[s + 1]; ++c) {
-            float* dst = expert_rows + static_cast<int64_t>(copy_expert_row_[c]) * D;
-            if (!weighted) {
-                std::memcpy(dst, src, static_cast<size_t>(D) * sizeof(float));
-            } else {
-                const float w = copy_weight_[c];
-                for (int64_t i = 0; i < D; ++i) dst[i] = w * src[i];
-            }
-        }
-    }
+    backend_->dispatch_expand(expert_rows, staging, staging_copy_begin_.data(),
+                              copy_expert_row_.data(), weighted ? copy_weight_.data() : nullptr,
+                              num_staging_, config_.hidden);
 }
 
 void ExpertSide::reduce(float* staging, const float* expert_rows, bool weighted) const {
-    const int64_t D = config_.hidden;
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < num_staging_; ++s) {
-        float* dst = staging + s * D;
-        std::fill(dst, dst + D, 0.0f);
-        for (int32_t c = staging_copy_begin_[s]; c < staging_copy_begin_[s + 1]; ++c) {
-            const float* src = expert_rows + static_cast<int64_t>(copy_expert_row_[c]) * D;
-            const float w = weighted ? copy_weight_[c] : 1.0f;
-            for (int64_t i = 0; i < D; ++i) dst[i] += w * src[i];
-        }
-    }
+    backend_->dispatch_reduce(staging, expert_rows, staging_copy_begin_.data(),
+                              copy_expert_row_.data(), weighted ? copy_weight_.data() : nullptr,
+                              num_staging_, config_.hidden);
 }
 
 void ExpertSide::weight_grads(float* dweights, const float* dout, const float* expert_out) const {
-    const int64_t D = config_.hidden, K = config_.top_k;
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < num_staging_; ++s) {
-        float* dw = dweights + s * K;
-        std::fill(dw, dw + K, 0.0f);
-        for (int32_t c = staging_copy_begin_[s]; c < staging_copy_begin_[s + 1]; ++c) {
-            const float* y = expert_out + static_cast<int64_t>(copy_expert_row_[c]) * D;
-            double dot = 0;  // double: D can be 7168 and the sum cancels
-            for (int64_t i = 0; i < D; ++i) dot += static_cast<double>(dout[s * D + i]) * y[i];
-            dw[copy_choice_[c]] = static_cast<float>(dot);
-        }
-    }
+    backend_->dispatch_weight_grads(dweights, dout, expert_out, staging_copy_begin_.data(),
+                                    copy_expert_row_.data(), copy_choice_.data(), num_staging_,
+                                    config_.top_k, config_.hidden);
 }
 
 // ---- RouteBuffer ----
@@ -434,8 +292,12 @@ ArenaPlan RouteBuffer::plan(const DispatchConfig& config, std::span<const HopSpe
     return p;
 }
 
-RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<const HopSpec> hops)
-    : config_(config), ep_size_(ep_size), arena_(plan(config, hops), host_memory()) {
+RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<const HopSpec> hops,
+                         Backend& backend)
+    : config_(config),
+      ep_size_(ep_size),
+      backend_(&backend),
+      arena_(plan(config, hops), backend.memory()) {
     for (const HopSpec& h : hops) {
         HopBuffers b;
         b.send = arena_.view(h.name + ".send_rows").f32();
@@ -450,19 +312,24 @@ RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<co
 
 // ---- Route ----
 
-Route::Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops)
+Route::Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops,
+             Backend& backend)
     : config_(config),
       ep_size_(ep_size),
       ep_rank_(ep_rank),
-      experts_(config, ep_size, ep_rank),
+      backend_(&backend),
+      experts_(config, ep_size, ep_rank, backend),
       rows_to_rank_(static_cast<size_t>(ep_size)) {
-    for (HopSpec& h : hops) hops_.emplace_back(std::move(h), config.hidden, config.top_k);
+    for (HopSpec& h : hops) hops_.emplace_back(std::move(h), config.hidden, config.top_k, backend);
 }
 
 void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> groups,
                   const char* op) const {
     MT_CHECK(groups.size() == hops_.size(), "[{}] {} groups given for a route of {} hops", op,
              groups.size(), hops_.size());
+    MT_CHECK(&buffer.backend() == backend_,
+             "[{}] the dispatch buffer lives in backend '{}' memory, the route runs on '{}'", op,
+             buffer.backend().name(), backend_->name());
     const DispatchConfig& b = buffer.config();
     bool fits = buffer.ep_size() == ep_size_ && buffer.num_hops() == hops_.size() &&
                 b.hidden == config_.hidden && b.top_k == config_.top_k &&
@@ -476,36 +343,8 @@ void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> grou
              config_.capacity_rows(ep_size_), ep_size_, hops_.size());
 }
 
-void Route::spread_of(const int32_t* topk_ids, int64_t num_tokens) {
-    const int64_t K = config_.top_k, El = config_.local_experts(ep_size_);
-    const int64_t L = config_.ranks_per_domain(ep_size_);
-    spread_ = RoutingSpread{};
-    spread_.num_tokens = num_tokens;
-    for (int64_t t = 0; t < num_tokens; ++t) {
-        int64_t ranks = 0, domains = 0;
-        for (int64_t j = 0; j < K; ++j) {
-            const int64_t rank = topk_ids[t * K + j] / El;
-            bool new_rank = true, new_domain = true;
-            for (int64_t i = 0; i < j; ++i) {
-                const int64_t other = topk_ids[t * K + i] / El;
-                new_rank = new_rank && other != rank;
-                new_domain = new_domain && other / L != rank / L;
-            }
-            ranks += new_rank;
-            domains += new_domain;
-        }
-        spread_.rank_sum += ranks;
-        spread_.rank_max = std::max(spread_.rank_max, ranks);
-        spread_.domain_sum += domains;
-        spread_.domain_max = std::max(spread_.domain_max, domains);
-    }
-}
-
-void Route::check_pair_budget(const int32_t* topk_ids, int64_t num_tokens) {
+void Route::check_pair_budget() const {
     if (!config_.can_overflow(ep_size_)) return;
-    const int64_t K = config_.top_k, El = config_.local_experts(ep_size_);
-    std::fill(rows_to_rank_.begin(), rows_to_rank_.end(), 0);
-    for (int64_t i = 0; i < num_tokens * K; ++i) ++rows_to_rank_[topk_ids[i] / El];
     const auto most = std::max_element(rows_to_rank_.begin(), rows_to_rank_.end());
     MT_CHECK(*most <= config_.pair_rows(ep_size_),
              "[dispatch_layout] rank {} sends {} rows to EP rank {}, more than the {} planned "
@@ -520,24 +359,17 @@ void Route::plan(const int32_t* topk_ids, const float* topk_weights, int64_t num
              "[dispatch_layout] {} tokens, but the layout holds at most max_tokens = {}",
              num_tokens, config_.max_tokens);
     MT_CHECK(topk_weights != nullptr || num_tokens == 0, "[dispatch_layout] topk_weights is null");
-    const int64_t K = config_.top_k, E = config_.num_experts, words = config_.record_words();
+    const int64_t K = config_.top_k;
 
-    // The tokens' route records.
+    // The tokens' route records (the expert ids checked), then the copies per EP rank and the
+    // spread (DeepEP's get_dispatch_layout).
     int32_t* records = buffer.token_records();
-    for (int64_t t = 0; t < num_tokens; ++t) {
-        int32_t* rec = records + t * words;
-        rec[0] = ep_rank_;
-        for (int64_t j = 0; j < K; ++j) {
-            const int32_t e = topk_ids[t * K + j];
-            MT_CHECK(e >= 0 && e < E,
-                     "[dispatch_layout] expert id {} of token {} (choice {}) is not in [0, {})", e,
-                     t, j, E);
-            rec[1 + j] = e;
-            rec[1 + K + j] = std::bit_cast<int32_t>(topk_weights[t * K + j]);
-        }
-    }
-    spread_of(topk_ids, num_tokens);
-    check_pair_budget(topk_ids, num_tokens);
+    backend_->dispatch_route_records(records, topk_ids, topk_weights, num_tokens, K,
+                                     config_.num_experts, ep_rank_);
+    spread_ = backend_->dispatch_layout(rows_to_rank_.data(), topk_ids, num_tokens, K,
+                                        config_.local_experts(ep_size_),
+                                        config_.ranks_per_domain(ep_size_), ep_size_);
+    check_pair_budget();
 
     // Each hop from the records of its input rows: the tokens', then what the previous received.
     const int32_t* inputs = records;

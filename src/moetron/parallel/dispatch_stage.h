@@ -18,6 +18,11 @@
 //   [K+1, 2K] its K weights (the float bits).
 // A row's peers at every hop follow from its ids, so no other metadata (masks) travels.
 // Gradient rule (kernels/README.md): every output here is written, none accumulated.
+//
+// What moves or combines rows, and what computes the routing metadata per token or row, is a
+// dispatch op of the Backend (kernels/backend.h, kernels/cpu/dispatch_rows.h and
+// dispatch_layout.h); this file plans, keeps the index arrays and drives the collectives, which
+// take the backend's stream() for the rows and records and kHostStream for the row counts.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,7 @@
 #include <vector>
 
 #include "moetron/core/arena.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
 
 namespace moetron::parallel {
@@ -70,7 +76,7 @@ struct DispatchConfig {
 // tokens). ends holds max(1, N) at least; rows_to_rank (ep_size) is scratch.
 int64_t split_into_rounds(std::span<int64_t> ends, std::span<int64_t> rows_to_rank,
                           const int32_t* topk_ids, int64_t num_tokens, const DispatchConfig& config,
-                          int ep_size);
+                          int ep_size, Backend& backend);
 
 // Bytes a rank sent to other ranks (its own rows excluded), split by tier: to ranks of its own
 // scale-up domain, and to ranks of other domains. Everything the dispatch sends counts: rows,
@@ -80,12 +86,9 @@ struct DispatchBytes {
     uint64_t inter_domain = 0;
 };
 
-// How far one layout's tokens spread: destination ranks and domains per token.
-struct RoutingSpread {
-    int64_t num_tokens = 0;
-    int64_t rank_sum = 0, rank_max = 0;
-    int64_t domain_sum = 0, domain_max = 0;
-};
+// How far one layout's tokens spread: destination ranks and domains per token (op_types.h, as
+// the dispatch_layout op computes it).
+using RoutingSpread = moetron::RoutingSpread;
 
 // Which peer of a hop owns global expert e: experts [first, first + count) split contiguously,
 // per_peer each. An expert outside the range (-1) is not this hop's business.
@@ -124,7 +127,7 @@ enum class Payload { rows, weights, records };
 
 class Hop {
   public:
-    Hop(HopSpec spec, int64_t hidden, int64_t top_k);
+    Hop(HopSpec spec, int64_t hidden, int64_t top_k, Backend& backend);
 
     const HopSpec& spec() const { return spec_; }
     int64_t num_inputs() const { return num_inputs_; }
@@ -154,18 +157,18 @@ class Hop {
         std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
     };
     int64_t width(Payload p) const;
-    const float* slot_row(int32_t slot, const float* send, const float* recv, int64_t w) const;
-    float* slot_row(int32_t slot, float* send, float* recv, int64_t w) const;
+    // Where this rank's own slots live (they bypass the exchange: straight into recv).
+    SlotPlacement own_slots() const;
     void check_group(const Communicator& group, const char* op) const;
     void count_sent(std::span<const int> counts, DispatchBytes& bytes) const;
 
     HopSpec spec_;
     int64_t hidden_, top_k_;
+    Backend* backend_;
     int64_t num_inputs_ = 0, num_recv_ = 0;
     std::vector<int32_t> input_slot_begin_;  // (max_inputs + 1) CSR over input rows
     std::vector<int32_t> input_slots_;       // (max_slots) send slot of each (row, peer)
     std::vector<int> send_rows_, send_displs_, recv_rows_, recv_displs_;  // (group) in rows
-    std::vector<int> next_slot_;                                          // (group) scratch
     std::vector<int> one_per_peer_, peer_index_;  // for exchanging one count with every peer
     PeerCounts counts_[3];                        // by Payload
 };
@@ -174,7 +177,7 @@ class Hop {
 // sorted by local expert, inside an expert by source rank, then by the source's token order.
 class ExpertSide {
   public:
-    ExpertSide(const DispatchConfig& config, int ep_size, int ep_rank);
+    ExpertSide(const DispatchConfig& config, int ep_size, int ep_rank, Backend& backend);
 
     int64_t num_rows() const { return num_rows_; }  // R
     std::span<const int64_t> expert_offsets() const { return expert_offsets_; }
@@ -196,6 +199,7 @@ class ExpertSide {
     DispatchConfig config_;
     int ep_size_;
     int ep_rank_;
+    Backend* backend_;
     int64_t local_experts_, first_expert_, capacity_;
     int64_t num_staging_ = 0, num_rows_ = 0;
     std::vector<int32_t> staging_copy_begin_;  // (max staging + 1) CSR over staging rows
@@ -212,7 +216,9 @@ class ExpertSide {
 // micro-batch overlap) each need their own.
 class RouteBuffer {
   public:
-    RouteBuffer(const DispatchConfig& config, int ep_size, std::span<const HopSpec> hops);
+    // The buffers come from backend.memory().
+    RouteBuffer(const DispatchConfig& config, int ep_size, std::span<const HopSpec> hops,
+                Backend& backend);
     // The sizes, before allocating anything: per hop "<name>.send_rows", "<name>.recv_rows",
     // "<name>.send_records", "<name>.recv_records"; "token_records" (max_tokens, 2K+1) and
     // "staging_weights" (last hop's max_recv, K).
@@ -220,6 +226,7 @@ class RouteBuffer {
 
     const DispatchConfig& config() const { return config_; }
     int ep_size() const { return ep_size_; }
+    Backend& backend() const { return *backend_; }
     size_t size_bytes() const { return arena_.size_bytes(); }
     const HopBuffers& hop(size_t i) const { return hops_[i]; }
     size_t num_hops() const { return hops_.size(); }
@@ -233,6 +240,7 @@ class RouteBuffer {
   private:
     DispatchConfig config_;
     int ep_size_;
+    Backend* backend_;
     Arena arena_;
     std::vector<HopBuffers> hops_;
     int32_t* token_records_;
@@ -279,7 +287,9 @@ class RouteTransfer {
 // the blocking forms are both at once.
 class Route {
   public:
-    Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops);
+    // Its ops run on backend, which the buffers given to it must come from too.
+    Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector<HopSpec> hops,
+          Backend& backend);
 
     const DispatchConfig& config() const { return config_; }
     int ep_size() const { return ep_size_; }
@@ -330,9 +340,9 @@ class Route {
                const char* op) const;
 
   private:
-    void spread_of(const int32_t* topk_ids, int64_t num_tokens);
-    // Throws when the tokens send more rows to one EP rank than the budget (pair_rows).
-    void check_pair_budget(const int32_t* topk_ids, int64_t num_tokens);
+    // Throws when the tokens send more rows to one EP rank than the budget (pair_rows), from the
+    // copies per rank that dispatch_layout counted.
+    void check_pair_budget() const;
     float* staging(const RouteBuffer& buffer) const { return buffer.hop(hops_.size() - 1).recv; }
     void start(RouteTransfer& t, RouteTransfer::Movement movement, RouteBuffer& buffer,
                std::span<Communicator* const> groups, const char* op) const;
@@ -345,11 +355,12 @@ class Route {
 
     DispatchConfig config_;
     int ep_size_, ep_rank_;
+    Backend* backend_;
     std::vector<Hop> hops_;
     ExpertSide experts_;
     int64_t num_tokens_ = 0;
     RoutingSpread spread_;
-    std::vector<int64_t> rows_to_rank_;  // (ep) scratch of check_pair_budget
+    std::vector<int64_t> rows_to_rank_;  // (ep) copies per EP rank of the last plan
 };
 
 }  // namespace moetron::parallel

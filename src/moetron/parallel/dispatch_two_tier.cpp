@@ -48,15 +48,16 @@ std::vector<HopSpec> two_tier_hops(const DispatchConfig& config, int ep_size, in
     return {rail, domain};
 }
 
-TwoTierBuffer::TwoTierBuffer(const DispatchConfig& config, int ep_size)
-    : RouteBuffer(config, ep_size, two_tier_hops(config, ep_size, 0)) {}
+TwoTierBuffer::TwoTierBuffer(const DispatchConfig& config, int ep_size, Backend& backend)
+    : RouteBuffer(config, ep_size, two_tier_hops(config, ep_size, 0), backend) {}
 
 ArenaPlan TwoTierBuffer::plan(const DispatchConfig& config, int ep_size) {
     return RouteBuffer::plan(config, two_tier_hops(config, ep_size, 0));
 }
 
-TwoTierLayout::TwoTierLayout(const DispatchConfig& config, int ep_size, int ep_rank)
-    : Route(config, ep_size, ep_rank, two_tier_hops(config, ep_size, ep_rank)) {}
+TwoTierLayout::TwoTierLayout(const DispatchConfig& config, int ep_size, int ep_rank,
+                             Backend& backend)
+    : Route(config, ep_size, ep_rank, two_tier_hops(config, ep_size, ep_rank), backend) {}
 
 namespace {
 

@@ -46,13 +46,15 @@ std::vector<HopSpec> two_tier_hops(const DispatchConfig& config, int ep_size, in
 
 class TwoTierBuffer : public RouteBuffer {
   public:
-    TwoTierBuffer(const DispatchConfig& config, int ep_size);
+    // In backend.memory() (RouteBuffer).
+    TwoTierBuffer(const DispatchConfig& config, int ep_size, Backend& backend);
     static ArenaPlan plan(const DispatchConfig& config, int ep_size);
 };
 
 class TwoTierLayout : public Route {
   public:
-    TwoTierLayout(const DispatchConfig& config, int ep_size, int ep_rank);
+    // Its ops run on backend (Route).
+    TwoTierLayout(const DispatchConfig& config, int ep_size, int ep_rank, Backend& backend);
 
     int64_t num_recv_rows() const { return experts().num_rows(); }  // R
     std::span<const int64_t> expert_offsets() const { return experts().expert_offsets(); }

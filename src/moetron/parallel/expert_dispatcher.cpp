@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "moetron/core/error.h"
-#include "moetron/kernels/cpu/permute.h"
 #include "moetron/parallel/dispatch_flat.h"
 #include "moetron/parallel/dispatch_two_tier.h"
 
@@ -56,7 +55,8 @@ void check_slot(int64_t slot, int64_t num_slots) {
 // flat dispatcher with one rank).
 class LocalDispatcher final : public ExpertDispatcher {
   public:
-    explicit LocalDispatcher(const ExpertDispatchConfig& c) : config_(c) {
+    LocalDispatcher(const ExpertDispatchConfig& c, Backend& backend)
+        : config_(c), backend_(backend) {
         check_config(c);
         num_local_experts_ = c.num_experts;
         first_local_expert_ = 0;
@@ -86,8 +86,8 @@ class LocalDispatcher final : public ExpertDispatcher {
         Slot& s = at(slot);
         s.num_tokens = num_tokens;
         s.round_end = num_tokens;
-        cpu::moe_permute_layout(s.copy_to_row.data(), s.expert_offsets.data(), topk_ids, num_tokens,
-                                config_.top_k, config_.num_experts);
+        backend_.moe_permute_layout(s.copy_to_row.data(), s.expert_offsets.data(), topk_ids,
+                                    num_tokens, config_.top_k, config_.num_experts);
     }
     // Every copy stays here and the buffers hold them all: one round.
     std::span<const int64_t> plan_rounds(int64_t slot, const int32_t* /*topk_ids*/,
@@ -109,35 +109,36 @@ class LocalDispatcher final : public ExpertDispatcher {
     // Nothing travels: each movement is complete when begun.
     void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) override {
         const Slot& s = at(slot);
-        cpu::permute_forward(expert_inp, inp, s.copy_to_row.data(), s.num_tokens, config_.top_k,
-                             config_.hidden);
+        backend_.permute_forward(expert_inp, inp, s.copy_to_row.data(), s.num_tokens, config_.top_k,
+                                 config_.hidden);
     }
     void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
                                const float* weights, bool accumulate) override {
         const Slot& s = at(slot);
-        if (!accumulate) {
-            cpu::unpermute_forward(out, expert_out, weights, s.copy_to_row.data(), s.num_tokens,
+        if (accumulate)
+            backend_.unpermute_add(out, expert_out, weights, s.copy_to_row.data(), s.num_tokens,
                                    config_.top_k, config_.hidden);
-            return;
-        }
-        add_token_sums(out, expert_out, weights, s);
+        else
+            backend_.unpermute_forward(out, expert_out, weights, s.copy_to_row.data(), s.num_tokens,
+                                       config_.top_k, config_.hidden);
     }
     void combine_backward_begin(int64_t slot, float* dexpert_out, float* dweights,
                                 const float* dout, const float* weights,
                                 const float* expert_out) override {
         const Slot& s = at(slot);
-        cpu::unpermute_backward(dexpert_out, dweights, dout, expert_out, weights,
-                                s.copy_to_row.data(), s.num_tokens, config_.top_k, config_.hidden);
+        backend_.unpermute_backward(dexpert_out, dweights, dout, expert_out, weights,
+                                    s.copy_to_row.data(), s.num_tokens, config_.top_k,
+                                    config_.hidden);
     }
     void dispatch_backward_begin(int64_t slot, float* dinp, const float* dexpert_inp,
                                  bool accumulate) override {
         const Slot& s = at(slot);
-        if (!accumulate) {
-            cpu::permute_backward(dinp, dexpert_inp, s.copy_to_row.data(), s.num_tokens,
-                                  config_.top_k, config_.hidden);
-            return;
-        }
-        add_token_sums(dinp, dexpert_inp, nullptr, s);
+        if (accumulate)  // permute's backward, added: unpermute with weight 1
+            backend_.unpermute_add(dinp, dexpert_inp, nullptr, s.copy_to_row.data(), s.num_tokens,
+                                   config_.top_k, config_.hidden);
+        else
+            backend_.permute_backward(dinp, dexpert_inp, s.copy_to_row.data(), s.num_tokens,
+                                      config_.top_k, config_.hidden);
     }
     void finish(int64_t slot) override { at(slot); }
     void post_next_hop(int64_t slot) override { at(slot); }
@@ -149,23 +150,6 @@ class LocalDispatcher final : public ExpertDispatcher {
         std::vector<int32_t> copy_to_row;     // (max_tokens * K)
         std::vector<int64_t> expert_offsets;  // (E + 1)
     };
-    // out[t] += sum_j (weights[t, j] or 1) * rows[copy_to_row[t*K + j]]: the sum formed first in
-    // the order (un)permute uses, so that the result equals writing it and adding afterwards.
-    void add_token_sums(float* out, const float* rows, const float* weights, const Slot& s) const {
-        const int64_t K = config_.top_k, D = config_.hidden;
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < s.num_tokens; ++t) {
-            float* out_row = out + t * D;
-            for (int64_t d = 0; d < D; ++d) {
-                float sum = 0.0f;
-                for (int64_t j = 0; j < K; ++j) {
-                    const float w = weights != nullptr ? weights[t * K + j] : 1.0f;
-                    sum += w * rows[static_cast<int64_t>(s.copy_to_row[t * K + j]) * D + d];
-                }
-                out_row[d] += sum;
-            }
-        }
-    }
     Slot& at(int64_t slot) {
         check_slot(slot, config_.num_slots);
         return slots_[static_cast<size_t>(slot)];
@@ -176,6 +160,7 @@ class LocalDispatcher final : public ExpertDispatcher {
     }
 
     ExpertDispatchConfig config_;
+    Backend& backend_;
     std::vector<Slot> slots_;
 };
 
@@ -196,8 +181,10 @@ template <class Layout, class Buffer>
 class RoutedDispatcher final : public ExpertDispatcher {
   public:
     RoutedDispatcher(const ExpertDispatchConfig& c, Communicator& ep,
-                     std::vector<Communicator*> groups, const char* kind, std::string description)
-        : ep_(ep),
+                     std::vector<Communicator*> groups, const char* kind, std::string description,
+                     Backend& backend)
+        : backend_(backend),
+          ep_(ep),
           groups_(std::move(groups)),
           kind_(kind),
           route_config_(route_config(c, ep.size())),
@@ -205,13 +192,14 @@ class RoutedDispatcher final : public ExpertDispatcher {
           rounds_of_rank_(static_cast<size_t>(ep.size())) {
         check_config(c);
         buffers_.reserve(static_cast<size_t>(c.num_buffers));
-        for (int64_t i = 0; i < c.num_buffers; ++i) buffers_.emplace_back(route_config_, ep.size());
+        for (int64_t i = 0; i < c.num_buffers; ++i)
+            buffers_.emplace_back(route_config_, ep.size(), backend);
         num_local_experts_ = route_config_.local_experts(ep.size());
         first_local_expert_ = static_cast<int64_t>(ep.rank()) * num_local_experts_;
         description_ = std::move(description);
         slots_.reserve(static_cast<size_t>(c.num_slots));
         for (int64_t i = 0; i < c.num_slots; ++i)
-            slots_.emplace_back(route_config_, ep.size(), ep.rank());
+            slots_.emplace_back(route_config_, ep.size(), ep.rank(), backend);
         transfers_ = std::vector<RouteTransfer>(static_cast<size_t>(c.num_slots));
         num_slots_ = c.num_slots;
         rounds_.resize(static_cast<size_t>(c.num_slots));
@@ -256,11 +244,11 @@ class RoutedDispatcher final : public ExpertDispatcher {
             return round_ends(slot);
         }
         const int64_t count = split_into_rounds(r.ends, rows_to_rank_, topk_ids, num_tokens,
-                                                route_config_, ep_.size());
+                                                route_config_, ep_.size(), backend_);
         // Every rank takes the most rounds any rank needs.
         std::fill(rounds_of_rank_.begin(), rounds_of_rank_.end(), 0);
         rounds_of_rank_[static_cast<size_t>(ep_.rank())] = static_cast<double>(count);
-        ep_.all_reduce_sum(std::span<double>(rounds_of_rank_));
+        ep_.all_reduce_sum(std::span<double>(rounds_of_rank_), kHostStream);
         const auto agreed =
             static_cast<int64_t>(*std::max_element(rounds_of_rank_.begin(), rounds_of_rank_.end()));
         std::fill(r.ends.begin() + count, r.ends.begin() + agreed, num_tokens);
@@ -337,6 +325,7 @@ class RoutedDispatcher final : public ExpertDispatcher {
         int64_t count = 1;
     };
 
+    Backend& backend_;                   // runs the routing ops and holds the buffers
     Communicator& ep_;                   // agrees on the rounds
     std::vector<Communicator*> groups_;  // one per hop
     const char* kind_;
@@ -383,9 +372,10 @@ size_t planned_buffer_bytes(const ExpertDispatchConfig& config, int ep_size) {
 }
 
 std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchConfig& config,
-                                                         const ExpertGroups& groups) {
+                                                         const ExpertGroups& groups,
+                                                         Backend& backend) {
     Communicator* ep = groups.ep;
-    if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config);
+    if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config, backend);
     const int64_t L = config.domain_size == 0 ? ep->size() : config.domain_size;
     const int64_t G = ep->size() / std::min<int64_t>(L, ep->size());
     if (!routes_in_two_tiers(config, ep->size())) {
@@ -397,7 +387,7 @@ std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchCon
                       "domain of {} ranks, where both are the same",
                       ep->name(), ep->size(), L);
         return std::make_unique<RoutedDispatcher<DispatchLayout, DispatchBuffer>>(
-            config, *ep, std::vector<Communicator*>{ep}, "flat", std::move(why));
+            config, *ep, std::vector<Communicator*>{ep}, "flat", std::move(why), backend);
     }
     check_two_tier(route_config(config, ep->size()), ep->size());
     MT_CHECK(groups.rail != nullptr && groups.domain != nullptr,
@@ -412,7 +402,8 @@ std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchCon
     return std::make_unique<RoutedDispatcher<TwoTierLayout, TwoTierBuffer>>(
         config, *ep, std::vector<Communicator*>{groups.rail, groups.domain}, "two_tier",
         fmt::format("two_tier over EP group '{}': {} domains of {} ranks (rail '{}', domain '{}')",
-                    ep->name(), G, L, groups.rail->name(), groups.domain->name()));
+                    ep->name(), G, L, groups.rail->name(), groups.domain->name()),
+        backend);
 }
 
 }  // namespace moetron::parallel

@@ -190,8 +190,11 @@ class ExpertDispatcher {
 // With groups.ep of more than one rank: config.kind's dispatcher over it (two_tier over an EP
 // group inside one domain is the flat one, and says so in description()); else the local one.
 // Throws moetron::Error when the config cannot work (experts not splitting over ep, two_tier
-// without its groups, ...).
+// without its groups, ...). The dispatcher's row movements and routing metadata run as ops of
+// backend (kernels/backend.h's dispatch ops), its buffers live in backend.memory(), and its
+// collectives carry backend.stream(); backend must outlive it.
 std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchConfig& config,
-                                                         const ExpertGroups& groups);
+                                                         const ExpertGroups& groups,
+                                                         Backend& backend);
 
 }  // namespace moetron::parallel

@@ -1,7 +1,7 @@
 // The bucket layout of data-parallel gradient synchronization: which contiguous ranges of the flat
 // gradient buffer travel together in one collective, over which group, and (ZeRO-1) which part of
 // each bucket a rank owns. Pure arithmetic on offsets, testable without MPI; grad_sync.h moves the
-// bytes and zero_optimizer.h updates the owned parts.
+// bytes and train/optimizer.h updates the owned parts.
 //
 // Rules:
 //  - Only trainable floats travel (the router correction bias has no gradient).

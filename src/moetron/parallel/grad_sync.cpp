@@ -22,12 +22,14 @@ BucketOptions bucket_options(const GradSyncOptions& options, const Communicator&
 }
 
 GradSync::GradSync(std::span<const ParamSpan> spans, int64_t num_params, float* grads,
-                   Communicator& dp, Communicator& edp, const GradSyncOptions& options)
+                   Communicator& dp, Communicator& edp, const GradSyncOptions& options,
+                   Stream grads_stream)
     : options_(options),
       buckets_(spans, num_params, bucket_options(options, dp, edp)),
       grads_(grads),
       dp_(dp),
-      edp_(edp) {
+      edp_(edp),
+      stream_(grads_stream) {
     MT_CHECK(grads != nullptr || num_params == 0, "[grad_sync] the gradient buffer is null");
     const std::vector<GradBucket>& all = buckets_.buckets();
     shard_grads_.assign(static_cast<size_t>(buckets_.shard_buffer_numel()), 0.0f);
@@ -92,12 +94,12 @@ void GradSync::post(size_t b) {
             std::memcpy(staging, data, static_cast<size_t>(bucket.numel) * sizeof(float));
             input = staging;
         }
-        handles_[b] =
-            comm.reduce_scatter_sum_async(shard_grads_.data() + bucket.shard_offset, input,
-                                          static_cast<size_t>(bucket.shard_numel), DType::f32);
+        handles_[b] = comm.reduce_scatter_sum_async(shard_grads_.data() + bucket.shard_offset,
+                                                    input, static_cast<size_t>(bucket.shard_numel),
+                                                    DType::f32, stream_);
     } else if (comm.size() > 1) {
         handles_[b] =
-            comm.all_reduce_sum_async(data, static_cast<size_t>(bucket.numel), DType::f32);
+            comm.all_reduce_sum_async(data, static_cast<size_t>(bucket.numel), DType::f32, stream_);
     }
     posted_[b] = 1;
     stats_.bytes += bucket.numel * static_cast<int64_t>(sizeof(float));

@@ -6,7 +6,7 @@
 //   data-parallel buckets:        over the DP group
 //   expert-data-parallel buckets: over the EDP group (routed experts)
 // each all-reduced (sum) in place, or, with ZeRO-1, reduce-scattered into this rank's shard
-// buffer (zero_optimizer.h updates the shard and all-gathers the parameters back).
+// buffer (train/optimizer.h updates the shard and all-gathers the parameters back).
 // A group of one rank moves nothing (a sharded bucket is then a copy into the shard buffer).
 //
 // The sum is the whole batch's gradient when each rank's micro-batches were normalized by the
@@ -45,14 +45,17 @@ struct GradSyncStats {
 class GradSync {
   public:
     // grads: the flat gradient buffer (num_params floats) the spans describe; it and the
-    // communicators must outlive this object. dp and edp may be the same group.
+    // communicators must outlive this object. dp and edp may be the same group. The collectives
+    // carry grads_stream, the ordering context of the backend that writes the gradients.
     GradSync(std::span<const ParamSpan> spans, int64_t num_params, float* grads, Communicator& dp,
-             Communicator& edp, const GradSyncOptions& options);
+             Communicator& edp, const GradSyncOptions& options, Stream grads_stream);
     GradSync(const GradSync&) = delete;
     GradSync& operator=(const GradSync&) = delete;
 
     const GradBuckets& buckets() const { return buckets_; }
     const GradSyncOptions& options() const { return options_; }
+    // The ordering context of the gradients (and of the parameters gathered back into place).
+    Stream stream() const { return stream_; }
     Communicator& group(ReplicaGroup group) const {
         return group == ReplicaGroup::data_parallel ? dp_ : edp_;
     }
@@ -82,6 +85,7 @@ class GradSync {
     float* grads_;
     Communicator& dp_;
     Communicator& edp_;
+    Stream stream_;
     std::vector<float> shard_grads_;
     std::vector<float> staging_;             // padded sharded buckets' inputs, back to back
     std::vector<int64_t> staging_offset_;    // per bucket, -1 when it needs none

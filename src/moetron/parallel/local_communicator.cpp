@@ -14,7 +14,9 @@ void copy_elements(void* out, const void* inp, size_t count, DType dtype) {
 }
 }  // namespace
 
-CollectiveHandle LocalCommunicator::all_reduce_sum_async(void*, size_t count, DType dtype) {
+CollectiveHandle LocalCommunicator::all_reduce_sum_async(void*, size_t count, DType dtype,
+                                                         Stream stream) {
+    check_host_stream(*this, CollectiveKind::all_reduce, stream);
     check_reduction_dtype(*this, CollectiveKind::all_reduce, dtype);
     auto& c = counter(CollectiveKind::all_reduce);
     c.calls += 1;
@@ -23,7 +25,9 @@ CollectiveHandle LocalCommunicator::all_reduce_sum_async(void*, size_t count, DT
 }
 
 CollectiveHandle LocalCommunicator::reduce_scatter_sum_async(void* out, const void* inp,
-                                                             size_t count, DType dtype) {
+                                                             size_t count, DType dtype,
+                                                             Stream stream) {
+    check_host_stream(*this, CollectiveKind::reduce_scatter, stream);
     check_reduction_dtype(*this, CollectiveKind::reduce_scatter, dtype);
     copy_elements(out, inp, count, dtype);
     auto& c = counter(CollectiveKind::reduce_scatter);
@@ -33,7 +37,8 @@ CollectiveHandle LocalCommunicator::reduce_scatter_sum_async(void* out, const vo
 }
 
 CollectiveHandle LocalCommunicator::all_gather_async(void* out, const void* inp, size_t count,
-                                                     DType dtype) {
+                                                     DType dtype, Stream stream) {
+    check_host_stream(*this, CollectiveKind::all_gather, stream);
     copy_elements(out, inp, count, dtype);
     auto& c = counter(CollectiveKind::all_gather);
     c.calls += 1;
@@ -46,7 +51,8 @@ CollectiveHandle LocalCommunicator::all_to_all_v_async(void* recv, std::span<con
                                                        const void* send,
                                                        std::span<const int> send_counts,
                                                        std::span<const int> send_displs,
-                                                       DType dtype) {
+                                                       DType dtype, Stream stream) {
+    check_host_stream(*this, CollectiveKind::all_to_all, stream);
     check_all_to_all_args(*this, recv_counts, recv_displs, send_counts, send_displs);
     MT_CHECK(recv_counts[0] == send_counts[0],
              "[all_to_all_v] group '{}': rank 0 sends itself {} elements but expects {}", name_,
@@ -59,7 +65,9 @@ CollectiveHandle LocalCommunicator::all_to_all_v_async(void* recv, std::span<con
     return {};
 }
 
-CollectiveHandle LocalCommunicator::broadcast_async(void*, size_t count, DType dtype, int root) {
+CollectiveHandle LocalCommunicator::broadcast_async(void*, size_t count, DType dtype, int root,
+                                                    Stream stream) {
+    check_host_stream(*this, CollectiveKind::broadcast, stream);
     check_root(*this, root);
     auto& c = counter(CollectiveKind::broadcast);
     c.calls += 1;

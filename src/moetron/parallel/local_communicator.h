@@ -20,16 +20,20 @@ class LocalCommunicator final : public Communicator {
     const std::string& name() const override { return name_; }
     bool progress_thread_active() const override { return false; }
 
-    CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype) override;
-    CollectiveHandle reduce_scatter_sum_async(void* out, const void* inp, size_t count,
-                                              DType dtype) override;
-    CollectiveHandle all_gather_async(void* out, const void* inp, size_t count,
-                                      DType dtype) override;
+    // Host buffers only: every data-moving call checks that its stream is a host stream.
+    CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype,
+                                          Stream stream) override;
+    CollectiveHandle reduce_scatter_sum_async(void* out, const void* inp, size_t count, DType dtype,
+                                              Stream stream) override;
+    CollectiveHandle all_gather_async(void* out, const void* inp, size_t count, DType dtype,
+                                      Stream stream) override;
     CollectiveHandle all_to_all_v_async(void* recv, std::span<const int> recv_counts,
                                         std::span<const int> recv_displs, const void* send,
                                         std::span<const int> send_counts,
-                                        std::span<const int> send_displs, DType dtype) override;
-    CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root) override;
+                                        std::span<const int> send_displs, DType dtype,
+                                        Stream stream) override;
+    CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root,
+                                     Stream stream) override;
     CollectiveHandle barrier_async() override;
 
     std::unique_ptr<Communicator> split(int color, int key, std::string name) override;

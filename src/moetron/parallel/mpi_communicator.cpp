@@ -177,32 +177,34 @@ CollectiveHandle MpiCommunicator::track(CollectiveKind kind, std::shared_ptr<Mpi
         std::move(op), progress_, liveness_, kind, name_, rank_, size_, options_.timeout_s));
 }
 
-CollectiveHandle MpiCommunicator::all_reduce_sum_async(void* data, size_t count, DType dtype) {
-    return post_all_reduce(data, count, dtype, Progress::background);
+CollectiveHandle MpiCommunicator::all_reduce_sum_async(void* data, size_t count, DType dtype,
+                                                       Stream stream) {
+    return post_all_reduce(data, count, dtype, stream, Progress::background);
 }
 
 CollectiveHandle MpiCommunicator::reduce_scatter_sum_async(void* out, const void* inp, size_t count,
-                                                           DType dtype) {
-    return post_reduce_scatter(out, inp, count, dtype, Progress::background);
+                                                           DType dtype, Stream stream) {
+    return post_reduce_scatter(out, inp, count, dtype, stream, Progress::background);
 }
 
 CollectiveHandle MpiCommunicator::all_gather_async(void* out, const void* inp, size_t count,
-                                                   DType dtype) {
-    return post_all_gather(out, inp, count, dtype, Progress::background);
+                                                   DType dtype, Stream stream) {
+    return post_all_gather(out, inp, count, dtype, stream, Progress::background);
 }
 
 CollectiveHandle MpiCommunicator::all_to_all_v_async(void* recv, std::span<const int> recv_counts,
                                                      std::span<const int> recv_displs,
                                                      const void* send,
                                                      std::span<const int> send_counts,
-                                                     std::span<const int> send_displs,
-                                                     DType dtype) {
+                                                     std::span<const int> send_displs, DType dtype,
+                                                     Stream stream) {
     return post_all_to_all_v(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype,
-                             Progress::background);
+                             stream, Progress::background);
 }
 
-CollectiveHandle MpiCommunicator::broadcast_async(void* data, size_t count, DType dtype, int root) {
-    return post_broadcast(data, count, dtype, root, Progress::background);
+CollectiveHandle MpiCommunicator::broadcast_async(void* data, size_t count, DType dtype, int root,
+                                                  Stream stream) {
+    return post_broadcast(data, count, dtype, root, stream, Progress::background);
 }
 
 CollectiveHandle MpiCommunicator::barrier_async() {
@@ -210,8 +212,9 @@ CollectiveHandle MpiCommunicator::barrier_async() {
 }
 
 CollectiveHandle MpiCommunicator::post_all_reduce(void* data, size_t count, DType dtype,
-                                                  Progress progress) {
+                                                  Stream stream, Progress progress) {
     constexpr auto kind = CollectiveKind::all_reduce;
+    check_host_stream(*this, kind, stream);
     check_reduction_dtype(*this, kind, dtype);
     const int n = checked_count(kind, count);
     auto op = std::make_shared<MpiOperation>();
@@ -224,8 +227,10 @@ CollectiveHandle MpiCommunicator::post_all_reduce(void* data, size_t count, DTyp
 }
 
 CollectiveHandle MpiCommunicator::post_reduce_scatter(void* out, const void* inp, size_t count,
-                                                      DType dtype, Progress progress) {
+                                                      DType dtype, Stream stream,
+                                                      Progress progress) {
     constexpr auto kind = CollectiveKind::reduce_scatter;
+    check_host_stream(*this, kind, stream);
     check_reduction_dtype(*this, kind, dtype);
     const int n = checked_count(kind, count);
     auto op = std::make_shared<MpiOperation>();
@@ -238,8 +243,9 @@ CollectiveHandle MpiCommunicator::post_reduce_scatter(void* out, const void* inp
 }
 
 CollectiveHandle MpiCommunicator::post_all_gather(void* out, const void* inp, size_t count,
-                                                  DType dtype, Progress progress) {
+                                                  DType dtype, Stream stream, Progress progress) {
     constexpr auto kind = CollectiveKind::all_gather;
+    check_host_stream(*this, kind, stream);
     const int n = checked_count(kind, count);
     const MPI_Datatype type = mpi_datatype(dtype);
     auto op = std::make_shared<MpiOperation>();
@@ -255,8 +261,9 @@ CollectiveHandle MpiCommunicator::post_all_to_all_v(void* recv, std::span<const 
                                                     const void* send,
                                                     std::span<const int> send_counts,
                                                     std::span<const int> send_displs, DType dtype,
-                                                    Progress progress) {
+                                                    Stream stream, Progress progress) {
     constexpr auto kind = CollectiveKind::all_to_all;
+    check_host_stream(*this, kind, stream);
     check_all_to_all_args(*this, recv_counts, recv_displs, send_counts, send_displs);
     const MPI_Datatype type = mpi_datatype(dtype);
     auto op = std::make_shared<MpiOperation>();
@@ -267,8 +274,9 @@ CollectiveHandle MpiCommunicator::post_all_to_all_v(void* recv, std::span<const 
 }
 
 CollectiveHandle MpiCommunicator::post_broadcast(void* data, size_t count, DType dtype, int root,
-                                                 Progress progress) {
+                                                 Stream stream, Progress progress) {
     constexpr auto kind = CollectiveKind::broadcast;
+    check_host_stream(*this, kind, stream);
     check_root(*this, root);
     const int n = checked_count(kind, count);
     auto op = std::make_shared<MpiOperation>();

@@ -35,16 +35,20 @@ class MpiCommunicator final : public Communicator {
     const std::string& name() const override { return name_; }
     bool progress_thread_active() const override { return progress_->thread_running(); }
 
-    CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype) override;
-    CollectiveHandle reduce_scatter_sum_async(void* out, const void* inp, size_t count,
-                                              DType dtype) override;
-    CollectiveHandle all_gather_async(void* out, const void* inp, size_t count,
-                                      DType dtype) override;
+    // Host buffers only: every data-moving call checks that its stream is a host stream.
+    CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype,
+                                          Stream stream) override;
+    CollectiveHandle reduce_scatter_sum_async(void* out, const void* inp, size_t count, DType dtype,
+                                              Stream stream) override;
+    CollectiveHandle all_gather_async(void* out, const void* inp, size_t count, DType dtype,
+                                      Stream stream) override;
     CollectiveHandle all_to_all_v_async(void* recv, std::span<const int> recv_counts,
                                         std::span<const int> recv_displs, const void* send,
                                         std::span<const int> send_counts,
-                                        std::span<const int> send_displs, DType dtype) override;
-    CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root) override;
+                                        std::span<const int> send_displs, DType dtype,
+                                        Stream stream) override;
+    CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root,
+                                     Stream stream) override;
     CollectiveHandle barrier_async() override;
 
     // Blocking forms: posted and waited for by the caller alone, never handed to the progress
@@ -52,25 +56,26 @@ class MpiCommunicator final : public Communicator {
     using Communicator::all_gather;
     using Communicator::all_reduce_sum;
     using Communicator::all_to_all_v;
-    void all_reduce_sum(void* data, size_t count, DType dtype) override {
-        post_all_reduce(data, count, dtype, Progress::caller).wait();
+    void all_reduce_sum(void* data, size_t count, DType dtype, Stream stream) override {
+        post_all_reduce(data, count, dtype, stream, Progress::caller).wait();
     }
-    void reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype) override {
-        post_reduce_scatter(out, inp, count, dtype, Progress::caller).wait();
+    void reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype,
+                            Stream stream) override {
+        post_reduce_scatter(out, inp, count, dtype, stream, Progress::caller).wait();
     }
-    void all_gather(void* out, const void* inp, size_t count, DType dtype) override {
-        post_all_gather(out, inp, count, dtype, Progress::caller).wait();
+    void all_gather(void* out, const void* inp, size_t count, DType dtype, Stream stream) override {
+        post_all_gather(out, inp, count, dtype, stream, Progress::caller).wait();
     }
     void all_to_all_v(void* recv, std::span<const int> recv_counts,
                       std::span<const int> recv_displs, const void* send,
                       std::span<const int> send_counts, std::span<const int> send_displs,
-                      DType dtype) override {
+                      DType dtype, Stream stream) override {
         post_all_to_all_v(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype,
-                          Progress::caller)
+                          stream, Progress::caller)
             .wait();
     }
-    void broadcast(void* data, size_t count, DType dtype, int root) override {
-        post_broadcast(data, count, dtype, root, Progress::caller).wait();
+    void broadcast(void* data, size_t count, DType dtype, int root, Stream stream) override {
+        post_broadcast(data, count, dtype, root, stream, Progress::caller).wait();
     }
     void barrier() override { post_barrier(Progress::caller).wait(); }
 
@@ -85,17 +90,18 @@ class MpiCommunicator final : public Communicator {
     // Who drives a posted request: the progress thread (async forms) or only the caller's wait.
     enum class Progress { background, caller };
 
-    CollectiveHandle post_all_reduce(void* data, size_t count, DType dtype, Progress progress);
-    CollectiveHandle post_reduce_scatter(void* out, const void* inp, size_t count, DType dtype,
-                                         Progress progress);
-    CollectiveHandle post_all_gather(void* out, const void* inp, size_t count, DType dtype,
+    CollectiveHandle post_all_reduce(void* data, size_t count, DType dtype, Stream stream,
                                      Progress progress);
+    CollectiveHandle post_reduce_scatter(void* out, const void* inp, size_t count, DType dtype,
+                                         Stream stream, Progress progress);
+    CollectiveHandle post_all_gather(void* out, const void* inp, size_t count, DType dtype,
+                                     Stream stream, Progress progress);
     CollectiveHandle post_all_to_all_v(void* recv, std::span<const int> recv_counts,
                                        std::span<const int> recv_displs, const void* send,
                                        std::span<const int> send_counts,
-                                       std::span<const int> send_displs, DType dtype,
+                                       std::span<const int> send_displs, DType dtype, Stream stream,
                                        Progress progress);
-    CollectiveHandle post_broadcast(void* data, size_t count, DType dtype, int root,
+    CollectiveHandle post_broadcast(void* data, size_t count, DType dtype, int root, Stream stream,
                                     Progress progress);
     CollectiveHandle post_barrier(Progress progress);
 

@@ -6,18 +6,19 @@
 
 namespace moetron::parallel {
 
-TensorParallel::TensorParallel(Communicator* group) : group_(group) {
+TensorParallel::TensorParallel(Communicator* group, Stream stream)
+    : group_(group), stream_(stream) {
     if (group_ == nullptr) return;
     size_ = group_->size();
     rank_ = group_->rank();
 }
 
 void TensorParallel::sum_partial_input_grads(float* dx, int64_t count) const {
-    if (enabled()) group_->all_reduce_sum(dx, static_cast<size_t>(count), DType::f32);
+    if (enabled()) group_->all_reduce_sum(dx, static_cast<size_t>(count), DType::f32, stream_);
 }
 
 void TensorParallel::sum(double* x, int64_t count) const {
-    if (enabled()) group_->all_reduce_sum(x, static_cast<size_t>(count), DType::f64);
+    if (enabled()) group_->all_reduce_sum(x, static_cast<size_t>(count), DType::f64, stream_);
 }
 
 int64_t TensorParallel::local_rows(int64_t num_rows) const {
@@ -26,20 +27,20 @@ int64_t TensorParallel::local_rows(int64_t num_rows) const {
 
 const float* TensorParallel::gather_rows(float* full, const float* rows, int64_t count) const {
     if (!enabled()) return rows;
-    group_->all_gather(full, rows, static_cast<size_t>(count), DType::f32);
+    group_->all_gather(full, rows, static_cast<size_t>(count), DType::f32, stream_);
     return full;
 }
 
 void TensorParallel::reduce_scatter_rows(float* rows, const float* full, int64_t count) const {
     if (enabled()) {
-        group_->reduce_scatter_sum(rows, full, static_cast<size_t>(count), DType::f32);
+        group_->reduce_scatter_sum(rows, full, static_cast<size_t>(count), DType::f32, stream_);
     } else if (rows != full) {
         std::copy(full, full + count, rows);
     }
 }
 
 void TensorParallel::sum_partial_param_grads(float* grad, int64_t count) const {
-    if (enabled()) group_->all_reduce_sum(grad, static_cast<size_t>(count), DType::f32);
+    if (enabled()) group_->all_reduce_sum(grad, static_cast<size_t>(count), DType::f32, stream_);
 }
 
 RowRange TensorParallel::row_share(int64_t num_rows, std::string_view what) const {
@@ -52,7 +53,7 @@ RowRange TensorParallel::row_share(int64_t num_rows, std::string_view what) cons
 
 void TensorParallel::all_gather(float* out, const float* shard, int64_t count) const {
     if (enabled()) {
-        group_->all_gather(out, shard, static_cast<size_t>(count), DType::f32);
+        group_->all_gather(out, shard, static_cast<size_t>(count), DType::f32, stream_);
     } else if (out != shard) {
         std::copy(shard, shard + count, out);
     }

@@ -34,8 +34,9 @@ struct RowRange {
 class TensorParallel {
   public:
     TensorParallel() = default;  // one rank: identity
-    // group must outlive this object; null or one rank means no tensor parallelism.
-    explicit TensorParallel(Communicator* group);
+    // group must outlive this object; null or one rank means no tensor parallelism. Its
+    // collectives move activations and gradients, ordered by stream (the backend's stream()).
+    TensorParallel(Communicator* group, Stream stream);
 
     int size() const { return size_; }
     int rank() const { return rank_; }
@@ -71,6 +72,7 @@ class TensorParallel {
 
   private:
     Communicator* group_ = nullptr;
+    Stream stream_ = kHostStream;
     int size_ = 1;
     int rank_ = 0;
 };

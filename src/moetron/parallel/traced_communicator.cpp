@@ -132,37 +132,39 @@ void TracedCommunicator::finish_blocking(const CallRecord& call) {
                            .bytes = bytes});
 }
 
-CollectiveHandle TracedCommunicator::all_reduce_sum_async(void* data, size_t count, DType dtype) {
+CollectiveHandle TracedCommunicator::all_reduce_sum_async(void* data, size_t count, DType dtype,
+                                                          Stream stream) {
     const CallRecord call = start(CollectiveKind::all_reduce);
-    return wrap(inner_->all_reduce_sum_async(data, count, dtype), call);
+    return wrap(inner_->all_reduce_sum_async(data, count, dtype, stream), call);
 }
 
 CollectiveHandle TracedCommunicator::reduce_scatter_sum_async(void* out, const void* inp,
-                                                              size_t count, DType dtype) {
+                                                              size_t count, DType dtype,
+                                                              Stream stream) {
     const CallRecord call = start(CollectiveKind::reduce_scatter);
-    return wrap(inner_->reduce_scatter_sum_async(out, inp, count, dtype), call);
+    return wrap(inner_->reduce_scatter_sum_async(out, inp, count, dtype, stream), call);
 }
 
 CollectiveHandle TracedCommunicator::all_gather_async(void* out, const void* inp, size_t count,
-                                                      DType dtype) {
+                                                      DType dtype, Stream stream) {
     const CallRecord call = start(CollectiveKind::all_gather);
-    return wrap(inner_->all_gather_async(out, inp, count, dtype), call);
+    return wrap(inner_->all_gather_async(out, inp, count, dtype, stream), call);
 }
 
 CollectiveHandle TracedCommunicator::all_to_all_v_async(
     void* recv, std::span<const int> recv_counts, std::span<const int> recv_displs,
     const void* send, std::span<const int> send_counts, std::span<const int> send_displs,
-    DType dtype) {
+    DType dtype, Stream stream) {
     const CallRecord call = start(CollectiveKind::all_to_all);
     return wrap(inner_->all_to_all_v_async(recv, recv_counts, recv_displs, send, send_counts,
-                                           send_displs, dtype),
+                                           send_displs, dtype, stream),
                 call);
 }
 
 CollectiveHandle TracedCommunicator::broadcast_async(void* data, size_t count, DType dtype,
-                                                     int root) {
+                                                     int root, Stream stream) {
     const CallRecord call = start(CollectiveKind::broadcast);
-    return wrap(inner_->broadcast_async(data, count, dtype, root), call);
+    return wrap(inner_->broadcast_async(data, count, dtype, root, stream), call);
 }
 
 CollectiveHandle TracedCommunicator::barrier_async() {
@@ -170,36 +172,40 @@ CollectiveHandle TracedCommunicator::barrier_async() {
     return wrap(inner_->barrier_async(), call);
 }
 
-void TracedCommunicator::all_reduce_sum(void* data, size_t count, DType dtype) {
+void TracedCommunicator::all_reduce_sum(void* data, size_t count, DType dtype, Stream stream) {
     const CallRecord call = start(CollectiveKind::all_reduce);
-    inner_->all_reduce_sum(data, count, dtype);
+    inner_->all_reduce_sum(data, count, dtype, stream);
     finish_blocking(call);
 }
 
-void TracedCommunicator::reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype) {
+void TracedCommunicator::reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype,
+                                            Stream stream) {
     const CallRecord call = start(CollectiveKind::reduce_scatter);
-    inner_->reduce_scatter_sum(out, inp, count, dtype);
+    inner_->reduce_scatter_sum(out, inp, count, dtype, stream);
     finish_blocking(call);
 }
 
-void TracedCommunicator::all_gather(void* out, const void* inp, size_t count, DType dtype) {
+void TracedCommunicator::all_gather(void* out, const void* inp, size_t count, DType dtype,
+                                    Stream stream) {
     const CallRecord call = start(CollectiveKind::all_gather);
-    inner_->all_gather(out, inp, count, dtype);
+    inner_->all_gather(out, inp, count, dtype, stream);
     finish_blocking(call);
 }
 
 void TracedCommunicator::all_to_all_v(void* recv, std::span<const int> recv_counts,
                                       std::span<const int> recv_displs, const void* send,
                                       std::span<const int> send_counts,
-                                      std::span<const int> send_displs, DType dtype) {
+                                      std::span<const int> send_displs, DType dtype,
+                                      Stream stream) {
     const CallRecord call = start(CollectiveKind::all_to_all);
-    inner_->all_to_all_v(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype);
+    inner_->all_to_all_v(recv, recv_counts, recv_displs, send, send_counts, send_displs, dtype,
+                         stream);
     finish_blocking(call);
 }
 
-void TracedCommunicator::broadcast(void* data, size_t count, DType dtype, int root) {
+void TracedCommunicator::broadcast(void* data, size_t count, DType dtype, int root, Stream stream) {
     const CallRecord call = start(CollectiveKind::broadcast);
-    inner_->broadcast(data, count, dtype, root);
+    inner_->broadcast(data, count, dtype, root, stream);
     finish_blocking(call);
 }
 

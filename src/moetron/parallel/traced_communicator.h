@@ -51,26 +51,31 @@ class TracedCommunicator final : public Communicator {
     bool progress_thread_active() const override { return inner_->progress_thread_active(); }
     Communicator& inner() { return *inner_; }
 
-    CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype) override;
-    CollectiveHandle reduce_scatter_sum_async(void* out, const void* inp, size_t count,
-                                              DType dtype) override;
-    CollectiveHandle all_gather_async(void* out, const void* inp, size_t count,
-                                      DType dtype) override;
+    // Each call forwards its stream to the inner communicator.
+    CollectiveHandle all_reduce_sum_async(void* data, size_t count, DType dtype,
+                                          Stream stream) override;
+    CollectiveHandle reduce_scatter_sum_async(void* out, const void* inp, size_t count, DType dtype,
+                                              Stream stream) override;
+    CollectiveHandle all_gather_async(void* out, const void* inp, size_t count, DType dtype,
+                                      Stream stream) override;
     CollectiveHandle all_to_all_v_async(void* recv, std::span<const int> recv_counts,
                                         std::span<const int> recv_displs, const void* send,
                                         std::span<const int> send_counts,
-                                        std::span<const int> send_displs, DType dtype) override;
-    CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root) override;
+                                        std::span<const int> send_displs, DType dtype,
+                                        Stream stream) override;
+    CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root,
+                                     Stream stream) override;
     CollectiveHandle barrier_async() override;
 
-    void all_reduce_sum(void* data, size_t count, DType dtype) override;
-    void reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype) override;
-    void all_gather(void* out, const void* inp, size_t count, DType dtype) override;
+    void all_reduce_sum(void* data, size_t count, DType dtype, Stream stream) override;
+    void reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype,
+                            Stream stream) override;
+    void all_gather(void* out, const void* inp, size_t count, DType dtype, Stream stream) override;
     void all_to_all_v(void* recv, std::span<const int> recv_counts,
                       std::span<const int> recv_displs, const void* send,
                       std::span<const int> send_counts, std::span<const int> send_displs,
-                      DType dtype) override;
-    void broadcast(void* data, size_t count, DType dtype, int root) override;
+                      DType dtype, Stream stream) override;
+    void broadcast(void* data, size_t count, DType dtype, int root, Stream stream) override;
     void barrier() override;
 
     // The new group is traced the same way, in the same traffic class.

@@ -15,7 +15,6 @@
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/checksum.h"
-#include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron {
@@ -26,7 +25,6 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* kStateFormat = "moetron-checkpoint";
-constexpr int kStateVersion = 1;  // one process: model.safetensors (sharded: checkpoint_sharded.h)
 // The largest state.json we read: it holds two configs and a few counters.
 constexpr uint64_t kMaxStateBytes = 1 << 20;
 
@@ -184,10 +182,16 @@ CheckpointRun read_checkpoint_run(const fs::path& dir_or_root) {
 // ---- save ----
 
 json training_state_json(const TrainingStateView& st) {
+    json files = json::array();
+    for (int r = 0; r < st.topology.world_size; ++r)
+        files.push_back(checkpoint_shard_file_name(r, st.topology.world_size));
     json state{{"format", kStateFormat},
-               {"version", kStateVersion},
+               {"version", kCheckpointVersion},
                {"run_id", st.run_id},
-               {"layout", "single"},
+               {"layout", checkpoint_layout_name(st.topology)},
+               {"world_size", st.topology.world_size},
+               {"topology", st.topology.str()},
+               {"shard_files", files},
                {"step", st.step},
                {"optimizer_step", st.optimizer_step},
                {"skipped_steps", st.skipped_steps},
@@ -200,24 +204,43 @@ json training_state_json(const TrainingStateView& st) {
     return state;
 }
 
-fs::path save_training_state(const fs::path& root, const TrainingStateView& st, size_t keep) {
-    MT_CHECK(st.model_config && st.train_config && st.entries && st.params,
-             "[checkpoint] incomplete training state for '{}'", root.string());
-    MT_CHECK(st.step >= 0, "[checkpoint] negative step {}", st.step);
-    MT_CHECK(is_run_id(st.run_id), "[checkpoint] saving into '{}' without a run id", root.string());
+std::unique_ptr<StagedDir> stage_checkpoint_dir(const fs::path& root, int64_t step,
+                                                const std::string& run_id) {
+    MT_CHECK(step >= 0, "[checkpoint] negative step {}", step);
+    MT_CHECK(is_run_id(run_id), "[checkpoint] saving into '{}' without a run id", root.string());
     std::error_code ec;
     fs::create_directories(root, ec);
     MT_CHECK(!ec, "[checkpoint] cannot create the checkpoint root '{}': {}", root.string(),
              ec.message());
-    const std::string name = checkpoint_dir_name(static_cast<uint64_t>(st.step));
-    const fs::path final_dir = root / name;
+    const fs::path final_dir = root / checkpoint_dir_name(static_cast<uint64_t>(step));
     // Never overwrite: a directory of this step is another run's (or this run's, resumed from
     // it; a run never saves twice at one step).
     MT_CHECK(!fs::exists(final_dir),
              "[checkpoint] '{}' already exists (an earlier run's?); resume from it with --resume "
              "or save into another root",
              final_dir.string());
+    return std::make_unique<StagedDir>(final_dir, run_id);
+}
 
+fs::path commit_checkpoint_dir(StagedDir& staged, const fs::path& root, CheckpointIndex& index,
+                               const json& state, size_t keep) {
+    const auto run_id = state.at("run_id").get<std::string>();
+    write_text_file(staged.path() / kCheckpointStateFile, state.dump(2) + "\n");
+    index.add_file(staged.path().string(), kCheckpointStateFile);
+    index.write((staged.path() / kCheckpointIndexName).string());
+    staged.commit();
+    const std::string name = staged.final_path().filename().string();
+    write_latest_pointer(root, name, run_id);
+    if (keep > 0) remove_old_checkpoints(root, keep, run_id, state.at("step").get<int64_t>());
+    return staged.final_path();
+}
+
+fs::path save_training_state(const fs::path& root, const TrainingStateView& st, size_t keep) {
+    MT_CHECK(st.model_config && st.train_config && st.entries && st.params,
+             "[checkpoint] incomplete training state for '{}'", root.string());
+    MT_CHECK(st.topology.world_size == 1,
+             "[checkpoint] save_training_state writes one shard, not the {} of its topology",
+             st.topology.world_size);
     // The moments of a fresh optimizer are zeros; one shared buffer covers the largest tensor.
     std::vector<float> zeros;
     if (st.m == nullptr || st.v == nullptr) {
@@ -225,29 +248,24 @@ fs::path save_training_state(const fs::path& root, const TrainingStateView& st, 
         for (const ParamEntry& e : *st.entries) largest = std::max(largest, e.numel);
         zeros.assign(static_cast<size_t>(largest), 0.0f);
     }
-    SafetensorsWriter writer;
-    for (const ParamEntry& e : *st.entries)
-        writer.add(e.name, DType::f32, dims_of(e), st.params + e.offset);
-    for (const ParamEntry& e : *st.entries)
-        writer.add("optimizer.m." + e.name, DType::f32, dims_of(e),
-                   st.m != nullptr ? st.m + e.offset : zeros.data());
-    for (const ParamEntry& e : *st.entries)
-        writer.add("optimizer.v." + e.name, DType::f32, dims_of(e),
-                   st.v != nullptr ? st.v + e.offset : zeros.data());
-    writer.set_metadata("format", "moetron");
-
+    // Every tensor whole; moments of the trainable ones only, as a trainer writes them.
+    std::vector<CheckpointPiece> pieces;
+    for (const ParamEntry& e : *st.entries) {
+        pieces.push_back(
+            {CheckpointPart::param, e.name, dims_of(e), 0, e.numel, st.params + e.offset});
+        if (!e.trainable) continue;
+        pieces.push_back({CheckpointPart::m, e.name, dims_of(e), 0, e.numel,
+                          st.m != nullptr ? st.m + e.offset : zeros.data()});
+        pieces.push_back({CheckpointPart::v, e.name, dims_of(e), 0, e.numel,
+                          st.v != nullptr ? st.v + e.offset : zeros.data()});
+    }
     const json state = training_state_json(st);
-
-    StagedDir staged(final_dir, st.run_id);
+    const std::unique_ptr<StagedDir> staged = stage_checkpoint_dir(root, st.step, st.run_id);
+    const std::string shard = checkpoint_shard_file_name(0, 1);
     CheckpointIndex index;
-    index.add(kCheckpointModelFile, writer.write((staged.path() / kCheckpointModelFile).string()));
-    write_text_file(staged.path() / kCheckpointStateFile, state.dump(2) + "\n");
-    index.add_file(staged.path().string(), kCheckpointStateFile);
-    index.write((staged.path() / kCheckpointIndexName).string());
-    staged.commit();
-    write_latest_pointer(root, name, st.run_id);
-    if (keep > 0) remove_old_checkpoints(root, keep, st.run_id, st.step);
-    return final_dir;
+    index.add(shard, write_checkpoint_shard((staged->path() / shard).string(), pieces,
+                                            checkpoint_shard_metadata(0, st.topology)));
+    return commit_checkpoint_dir(*staged, root, index, state, keep);
 }
 
 // ---- load ----
@@ -268,7 +286,7 @@ fs::path resolve_checkpoint_dir(const fs::path& dir_or_root) {
 }
 
 std::vector<std::string> checkpoint_tensor_files(const fs::path& dir, const json& state) {
-    if (!state.contains("shard_files")) return {kCheckpointModelFile};
+    if (!state.contains("shard_files")) return {kSingleFileCheckpointModelFile};
     const fs::path state_path = dir / kCheckpointStateFile;
     const auto files = state_field<std::vector<std::string>>(state, "shard_files", state_path);
     MT_CHECK(!files.empty(), "[checkpoint] '{}' lists no shard files", state_path.string());
@@ -296,14 +314,14 @@ json read_verified_checkpoint_state(const fs::path& dir) {
              "[checkpoint] '{}' is not a moetron checkpoint state (no \"format\": \"{}\")",
              state_path.string(), kStateFormat);
     const int version = state_field<int>(state, "version", state_path);
-    MT_CHECK(version == kStateVersion || version == kShardedCheckpointVersion,
+    MT_CHECK(version == kSingleFileCheckpointVersion || version == kCheckpointVersion,
              "[checkpoint] '{}' is version {}; this build reads versions {} and {}",
-             state_path.string(), version, kStateVersion, kShardedCheckpointVersion);
+             state_path.string(), version, kSingleFileCheckpointVersion, kCheckpointVersion);
     const std::string layout = state_field<std::string>(state, "layout", state_path);
-    MT_CHECK(version == kShardedCheckpointVersion || layout == "single",
-             "[checkpoint] '{}' has layout \"{}\" in a version {} (single-process) checkpoint",
-             state_path.string(), layout, kStateVersion);
-    MT_CHECK(version == kStateVersion || state.contains("shard_files"),
+    MT_CHECK(version == kCheckpointVersion || layout == "single",
+             "[checkpoint] '{}' has layout \"{}\" in a version {} (single-file) checkpoint",
+             state_path.string(), layout, kSingleFileCheckpointVersion);
+    MT_CHECK(version == kSingleFileCheckpointVersion || state.contains("shard_files"),
              "[checkpoint] '{}' is a sharded checkpoint without \"shard_files\"",
              state_path.string());
     for (const std::string& file : checkpoint_tensor_files(dir, state))
@@ -372,48 +390,6 @@ void read_checkpoint_tensors(const fs::path& dir, const std::vector<ParamEntry>&
     }
 }
 
-// ---- the trainer ----
-
-fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
-    trainer.check_safe_to_save("a checkpoint");
-    if (trainer.distributed()) return save_sharded_checkpoint(trainer, root, keep);
-    const AdamW& opt = trainer.optimizer();
-    TrainingStateView st;
-    st.model_config = &trainer.model().config();
-    st.train_config = &trainer.config();
-    st.entries = &trainer.model().param_entries();
-    st.params = trainer.model().params();
-    st.m = opt.first_moment().data();
-    st.v = opt.second_moment().data();
-    st.step = trainer.steps_done();
-    st.optimizer_step = opt.step_count();
-    st.skipped_steps = trainer.skipped_steps();
-    st.data_rng = trainer.loader().state();
-    st.data_source = trainer.loader().source_name();
-    st.run_id = trainer.run_id();
-    const fs::path dir = save_training_state(root, st, keep);
-    trainer.set_last_checkpoint(dir.string());
-    return dir;
-}
-
-fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
-    if (trainer.distributed()) return load_sharded_checkpoint(trainer, dir_or_root);
-    const fs::path dir = resolve_checkpoint_dir(dir_or_root);
-    const json state = read_verified_checkpoint_state(dir);
-    const CheckpointCounters c = checkpoint_counters(dir, state, trainer.model().config());
-    const int64_t n = trainer.model().num_params();
-    std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
-    read_checkpoint_tensors(dir, trainer.model().param_entries(), trainer.model().params(),
-                            m.data(), v.data());
-    trainer.mutable_optimizer().restore_state(m.data(), v.data(), c.optimizer_step);
-    trainer.set_steps_done(c.step);
-    trainer.set_skipped_steps(c.skipped_steps);
-    if (c.data_rng) trainer.loader().restore(*c.data_rng);
-    if (c.run_id) trainer.set_run_id(*c.run_id);
-    trainer.set_last_checkpoint(dir.string());
-    return dir;
-}
-
 // ---- signals ----
 
 void install_stop_signal_handlers() {
@@ -435,8 +411,7 @@ void clear_stop_signal() {
 
 bool RunControl::after_step(Trainer& trainer, const StepRecord& record) {
     // Every rank must stop after the same step and save it, whichever ranks the signal reached.
-    const bool stop = trainer.distributed() ? any_rank(*trainer.world(), stop_signal_received())
-                                            : stop_signal_received();
+    const bool stop = any_rank(trainer.world(), stop_signal_received());
     const bool due = !options_.save_root.empty() &&
                      (stop || record.step == trainer.config().steps ||
                       (options_.save_every > 0 && record.step % options_.save_every == 0));

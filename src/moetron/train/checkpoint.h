@@ -1,20 +1,20 @@
 // Training checkpoints: everything a run needs to continue bit for bit where it stopped, on one
-// process or on every rank of an MPI job, and to continue under another parallel layout.
+// process or on every rank of an MPI job, and to continue under another parallel layout. One
+// format for every world size: a single process is a world of one and writes one shard.
 //
 // A checkpoint root holds step-XXXXXXXX directories (atomic_dir.h: written as a staging
 // directory, fsync'ed, renamed; `latest` names the newest; old ones removed by retention) and
 // belongs to one run (checkpoint_root.h: which runs may save there, what retention may delete).
-// One checkpoint directory holds:
-//   model.safetensors  (one process) fp32 master parameters under their moetron names (the router
-//                      correction biases are parameters), and AdamW's moments as
-//                      "optimizer.m.<name>" and "optimizer.v.<name>"
-//   shard-RRRRR-of-NNNNN.safetensors  (a distributed run, checkpoint_sharded.h) one per rank:
-//                      the pieces of those tensors the rank was responsible for, each described
-//                      by its global name, global shape and element range (checkpoint_pieces.h)
-//   state.json         {"format": "moetron-checkpoint", "version": 1 (one process) or 2 (sharded),
+// `moetron train --save-final`, `moetron import` and `--save` all write such roots, and
+// `moetron train --resume`, `sample` and `export` read them. One checkpoint directory holds:
+//   shard-RRRRR-of-NNNNN.safetensors  one per rank (checkpoint_sharded.h): the pieces of the fp32
+//                      master parameters (the router correction biases are parameters) and of
+//                      AdamW's moments that the rank was responsible for, each described by its
+//                      global name, global shape and element range (checkpoint_pieces.h)
+//   state.json         {"format": "moetron-checkpoint", "version": 2,
 //                       "run_id": the run that wrote it (train/checkpoint_root.h),
-//                       "layout": "single", or the run's "dpD.epE" with "world_size",
-//                       "topology" and "shard_files" (version 2),
+//                       "layout": the run's "dpD.tpT.epE", "world_size", "topology",
+//                       "shard_files": [the shard files],
 //                       "step": optimizer steps done (the lr schedule's position),
 //                       "optimizer_step": AdamW's bias-correction count (skipped steps do not
 //                       advance it), "skipped_steps": ..., "data_rng": {"key", "counter"} or null
@@ -22,17 +22,21 @@
 //                       "model_config": {every ModelConfig field under its HF key},
 //                       "train_config": {every TrainConfig field}}
 //   index.json         CheckpointIndex: size and XXH3-64 of every file above
+// Version 1 (written before one process became a world of one: one model.safetensors with every
+// tensor whole and AdamW's moments as "optimizer.m.<name>", "optimizer.v.<name>", layout
+// "single") is still read, by every reader.
 // Loading verifies the index first (a flipped byte or a truncated or missing file is an error
 // naming the file), then that the checkpoint's model config equals the model's (an error names
 // the first differing key), then every tensor's dtype, shape and coverage (errors name file and
-// tensor), and only then writes into the trainer. Either format loads into either kind of
-// trainer, under any layout (resharding): each reader takes the ranges it holds.
+// tensor), and only then writes into the trainer. A checkpoint loads under any layout and world
+// size (resharding): each rank reads the ranges it holds.
 #pragma once
 
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -41,15 +45,22 @@
 #include "moetron/core/rng.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
+#include "moetron/parallel/topology.h"
 #include "moetron/train/train_config.h"
 
 namespace moetron {
 
 class Trainer;
 struct StepRecord;
+class StagedDir;         // atomic_dir.h
+struct CheckpointIndex;  // checksum.h
 
-inline constexpr const char* kCheckpointModelFile = "model.safetensors";
 inline constexpr const char* kCheckpointStateFile = "state.json";
+// state.json's "version" of the checkpoints this build writes (shards, every world size).
+inline constexpr int kCheckpointVersion = 2;
+// The single file of a version 1 checkpoint, still read.
+inline constexpr int kSingleFileCheckpointVersion = 1;
+inline constexpr const char* kSingleFileCheckpointModelFile = "model.safetensors";
 
 // A ModelConfig back from model_config_to_json (model/config.h), through the model-config parser
 // so the result is validated.
@@ -77,7 +88,8 @@ struct CheckpointRun {
 CheckpointRun read_checkpoint_run(const std::filesystem::path& dir_or_root);
 TrainConfig train_config_from_json(const nlohmann::json& json, const std::string& source);
 
-// The whole training state as plain buffers: what save_training_state writes.
+// The whole training state of one process as plain buffers: what save_training_state writes
+// (`moetron import`, benchmarks and tests; a trainer saves with save_checkpoint).
 struct TrainingStateView {
     const ModelConfig* model_config = nullptr;
     const TrainConfig* train_config = nullptr;
@@ -91,12 +103,16 @@ struct TrainingStateView {
     std::optional<RngStream::State> data_rng;
     std::string data_source;
     std::string run_id;  // the run saving (checkpoint_root.h)
+    // The layout of the ranks that wrote the shards (state.json's "layout", "world_size",
+    // "topology", "shard_files"); save_training_state writes the one shard of a world of one.
+    parallel::Topology topology;
 };
 
-// Writes root/step-<step> atomically, points root/latest at it and, with keep > 0, deletes the
-// run's oldest so that keep of its checkpoints remain (checkpoint_root.h: never another run's,
-// never a newer one). Returns the checkpoint directory. Throws when root already holds a
-// checkpoint of that step. The caller has claimed root for the run (claim_save_root).
+// Writes root/step-<step> (one shard: every tensor whole) atomically, points root/latest at it and,
+// with keep > 0, deletes the run's oldest so that keep of its checkpoints remain
+// (checkpoint_root.h: never another run's, never a newer one). Returns the checkpoint directory.
+// Throws when root already holds a checkpoint of that step. The caller has claimed root for the run
+// (claim_save_root).
 std::filesystem::path save_training_state(const std::filesystem::path& root,
                                           const TrainingStateView& state, size_t keep);
 
@@ -106,12 +122,23 @@ std::filesystem::path resolve_checkpoint_dir(const std::filesystem::path& dir_or
 // state.json of a checkpoint directory, after verifying the directory's index.
 nlohmann::json read_verified_checkpoint_state(const std::filesystem::path& dir);
 
-// The files of a checkpoint that hold tensors: model.safetensors, or state.json's "shard_files".
+// The files of a checkpoint that hold tensors: state.json's "shard_files" (version 1:
+// model.safetensors).
 std::vector<std::string> checkpoint_tensor_files(const std::filesystem::path& dir,
                                                  const nlohmann::json& state);
 
-// state.json of a checkpoint (version 1; the sharded save adds its fields to it).
+// state.json of a checkpoint.
 nlohmann::json training_state_json(const TrainingStateView& state);
+
+// The steps of every save, for save_training_state and the trainer's collective save: the
+// staging directory of root/step-<step> (creating root; throws when that checkpoint exists), and,
+// once the tensor files are in it and in index, the state and the index written, the directory
+// committed, `latest` moved and retention applied (keep > 0).
+std::unique_ptr<StagedDir> stage_checkpoint_dir(const std::filesystem::path& root, int64_t step,
+                                                const std::string& run_id);
+std::filesystem::path commit_checkpoint_dir(StagedDir& staged, const std::filesystem::path& root,
+                                            CheckpointIndex& index, const nlohmann::json& state,
+                                            size_t keep);
 
 // What a trainer resumes from, read from a verified state after checking that the checkpoint's
 // model is this one (an error names the differing keys).
@@ -125,20 +152,21 @@ struct CheckpointCounters {
 CheckpointCounters checkpoint_counters(const std::filesystem::path& dir,
                                        const nlohmann::json& state, const ModelConfig& model);
 
-// Reads the parameters of a verified checkpoint (either format) into params (laid out by entries,
+// Reads the parameters of a verified checkpoint (any world size) into params (laid out by entries,
 // the unsharded model's), checking every tensor's name, dtype, shape and coverage; m and v (may
 // be null) receive the moments.
 void read_checkpoint_tensors(const std::filesystem::path& dir,
                              const std::vector<ParamEntry>& entries, float* params, float* m,
                              float* v);
 
-// The trainer's whole state into root (see save_training_state).
+// The trainer's whole state into root/step-<steps done> (see save_training_state), one shard per
+// rank: a collective over trainer.world(), every rank calls it (checkpoint_sharded.h says who
+// writes what). Throws on every rank when any rank fails, leaving root as it was.
 std::filesystem::path save_checkpoint(Trainer& trainer, const std::filesystem::path& root,
                                       size_t keep);
 // Restores parameters, moments, optimizer and schedule step, skipped-step count and the data
-// loader's RNG from a checkpoint directory or root. Returns the directory loaded.
-// A distributed trainer saves and loads through checkpoint_sharded.h (collectives over its
-// world: every rank calls these together).
+// loader's RNG from a checkpoint directory or root, whatever world size and layout wrote it: a
+// collective over trainer.world(). Returns the directory loaded.
 std::filesystem::path load_checkpoint(Trainer& trainer, const std::filesystem::path& dir_or_root);
 
 // ---- stopping on SIGTERM / SIGINT ----

@@ -279,7 +279,7 @@ CheckpointTensors CheckpointTensors::open(const fs::path& dir,
                              t.name, e.what());
                 }
             } else {
-                // The single-process format: whole tensors under their (prefixed) names.
+                // The version 1 format: whole tensors under their (prefixed) names.
                 std::string_view name = t.name;
                 for (CheckpointPart p : {CheckpointPart::m, CheckpointPart::v}) {
                     if (name.starts_with(checkpoint_part_prefix(p))) {

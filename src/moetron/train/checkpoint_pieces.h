@@ -22,7 +22,7 @@
 // with "[b0:e0,b1:e1]" appended when the block is not the whole tensor and "[begin:end]" when the
 // flat range is not the whole block; an array is stored with the block's dimensions when the
 // range covers whole rows of the block (a slice of experts reads as (count, ...)), else flat. The
-// single-process format (one model.safetensors, every tensor whole, no "slices") reads as pieces
+// version 1 format (one model.safetensors, every tensor whole, no "slices") reads as pieces
 // too.
 #pragma once
 
@@ -100,7 +100,7 @@ class CheckpointTensors {
     // files: the checkpoint's tensor files (model.safetensors, or its shard files). entries: the
     // model's tensors with their global shapes (ParamTable(model_param_specs(config))). Checks,
     // with errors naming the file and the tensor: every array is described (a slice, or a whole
-    // tensor in the single-process format), F32, of the size its range says; its tensor is one of
+    // tensor in the version 1 format), F32, of the size its range says; its tensor is one of
     // entries, with the same global shape; no two pieces of a part of a tensor overlap; and the
     // pieces cover every parameter, and both moments of every trainable tensor (a non-trainable
     // tensor's moments may be absent: they are zeros).

@@ -16,7 +16,6 @@
 #include "moetron/model/moe.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_pieces.h"
@@ -33,9 +32,9 @@ namespace {
 
 void broadcast_string(parallel::Communicator& comm, std::string& text, int root) {
     int64_t length = static_cast<int64_t>(text.size());
-    comm.broadcast(&length, 1, DType::i64, root);
+    comm.broadcast(&length, 1, DType::i64, root, kHostStream);
     text.resize(static_cast<size_t>(length));
-    if (length > 0) comm.broadcast(text.data(), text.size(), DType::u8, root);
+    if (length > 0) comm.broadcast(text.data(), text.size(), DType::u8, root, kHostStream);
 }
 
 std::string what_failed(const std::exception& e) {
@@ -157,8 +156,7 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
     const parallel::RankCoordinates c =
         parallel::coordinates_of(trainer.topology(), trainer.rank());
     std::vector<CheckpointPiece> pieces;
-    for (const parallel::DistributedAdamW::MomentRange& r :
-         trainer.distributed_optimizer()->moment_ranges()) {
+    for (const AdamW::MomentRange& r : trainer.optimizer().moment_ranges()) {
         if (r.replicated && r.group_rank != 0) continue;  // another replica writes it
         for_each_overlap(
             entries, r.offset, r.numel, [&](const ParamEntry& e, int64_t lo, int64_t hi) {
@@ -191,14 +189,22 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
     return pieces;
 }
 
-std::string layout_name(const parallel::Topology& t) {
-    return fmt::format("dp{}.tp{}.ep{}", t.dp, t.tp, t.ep);
-}
-
 }  // namespace
 
 std::string checkpoint_shard_file_name(int rank, int world_size) {
     return fmt::format("shard-{:05d}-of-{:05d}.safetensors", rank, world_size);
+}
+
+std::string checkpoint_layout_name(const parallel::Topology& t) {
+    return fmt::format("dp{}.tp{}.ep{}", t.dp, t.tp, t.ep);
+}
+
+std::map<std::string, std::string> checkpoint_shard_metadata(int rank,
+                                                             const parallel::Topology& topology) {
+    return {{"format", "moetron-checkpoint-shard"},
+            {"rank", std::to_string(rank)},
+            {"world_size", std::to_string(topology.world_size)},
+            {"layout", checkpoint_layout_name(topology)}};
 }
 
 void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& error,
@@ -206,13 +212,13 @@ void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& e
     const auto n = static_cast<size_t>(comm.size());
     int64_t mine = static_cast<int64_t>(error.size());
     std::vector<int64_t> lengths(n);
-    comm.all_gather(lengths.data(), &mine, 1, DType::i64);
+    comm.all_gather(lengths.data(), &mine, 1, DType::i64, kHostStream);
     const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
     if (longest == 0) return;
     std::string own = error;
     own.resize(static_cast<size_t>(longest));
     std::string all(static_cast<size_t>(longest) * n, '\0');
-    comm.all_gather(all.data(), own.data(), static_cast<size_t>(longest), DType::u8);
+    comm.all_gather(all.data(), own.data(), static_cast<size_t>(longest), DType::u8, kHostStream);
     // Ranks with the same error are listed together (a missing file fails every rank alike).
     std::vector<std::pair<std::string, std::vector<int>>> groups;
     for (size_t r = 0; r < n; ++r) {
@@ -237,17 +243,16 @@ void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& e
 
 bool any_rank(parallel::Communicator& comm, bool flag) {
     double count = flag ? 1.0 : 0.0;
-    comm.all_reduce_sum(&count, 1, DType::f64);
+    comm.all_reduce_sum(&count, 1, DType::f64, kHostStream);
     return count > 0;
 }
 
-fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
-    MT_CHECK(trainer.distributed() && trainer.distributed_optimizer() != nullptr,
-             "[checkpoint] save_sharded_checkpoint needs a distributed trainer");
-    parallel::Communicator& world = *trainer.world();
+fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
+    trainer.check_safe_to_save("a checkpoint");
+    parallel::Communicator& world = trainer.world();
     const int rank = world.rank();
-    const std::string name = checkpoint_dir_name(static_cast<uint64_t>(trainer.steps_done()));
-    const fs::path final_dir = root / name;
+    const fs::path final_dir =
+        root / checkpoint_dir_name(static_cast<uint64_t>(trainer.steps_done()));
     const std::string what = fmt::format("saving checkpoint '{}'", final_dir.string());
 
     // Rank 0 opens the staging directory that every rank writes into.
@@ -255,15 +260,7 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
     std::string staging, error;
     if (rank == 0) {
         try {
-            std::error_code ec;
-            fs::create_directories(root, ec);
-            MT_CHECK(!ec, "[checkpoint] cannot create the checkpoint root '{}': {}", root.string(),
-                     ec.message());
-            MT_CHECK(!fs::exists(final_dir),
-                     "[checkpoint] '{}' already exists (an earlier run's?); resume from it with "
-                     "--resume or save into another root",
-                     final_dir.string());
-            staged = std::make_unique<StagedDir>(final_dir, trainer.run_id());
+            staged = stage_checkpoint_dir(root, trainer.steps_done(), trainer.run_id());
             staging = staged->path().string();
         } catch (const std::exception& e) {
             error = what_failed(e);
@@ -279,10 +276,7 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
         const GlobalTensors global(trainer.model());
         const std::vector<CheckpointPiece> pieces = pieces_of_this_rank(trainer, global);
         digest = write_checkpoint_shard((fs::path(staging) / shard).string(), pieces,
-                                        {{"format", "moetron-checkpoint-shard"},
-                                         {"rank", std::to_string(rank)},
-                                         {"world_size", std::to_string(world.size())},
-                                         {"layout", layout_name(trainer.topology())}});
+                                        checkpoint_shard_metadata(rank, trainer.topology()));
     } catch (const std::exception& e) {
         error = what_failed(e);
     }
@@ -291,43 +285,26 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
     // Rank 0: the index (with every shard's checksum), the state, commit, `latest`.
     const std::array<uint64_t, 2> own{digest.num_bytes, digest.xxh3};
     std::vector<uint64_t> digests(2 * static_cast<size_t>(world.size()));
-    world.all_gather(digests.data(), own.data(), 2, DType::i64);  // 64-bit words, moved only
+    world.all_gather(digests.data(), own.data(), 2, DType::i64,
+                     kHostStream);  // 64-bit words, moved only
     if (rank == 0) {
         try {
             CheckpointIndex index;
-            json files = json::array();
-            for (int r = 0; r < world.size(); ++r) {
-                const std::string file = checkpoint_shard_file_name(r, world.size());
-                index.add(file, {digests[2 * static_cast<size_t>(r)],
-                                 digests[2 * static_cast<size_t>(r) + 1]});
-                files.push_back(file);
-            }
+            for (int r = 0; r < world.size(); ++r)
+                index.add(
+                    checkpoint_shard_file_name(r, world.size()),
+                    {digests[2 * static_cast<size_t>(r)], digests[2 * static_cast<size_t>(r) + 1]});
             TrainingStateView st;
             st.model_config = &trainer.model().config();
             st.train_config = &trainer.config();
             st.step = trainer.steps_done();
-            st.optimizer_step = trainer.distributed_optimizer()->step_count();
+            st.optimizer_step = trainer.optimizer().step_count();
             st.skipped_steps = trainer.skipped_steps();
             st.data_rng = trainer.loader().state();  // every rank draws the same batches
             st.data_source = trainer.loader().source_name();
             st.run_id = trainer.run_id();
-            json state = training_state_json(st);
-            state["version"] = kShardedCheckpointVersion;
-            state["layout"] = layout_name(trainer.topology());
-            state["world_size"] = world.size();
-            state["topology"] = trainer.topology().str();
-            state["shard_files"] = files;
-            const std::string text = state.dump(2) + "\n";
-            const fs::path state_path = staged->path() / kCheckpointStateFile;
-            UniqueFd fd = create_for_writing(state_path.string());
-            write_all(fd.get(), text.data(), text.size(), state_path.string());
-            fsync_fd(fd.get(), state_path.string());
-            fd.close(state_path.string());
-            index.add_file(staged->path().string(), kCheckpointStateFile);
-            index.write((staged->path() / kCheckpointIndexName).string());
-            staged->commit();
-            write_latest_pointer(root, name, trainer.run_id());
-            if (keep > 0) remove_old_checkpoints(root, keep, trainer.run_id(), st.step);
+            st.topology = trainer.topology();
+            commit_checkpoint_dir(*staged, root, index, training_state_json(st), keep);
         } catch (const std::exception& e) {
             error = what_failed(e);
         }
@@ -337,10 +314,8 @@ fs::path save_sharded_checkpoint(Trainer& trainer, const fs::path& root, size_t 
     return final_dir;
 }
 
-fs::path load_sharded_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
-    MT_CHECK(trainer.distributed() && trainer.distributed_optimizer() != nullptr,
-             "[checkpoint] load_sharded_checkpoint needs a distributed trainer");
-    parallel::Communicator& world = *trainer.world();
+fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
+    parallel::Communicator& world = trainer.world();
     const std::string what = fmt::format("loading checkpoint '{}'", dir_or_root.string());
     Model& model = trainer.model();
     const GlobalTensors global(model);
@@ -370,8 +345,8 @@ fs::path load_sharded_checkpoint(Trainer& trainer, const fs::path& dir_or_root) 
                     tensors->read(CheckpointPart::param, e.name, block, begin, end - begin,
                                   model.params() + at);
                 });
-        parallel::DistributedAdamW& optimizer = *trainer.distributed_optimizer();
-        for (const parallel::DistributedAdamW::MomentRange& r : optimizer.moment_ranges()) {
+        AdamW& optimizer = trainer.optimizer();
+        for (const AdamW::MomentRange& r : optimizer.moment_ranges()) {
             for_each_overlap(
                 model.param_entries(), r.offset, r.numel,
                 [&](const ParamEntry& e, int64_t lo, int64_t hi) {

@@ -1,9 +1,11 @@
-// Checkpoints of a distributed trainer (TrainParallel::world set): one safetensors shard file per
-// rank plus state.json and index.json (train/checkpoint.h has the directory; checkpoint_pieces.h
-// the pieces), saved and loaded by every rank of the trainer's group together.
+// The trainer's checkpoints (save_checkpoint and load_checkpoint of train/checkpoint.h), for
+// every world size: one safetensors shard file per rank plus state.json and index.json
+// (train/checkpoint.h has the directory; checkpoint_pieces.h the pieces), saved and loaded by
+// every rank of the trainer's world together. One process is a world of one: it writes one shard
+// holding everything.
 //
 // Who writes what: a rank writes the pieces it alone is responsible for, by the optimizer's
-// buckets (parallel/zero_optimizer.h's moment ranges): the parameters and both moments of its
+// buckets (train/optimizer.h's moment ranges): the parameters and both moments of its
 // ZeRO-1 shards (the routed experts' sharded over the expert-data-parallel group); of a replicated
 // bucket (--no-zero1) the first rank of the bucket's group writes the whole bucket; a
 // tensor without moments (the router correction bias) is written by the first rank of its
@@ -30,30 +32,22 @@
 // again after reading.
 #pragma once
 
-#include <cstddef>
-#include <filesystem>
+#include <map>
 #include <string>
 #include <string_view>
 
+#include "moetron/parallel/communicator.h"
+#include "moetron/parallel/topology.h"
+
 namespace moetron {
-
-class Trainer;
-namespace parallel {
-class Communicator;
-}
-
-// state.json's "version" of a sharded checkpoint (a single-process one is version 1).
-inline constexpr int kShardedCheckpointVersion = 2;
 
 // "shard-00001-of-00004.safetensors"
 std::string checkpoint_shard_file_name(int rank, int world_size);
-
-// save_checkpoint and load_checkpoint (train/checkpoint.h) for a distributed trainer; collectives
-// over trainer.world().
-std::filesystem::path save_sharded_checkpoint(Trainer& trainer, const std::filesystem::path& root,
-                                              size_t keep);
-std::filesystem::path load_sharded_checkpoint(Trainer& trainer,
-                                              const std::filesystem::path& dir_or_root);
+// "dp2.tp1.ep2": the "layout" of state.json and of the shard files.
+std::string checkpoint_layout_name(const parallel::Topology& topology);
+// The "__metadata__" of rank's shard file (beside its "slices").
+std::map<std::string, std::string> checkpoint_shard_metadata(int rank,
+                                                             const parallel::Topology& topology);
 
 // A collective over comm: returns when error is empty on every rank, else throws on every rank
 // "[checkpoint] <what> failed on rank R: <error>" (ranks with the same error listed together).

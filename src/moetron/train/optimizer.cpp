@@ -2,70 +2,226 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "moetron/core/error.h"
-#include "moetron/kernels/cpu/adamw.h"
+#include "moetron/kernels/backend.h"
 
 namespace moetron {
 
-AdamW::AdamW(const std::vector<ParamEntry>& entries, int64_t num_params, const AdamWConfig& config)
-    : config_(config), m_(static_cast<size_t>(num_params)), v_(static_cast<size_t>(num_params)) {
-    std::vector<ParamEntry> sorted = entries;
-    std::sort(sorted.begin(), sorted.end(),
-              [](const ParamEntry& a, const ParamEntry& b) { return a.offset < b.offset; });
-    for (const ParamEntry& e : sorted) {
-        MT_CHECK(e.offset >= 0 && e.numel >= 0 && e.offset + e.numel <= num_params,
-                 "[optimizer] parameter '{}' [{}, {}) lies outside the {}-float buffer", e.name,
-                 e.offset, e.offset + e.numel, num_params);
-        if (!e.trainable || e.numel == 0) continue;
-        if (!spans_.empty()) {
-            Span& last = spans_.back();
-            MT_CHECK(last.offset + last.numel <= e.offset,
-                     "[optimizer] parameter '{}' overlaps the one before it", e.name);
-            if (last.offset + last.numel == e.offset && last.weight_decay == e.weight_decay) {
-                last.numel += e.numel;
-                continue;
+using parallel::CollectiveHandle;
+using parallel::Communicator;
+using parallel::DecayRun;
+using parallel::GradBucket;
+using parallel::GradBuckets;
+using parallel::ReplicaGroup;
+
+AdamW::AdamW(std::span<const parallel::ParamSpan> spans, int64_t num_params, float* grads,
+             AdamWGroups groups, const AdamWConfig& config, Backend& backend)
+    : backend_(backend),
+      sync_(std::make_unique<parallel::GradSync>(spans, num_params, grads, groups.dp, groups.edp,
+                                                 config.grad_sync, backend.stream())),
+      world_(groups.world),
+      config_(config) {
+    const parallel::GradSync& sync = *sync_;
+    const Communicator& world = world_;
+    const Communicator& dp = sync.group(ReplicaGroup::data_parallel);
+    const Communicator& edp = sync.group(ReplicaGroup::expert_data_parallel);
+    MT_CHECK(world.size() % dp.size() == 0,
+             "[optimizer] the data-parallel group '{}' ({} ranks) does not divide the world '{}' "
+             "({} ranks)",
+             dp.name(), dp.size(), world.name(), world.size());
+    MT_CHECK(world.size() % edp.size() == 0,
+             "[optimizer] the expert-data-parallel group '{}' ({} ranks) does not divide the world "
+             "({} ranks)",
+             edp.name(), edp.size(), world.size());
+
+    const std::vector<GradBucket>& buckets = sync.buckets().buckets();
+    states_.resize(buckets.size());
+    int64_t replica_numel = 0, staging_numel = 0;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        BucketState& s = states_[b];
+        if (bucket.sharded) {
+            const int rank = sync.group(bucket.group).rank();
+            s.runs = GradBuckets::owned_decay_runs(bucket, rank);
+            s.owned_begin = bucket.owned_begin(rank);
+            s.owned_numel = bucket.owned_end(rank) - s.owned_begin;
+            s.state_offset = bucket.shard_offset;
+            if (bucket.padded()) {
+                s.staging_offset = staging_numel;
+                staging_numel += bucket.shard_numel * bucket.group_size;
             }
+        } else {
+            s.runs = bucket.decay_runs;
+            s.owned_begin = 0;
+            s.owned_numel = bucket.numel;
+            s.state_offset = replica_numel;
+            replica_numel += bucket.numel;
         }
-        spans_.push_back({e.offset, e.numel, e.weight_decay});
     }
+    const auto shard = static_cast<size_t>(sync.buckets().shard_buffer_numel());
+    shard_params_.assign(shard, 0.0f);
+    shard_m_.assign(shard, 0.0f);
+    shard_v_.assign(shard, 0.0f);
+    replica_m_.assign(static_cast<size_t>(replica_numel), 0.0f);
+    replica_v_.assign(static_cast<size_t>(replica_numel), 0.0f);
+    gather_staging_.assign(static_cast<size_t>(staging_numel), 0.0f);
+    gathers_.resize(buckets.size());
 }
 
-double AdamW::grad_norm(const float* grads) const {
-    double sum = 0;
-    for (const Span& s : spans_) sum += cpu::sum_squares(grads + s.offset, s.numel);
-    return std::sqrt(sum);
+int64_t AdamW::state_numel() const {
+    return static_cast<int64_t>(shard_params_.size() + shard_m_.size() + shard_v_.size() +
+                                replica_m_.size() + replica_v_.size());
 }
 
-double AdamW::clip_gradients(float* grads) const {
-    const double norm = grad_norm(grads);
-    const float factor = cpu::clip_factor(norm, static_cast<float>(config_.grad_clip));
+int64_t AdamW::state_numel(ReplicaGroup group) const {
+    int64_t numel = 0;
+    for (const GradBucket& bucket : sync_->buckets().buckets()) {
+        if (bucket.group != group) continue;
+        numel += bucket.sharded ? 3 * bucket.shard_numel : 2 * bucket.numel;
+    }
+    return numel;
+}
+
+std::vector<AdamW::MomentRange> AdamW::moment_ranges() {
+    MT_CHECK(!params_in_flight(),
+             "[optimizer] moment_ranges() while the parameter all-gathers are in flight: call "
+             "finish_param_gathers() first (a checkpoint reads the parameters with the moments)");
+    const std::vector<GradBucket>& buckets = sync_->buckets().buckets();
+    std::vector<MomentRange> ranges;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        const BucketState& s = states_[b];
+        if (s.owned_numel == 0) continue;
+        std::vector<float>& m = bucket.sharded ? shard_m_ : replica_m_;
+        std::vector<float>& v = bucket.sharded ? shard_v_ : replica_v_;
+        ranges.push_back({bucket.offset + s.owned_begin, s.owned_numel, !bucket.sharded,
+                          sync_->group(bucket.group).rank(), m.data() + s.state_offset,
+                          v.data() + s.state_offset});
+    }
+    return ranges;
+}
+
+double AdamW::clip_gradients(float* grads) {
+    MT_CHECK(!params_in_flight(),
+             "[optimizer] clip_gradients() while the last step's parameter all-gathers are in "
+             "flight: the forward read parameters still being gathered (call "
+             "finish_param_gathers() before the next forward)");
+    const std::vector<GradBucket>& buckets = sync_->buckets().buckets();
+    float* shard_grads = sync_->shard_grads();
+    // This rank's part of the global sum of squares: each element of the global gradient counted
+    // once over the world.
+    double local = 0.0;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        const BucketState& s = states_[b];
+        // Ranks outside the group with the same copy (TP replicas) each add their share too.
+        const auto copies = static_cast<double>(bucket.copies_outside_group);
+        if (bucket.sharded) {
+            local += backend_.sum_squares(shard_grads + s.state_offset, s.owned_numel) / copies;
+        } else {
+            // Every rank of the bucket's group holds the same summed copy.
+            local += backend_.sum_squares(grads + bucket.offset, bucket.numel) /
+                     (static_cast<double>(bucket.group_size) * copies);
+        }
+    }
+    world_.all_reduce_sum(&local, 1, DType::f64, kHostStream);
+    const double norm = std::sqrt(local);
+    const float factor = clip_factor(norm, static_cast<float>(config_.grad_clip));
     if (factor != 1.0f) {
-        for (const Span& s : spans_) cpu::scale_inplace(grads + s.offset, s.numel, factor);
+        for (size_t b = 0; b < buckets.size(); ++b) {
+            const GradBucket& bucket = buckets[b];
+            const BucketState& s = states_[b];
+            if (bucket.sharded)
+                backend_.scale_inplace(shard_grads + s.state_offset, s.owned_numel, factor);
+            else
+                backend_.scale_inplace(grads + bucket.offset, bucket.numel, factor);
+        }
     }
     return norm;
 }
 
+void AdamW::restore_step_count(int64_t step_count) {
+    MT_CHECK(step_count >= 0, "[optimizer] cannot restore a negative step count {}", step_count);
+    step_count_ = step_count;
+}
+
 void AdamW::step(float* params, const float* grads, double lr) {
+    post_step(params, grads, lr);
+    finish_param_gathers();
+}
+
+void AdamW::post_step(float* params, const float* grads, double lr) {
+    MT_CHECK(!params_in_flight(),
+             "[optimizer] step {} posted while the parameter all-gathers of step {} are still in "
+             "flight (call finish_param_gathers() first)",
+             step_count_ + 1, step_count_);
     ++step_count_;
-    cpu::AdamWParams hp{};
+    AdamWParams hp{};
     hp.lr = static_cast<float>(lr);
     hp.beta1 = static_cast<float>(config_.beta1);
     hp.beta2 = static_cast<float>(config_.beta2);
     hp.eps = static_cast<float>(config_.eps);
     hp.step = step_count_;
-    for (const Span& s : spans_) {
-        hp.weight_decay = s.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
-        cpu::adamw_update(params + s.offset, m_.data() + s.offset, v_.data() + s.offset,
-                          grads + s.offset, s.numel, hp);
+    const float decay = static_cast<float>(config_.weight_decay);
+
+    const std::vector<GradBucket>& buckets = sync_->buckets().buckets();
+    const float* shard_grads = sync_->shard_grads();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const GradBucket& bucket = buckets[b];
+        const BucketState& s = states_[b];
+        if (!bucket.sharded) {
+            float* p = params + bucket.offset;
+            const float* g = grads + bucket.offset;
+            for (const DecayRun& r : s.runs) {
+                hp.weight_decay = r.weight_decay ? decay : 0.0f;
+                backend_.adamw_update(p + r.offset, replica_m_.data() + s.state_offset + r.offset,
+                                      replica_v_.data() + s.state_offset + r.offset, g + r.offset,
+                                      r.numel, hp);
+            }
+            continue;
+        }
+        // The fp32 shard starts from the full buffer each step, so that anything that wrote the
+        // parameters since (a checkpoint load) is picked up.
+        float* p = shard_params_.data() + s.state_offset;
+        backend_.copy(p, params + bucket.offset + s.owned_begin,
+                      static_cast<size_t>(s.owned_numel) * sizeof(float));
+        for (const DecayRun& r : s.runs) {
+            hp.weight_decay = r.weight_decay ? decay : 0.0f;
+            backend_.adamw_update(p + r.offset, shard_m_.data() + s.state_offset + r.offset,
+                                  shard_v_.data() + s.state_offset + r.offset,
+                                  shard_grads + s.state_offset + r.offset, r.numel, hp);
+        }
+#ifndef NDEBUG
+        // Debug builds: the bucket's parameters read as NaN until its gather lands, so that a read
+        // breaking the invariant (optimizer.h) shows up as a non-finite loss, never as a
+        // silently stale value. The gather overwrites all of it (finish_param_gathers for padded
+        // buckets).
+        std::fill_n(params + bucket.offset, bucket.numel, std::numeric_limits<float>::quiet_NaN());
+#endif
+        float* out = s.staging_offset >= 0 ? gather_staging_.data() + s.staging_offset
+                                           : params + bucket.offset;
+        gathers_[b] = sync_->group(bucket.group)
+                          .all_gather_async(out, p, static_cast<size_t>(bucket.shard_numel),
+                                            DType::f32, backend_.stream());
     }
+    gather_params_ = params;
 }
 
-void AdamW::restore_state(const float* m, const float* v, int64_t step_count) {
-    MT_CHECK(step_count >= 0, "[optimizer] cannot restore a negative step count {}", step_count);
-    std::copy(m, m + m_.size(), m_.begin());
-    std::copy(v, v + v_.size(), v_.begin());
-    step_count_ = step_count;
+void AdamW::finish_param_gathers() {
+    if (gather_params_ == nullptr) return;
+    const std::vector<GradBucket>& buckets = sync_->buckets().buckets();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        gathers_[b].wait();
+        const BucketState& s = states_[b];
+        if (s.staging_offset >= 0) {
+            backend_.copy(gather_params_ + buckets[b].offset,
+                          gather_staging_.data() + s.staging_offset,
+                          static_cast<size_t>(buckets[b].numel) * sizeof(float));
+        }
+    }
+    gather_params_ = nullptr;
 }
 
 }  // namespace moetron

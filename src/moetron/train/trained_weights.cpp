@@ -3,54 +3,76 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <array>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/train/checkpoint.h"
-#include "moetron/train/weights_file.h"
+#include "moetron/train/checksum.h"
 
 namespace moetron {
 
+namespace fs = std::filesystem;
+
+namespace {
+
+// The first bytes of the weights files `moetron train --save-final` wrote before it wrote
+// checkpoints.
+constexpr std::array<char, 8> kOldWeightsMagic = {'M', 'T', 'W', 'E', 'I', 'G', 'H', 'T'};
+
+bool starts_with_old_weights_magic(const fs::path& path) {
+    std::ifstream file(path, std::ios::binary);
+    std::array<char, 8> head{};
+    return file.read(head.data(), head.size()) && head == kOldWeightsMagic;
+}
+
+}  // namespace
+
 TrainedWeightsSource inspect_trained_weights(const std::string& path) {
-    namespace fs = std::filesystem;
     std::error_code ec;
     MT_USER_CHECK(fs::exists(path, ec),
-                  "'{}' does not exist (expected a checkpoint directory from `moetron train "
-                  "--save DIR` or a weights file from `moetron train --save-final FILE`)",
+                  "'{}' does not exist (expected a checkpoint directory or root from `moetron "
+                  "train --save DIR` or `--save-final DIR`)",
                   path);
-    TrainedWeightsSource source;
-    source.path = path;
-    if (!fs::is_directory(path, ec)) return source;
-    const CheckpointRun run = read_checkpoint_run(path);
-    source.path = run.dir.string();
-    source.is_checkpoint = true;
-    source.model = run.model;
-    source.train = run.train;
-    return source;
+    fs::path dir = path;
+    if (!fs::is_directory(dir, ec)) {
+        MT_USER_CHECK(!starts_with_old_weights_magic(dir),
+                      "'{}' is a weights file of an older moetron, whose --save-final wrote this "
+                      "format; --save-final now writes a checkpoint. To convert it, export it with "
+                      "the moetron that wrote it (`moetron export --weights {} --config MODEL "
+                      "--dtype fp32 --out HF_DIR`) and import that with this one (`moetron import "
+                      "--hf HF_DIR --out CHECKPOINT_ROOT`)",
+                      path, path);
+        // A file inside a checkpoint directory (its safetensors or state.json) stands for it.
+        dir = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+        MT_USER_CHECK(fs::exists(dir / kCheckpointIndexName, ec),
+                      "'{}' is neither a checkpoint nor a file of one (expected a checkpoint "
+                      "directory or root from `moetron train --save DIR` or `--save-final DIR`)",
+                      path);
+    }
+    const CheckpointRun run = read_checkpoint_run(dir);
+    return {run.dir.string(), run.model, run.train};
 }
 
 ModelConfig trained_weights_model(const TrainedWeightsSource& source,
                                   const std::string& config_path) {
-    if (!source.is_checkpoint) return load_model_config(config_path);
     if (!config_path.empty()) {
         const std::vector<std::string> differences =
-            model_config_differences(*source.model, load_model_config(config_path));
+            model_config_differences(source.model, load_model_config(config_path));
         MT_USER_CHECK(differences.empty(),
                       "checkpoint '{}' holds another model than '{}' ({}); leave out --config: a "
                       "checkpoint knows its model",
                       source.path, config_path, fmt::join(differences, ", "));
     }
-    return *source.model;
+    return source.model;
 }
 
 void read_trained_params(const TrainedWeightsSource& source, const ModelConfig& model,
                          const std::vector<ParamEntry>& entries, float* params) {
-    if (!source.is_checkpoint) {
-        load_weights(source.path, entries, params, describe_model_config(model));
-        return;
-    }
     const nlohmann::json state = read_verified_checkpoint_state(source.path);
     (void)checkpoint_counters(source.path, state,
                               model);  // the same model, or an error naming keys

@@ -1,10 +1,11 @@
-// Trained weights wherever they are: a checkpoint (a checkpoint directory, or a root with a
-// `latest` pointer; train/checkpoint.h), or a weights file written by `moetron train
-// --save-final` (train/weights_file.h). `moetron sample` and `moetron export` take either; a
-// checkpoint also carries its model and [train] settings, a weights file only the parameters.
+// Trained weights for `moetron sample` and `moetron export`: a checkpoint (train/checkpoint.h),
+// as `moetron train --save`, `--save-final` or `moetron import` write it. The path may name a
+// checkpoint directory, a root with a `latest` pointer, or a file inside a checkpoint directory
+// (its safetensors, say). A checkpoint carries its model and [train] settings.
+// A weights file of the format `--save-final` wrote before it wrote checkpoints ("MTWEIGHT") is
+// refused with the commands that convert it.
 #pragma once
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,22 +16,21 @@
 namespace moetron {
 
 // What a weights path holds, read without loading the tensors. Throws a user error when the path
-// does not exist.
+// does not exist or holds no checkpoint.
 struct TrainedWeightsSource {
-    std::string path;
-    bool is_checkpoint = false;        // else a weights file
-    std::optional<ModelConfig> model;  // a checkpoint's model config
-    std::optional<TrainConfig> train;  // a checkpoint's [train] settings
+    std::string path;   // the checkpoint directory
+    ModelConfig model;  // the checkpoint's model config
+    TrainConfig train;  // its [train] settings
 };
 TrainedWeightsSource inspect_trained_weights(const std::string& path);
 
-// The model to use with that source: a checkpoint's own (when config_path is given too, it must
-// describe the same model); for a weights file, the model config at config_path.
+// The model to use with that source: the checkpoint's own; when config_path is given too, it must
+// describe the same model.
 ModelConfig trained_weights_model(const TrainedWeightsSource& source,
                                   const std::string& config_path);
 
 // Reads the parameters into params (laid out by entries, the model's), checking names and
-// shapes; a checkpoint is verified first (train/checkpoint.h).
+// shapes; the checkpoint is verified first (train/checkpoint.h).
 void read_trained_params(const TrainedWeightsSource& source, const ModelConfig& model,
                          const std::vector<ParamEntry>& entries, float* params);
 

@@ -14,6 +14,7 @@
 #include "moetron/core/timer.h"
 #include "moetron/model/flops.h"
 #include "moetron/model/layout_fit.h"
+#include "moetron/parallel/local_communicator.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_root.h"
@@ -22,12 +23,12 @@ namespace moetron {
 
 namespace {
 
-ModelParallel model_parallel(parallel::ParallelGroups& groups, const TrainParallel& p) {
+ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communicator& world,
+                             const TrainParallel& p) {
     ModelParallel mp;
-    if (p.world == nullptr) return mp;
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
-    mp.load = p.world;  // every rank routes tokens of its own (TP ranks: their share of them)
+    mp.load = &world;  // every rank routes tokens of its own (TP ranks: their share of them)
     mp.moe = p.moe;
     mp.ep_rail = groups.ep_rail.get();
     mp.ep_domain = groups.ep_domain.get();
@@ -51,32 +52,28 @@ std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainCo
     return model;
 }
 
-AdamWConfig adamw_config(const TrainConfig& c) {
+AdamWConfig adamw_config(const TrainConfig& c, const TrainParallel& p,
+                         const parallel::Topology& topology) {
     AdamWConfig a;
     a.beta1 = c.beta1;
     a.beta2 = c.beta2;
     a.eps = c.eps;
     a.weight_decay = c.weight_decay;
     a.grad_clip = c.grad_clip;
+    a.grad_sync.bucket_bytes = static_cast<int64_t>(p.bucket_mb * 1024.0 * 1024.0);
+    // ZeRO-1 shards over the DP and EDP groups; when both are one rank (one process, or a job of
+    // tensor parallelism only) it would only add copies of the whole state.
+    a.grad_sync.zero1 = p.zero1 && (topology.dp > 1 || topology.edp > 1);
+    a.grad_sync.overlap = p.overlap;
     return a;
 }
 
-parallel::DistributedAdamWConfig distributed_adamw_config(const TrainConfig& c) {
-    parallel::DistributedAdamWConfig a;
-    a.beta1 = c.beta1;
-    a.beta2 = c.beta2;
-    a.eps = c.eps;
-    a.weight_decay = c.weight_decay;
-    a.grad_clip = c.grad_clip;
-    return a;
-}
-
-// The topology of a distributed run, checked against the world, the model and the batch.
+// The run's topology, checked against the world, the model and the batch.
 parallel::Topology make_train_topology(const ModelConfig& model, const TrainConfig& config,
-                                       const TrainParallel& p) {
-    if (p.world == nullptr) return {};
+                                       const TrainParallel& p,
+                                       const parallel::Communicator& world) {
     const parallel::Topology t =
-        parallel::make_topology(parallel::parse_layout(p.layout), p.world->size(), p.domain_size);
+        parallel::make_topology(parallel::parse_layout(p.layout), world.size(), p.domain_size);
     validate_topology_for_model(t, model);
     MT_CHECK(config.batch_size % t.dp == 0,
              "[train] batch_size {} sequences do not split over the {} data-parallel ranks of "
@@ -87,12 +84,11 @@ parallel::Topology make_train_topology(const ModelConfig& model, const TrainConf
 }
 
 // The job's groups, each wrapped so that its collectives are timed and traced.
-parallel::ParallelGroups make_traced_groups(parallel::Communicator* world,
+parallel::ParallelGroups make_traced_groups(parallel::Communicator& world,
                                             const parallel::Topology& topology,
                                             parallel::CommWaitTotals* totals,
                                             TraceRecorder* recorder) {
-    if (world == nullptr) return {};
-    parallel::ParallelGroups groups = parallel::build_groups(*world, topology);
+    parallel::ParallelGroups groups = parallel::build_groups(world, topology);
     parallel::trace_groups(groups, totals, recorder);
     return groups;
 }
@@ -109,10 +105,16 @@ void record_dispatch_stats(StepRecord& r, const parallel::DispatchStats& s) {
     r.moe_extra_rounds = s.extra_rounds;
 }
 
-// Sums a few doubles over the data-parallel group (no-op on one process).
+// Sums a few doubles over the data-parallel group.
 template <size_t N>
 void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& values) {
-    if (groups.dp != nullptr) groups.dp->all_reduce_sum(std::span<double>(values));
+    groups.dp->all_reduce_sum(std::span<double>(values), kHostStream);
+}
+
+// The world a trainer runs in: the job's, or (one process) a world of one that it owns.
+std::unique_ptr<parallel::Communicator> own_world_unless_given(const TrainParallel& p) {
+    if (p.world != nullptr) return nullptr;
+    return std::make_unique<parallel::LocalCommunicator>("world");
 }
 
 }  // namespace
@@ -120,12 +122,13 @@ void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& val
 Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader,
                  const TrainParallel& parallel)
     : config_(config),
-      world_(parallel.world),
-      topology_(make_train_topology(model_config, config, parallel)),
-      groups_(make_traced_groups(world_, topology_, &comm_wait_, &trace_)),
+      own_world_(own_world_unless_given(parallel)),
+      world_(parallel.world != nullptr ? parallel.world : own_world_.get()),
+      topology_(make_train_topology(model_config, config, parallel, *world_)),
+      groups_(make_traced_groups(*world_, topology_, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
-                        model_parallel(groups_, parallel))),
+                        model_parallel(groups_, *world_, parallel))),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {
@@ -133,57 +136,28 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
              "[train] the data loader cuts windows of {} tokens, the run wants seq_len {}",
              loader_.seq_len(), config.seq_len);
     rank_rows_ = config.batch_size / topology_.dp;
-    if (world_ == nullptr) {
-        optimizer_ = std::make_unique<AdamW>(model_->param_entries(), model_->num_params(),
-                                             adamw_config(config));
-    } else {
-        first_rank_row_ = groups_.dp->rank() * rank_rows_;
-        parallel::GradSyncOptions so;
-        so.bucket_bytes = static_cast<int64_t>(parallel.bucket_mb * 1024.0 * 1024.0);
-        so.zero1 = parallel.zero1;
-        so.overlap = parallel.overlap;
-        const std::vector<parallel::ParamSpan> spans = model_->param_spans();
-        sync_ = std::make_unique<parallel::GradSync>(spans, model_->num_params(), model_->grads(),
-                                                     *groups_.dp, *groups_.edp, so);
-        model_->set_grad_ready_callback(
-            [sync = sync_.get()](int64_t begin, int64_t end) { sync->grads_ready(begin, end); });
-        dist_optimizer_ = std::make_unique<parallel::DistributedAdamW>(
-            *sync_, *world_, distributed_adamw_config(config));
-    }
+    first_rank_row_ = groups_.dp->rank() * rank_rows_;
+    const std::vector<parallel::ParamSpan> spans = model_->param_spans();
+    optimizer_ = std::make_unique<AdamW>(spans, model_->num_params(), model_->grads(),
+                                         AdamWGroups{*world_, *groups_.dp, *groups_.edp},
+                                         adamw_config(config, parallel, topology_));
+    model_->set_grad_ready_callback([sync = &optimizer_->grad_sync()](int64_t begin, int64_t end) {
+        sync->grads_ready(begin, end);
+    });
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
     run_id_ = new_run_id();
-    if (world_ != nullptr)  // one run, one identity: rank 0's
-        world_->broadcast(run_id_.data(), run_id_.size(), DType::u8, 0);
-}
-
-const AdamW& Trainer::optimizer() const {
-    MT_CHECK(optimizer_ != nullptr,
-             "[train] a distributed trainer keeps its optimizer state sharded; it has no AdamW");
-    return *optimizer_;
-}
-
-AdamW& Trainer::mutable_optimizer() {
-    MT_CHECK(optimizer_ != nullptr,
-             "[train] a distributed trainer keeps its optimizer state sharded; it has no AdamW");
-    return *optimizer_;
-}
-
-int Trainer::rank() const {
-    return world_ != nullptr ? world_->rank() : 0;
-}
-
-int Trainer::world_size() const {
-    return world_ != nullptr ? world_->size() : 1;
+    world_->broadcast(run_id_.data(), run_id_.size(), DType::u8, 0,
+                      kHostStream);  // one run: rank 0's id
 }
 
 int64_t Trainer::optimizer_state_numel() const {
-    return dist_optimizer_ != nullptr ? dist_optimizer_->state_numel() : 2 * model_->num_params();
+    return optimizer_->state_numel();
 }
 
 parallel::GradSyncStats Trainer::last_sync_stats() const {
-    return sync_ != nullptr ? sync_->last_stats() : parallel::GradSyncStats{};
+    return optimizer_->grad_sync().last_stats();
 }
 
 StepRecord Trainer::step() {
@@ -207,7 +181,7 @@ StepRecord Trainer::step() {
         count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
     std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
     for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-        if (sync_ != nullptr && micro + 1 == config_.grad_accum) sync_->arm();
+        if (micro + 1 == config_.grad_accum) optimizer_->grad_sync().arm();
         const int64_t first = micro * micro_tokens + first_rank_row_ * S;
         const TraceScope scope(&trace_, "forward + backward");
         const MicroBatchLosses l = model_->forward_backward(
@@ -216,7 +190,7 @@ StepRecord Trainer::step() {
         losses[1] += l.mtp_loss;
         losses[2] += l.balance_loss;
     }
-    if (sync_ != nullptr) sync_->finish();
+    optimizer_->grad_sync().finish();
     if (dispatcher != nullptr) record_dispatch_stats(r, dispatcher->stats());
     sum_over_ranks(groups_, losses);
     r.loss = losses[0];
@@ -225,8 +199,7 @@ StepRecord Trainer::step() {
 
     r.step = steps_done_ + 1;
     if (grad_hook_) grad_hook_(r.step, model_->grads());
-    r.grad_norm = dist_optimizer_ != nullptr ? dist_optimizer_->clip_gradients(model_->grads())
-                                             : optimizer_->clip_gradients(model_->grads());
+    r.grad_norm = optimizer_->clip_gradients(model_->grads());
     // A non-finite loss or norm skips the update: parameters, moments and router bias stay those
     // of the last good step, while the data and the schedule move on (the step is counted).
     // Every rank sees the same summed loss and global norm, so they all skip together.
@@ -253,10 +226,7 @@ StepRecord Trainer::step() {
         const TraceScope scope(&trace_, "optimizer");
         // Returns with the parameter all-gathers in flight; they are waited for at the end of
         // the step (below), so no parameter is read before they land.
-        if (dist_optimizer_ != nullptr)
-            dist_optimizer_->post_step(model_->params(), model_->grads(), r.lr);
-        else
-            optimizer_->step(model_->params(), model_->grads(), r.lr);
+        optimizer_->post_step(model_->params(), model_->grads(), r.lr);
     }
     ++steps_done_;
     // The loads of every rank, so that the logged balance is the job's.
@@ -270,11 +240,11 @@ StepRecord Trainer::step() {
     r.expert_load_min_over_mean = load.min_over_mean;
     timer.reset();
     model_->update_router_bias(static_cast<float>(config_.bias_update_speed));
-    if (dist_optimizer_ != nullptr) {
+    {
         // The router bias is not trainable, so no gather writes it; the parameters are whole
         // again before step() returns (the next forward, an evaluation or a checkpoint).
         const TraceScope scope(&trace_, "parameter all-gather wait");
-        dist_optimizer_->finish_param_gathers();
+        optimizer_->finish_param_gathers();
     }
     compute_s += timer.elapsed_s();
 
@@ -284,7 +254,7 @@ StepRecord Trainer::step() {
     r.tp_comm_s = comm_wait_[TrafficClass::tensor_parallel];
     r.dp_comm_s = comm_wait_[TrafficClass::data_parallel];
     r.compute_only_s = compute_s - comm_wait_.total_s();
-    r.grad_sync_exposed_s = sync_ != nullptr ? sync_->last_stats().exposed_s() : 0.0;
+    r.grad_sync_exposed_s = optimizer_->grad_sync().last_stats().exposed_s();
     static_assert(std::tuple_size_v<decltype(r.payload_bytes)> == parallel::kNumCollectiveKinds);
     r.payload_bytes = parallel::payload_bytes_by_kind(groups_);
 
@@ -343,7 +313,7 @@ TrainSummary Trainer::run(MetricsLog& log) {
         const bool traced = trace_step_ == steps_done() - first_step + 1;
         if (traced) {
             // Ranks line up here so that their timelines share an origin.
-            if (world_ != nullptr) world_->barrier();
+            world_->barrier();
             trace_.begin(Timer::now_s());
         }
         StepRecord r = step();
@@ -397,36 +367,30 @@ void Trainer::set_trace(std::string path, int64_t step) {
 // and writes one trace file there, through a temporary file and a rename.
 void Trainer::write_trace() {
     std::string mine = trace_.events_json(rank());
-    std::vector<std::string> fragments;
-    if (world_ == nullptr) {
-        fragments.push_back(std::move(mine));
-    } else {
-        const int n = world_->size();
-        int64_t my_size = static_cast<int64_t>(mine.size());
-        std::vector<int64_t> sizes(static_cast<size_t>(n));
-        world_->all_gather(sizes.data(), &my_size, 1, DType::i64);
-        std::vector<int> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
-        send_counts[0] = static_cast<int>(my_size);
-        std::string all;
-        if (world_->rank() == 0) {
-            int64_t offset = 0;
-            for (int p = 0; p < n; ++p) {
-                MT_CHECK(offset + sizes[p] <= INT32_MAX,
-                         "[train] the trace is too large to gather");
-                recv_counts[p] = static_cast<int>(sizes[p]);
-                recv_displs[p] = static_cast<int>(offset);
-                offset += sizes[p];
-            }
-            all.resize(static_cast<size_t>(offset));
+    const int n = world_->size();
+    int64_t my_size = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(static_cast<size_t>(n));
+    world_->all_gather(sizes.data(), &my_size, 1, DType::i64, kHostStream);
+    std::vector<int> send_counts(n, 0), send_displs(n, 0), recv_counts(n, 0), recv_displs(n, 0);
+    send_counts[0] = static_cast<int>(my_size);
+    std::string all;
+    if (world_->rank() == 0) {
+        int64_t offset = 0;
+        for (int p = 0; p < n; ++p) {
+            MT_CHECK(offset + sizes[p] <= INT32_MAX, "[train] the trace is too large to gather");
+            recv_counts[p] = static_cast<int>(sizes[p]);
+            recv_displs[p] = static_cast<int>(offset);
+            offset += sizes[p];
         }
-        world_->all_to_all_v(all.data(), recv_counts, recv_displs, mine.data(), send_counts,
-                             send_displs, DType::u8);
-        if (world_->rank() == 0)
-            for (int p = 0; p < n; ++p)
-                fragments.push_back(all.substr(static_cast<size_t>(recv_displs[p]),
-                                               static_cast<size_t>(recv_counts[p])));
+        all.resize(static_cast<size_t>(offset));
     }
+    world_->all_to_all_v(all.data(), recv_counts, recv_displs, mine.data(), send_counts,
+                         send_displs, DType::u8, kHostStream);
     if (rank() != 0) return;
+    std::vector<std::string> fragments;
+    for (int p = 0; p < n; ++p)
+        fragments.push_back(
+            all.substr(static_cast<size_t>(recv_displs[p]), static_cast<size_t>(recv_counts[p])));
     const std::string document = chrome_trace_document(fragments);
     replace_file_durably(trace_path_, document, this_process_writer());
     std::fprintf(stderr, "moetron: wrote the timeline of step %lld (%d rank(s)) to %s%s\n",

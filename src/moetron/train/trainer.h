@@ -8,13 +8,15 @@
 // bias) and is counted; max_skipped_steps of them in a row end the run with an error. Checkpoints
 // (train/checkpoint.h) save and restore the whole state; run() consults a RunControl after each
 // step to save and to stop on SIGTERM/SIGINT.
-// Distributed (TrainParallel::world set): batch_size and grad_accum keep their meaning for the
+// On N ranks (TrainParallel::world): batch_size and grad_accum keep their meaning for the
 // whole job, so N ranks train the same model as one process. Every rank draws the same global
 // micro-batch and runs its slice of batch_size / dp sequences (the TP ranks of a data-parallel
 // replica run the same slice, each with its share of the heads and MLP features, model.h's
 // ModelParallel::tp); the routed experts are split over the EP group; gradients are summed over the
 // data-parallel groups in buckets posted during the last micro-batch's backward
-// (parallel/grad_sync.h) and the optimizer is ZeRO-1 by default (parallel/zero_optimizer.h).
+// (parallel/grad_sync.h) and the optimizer is ZeRO-1 by default (train/optimizer.h).
+// One process is a world of one (TrainParallel::world null: the trainer makes a local
+// communicator), so it takes the same path: the same optimizer, the same checkpoints.
 // Losses, validation and expert loads are summed over the ranks. Everything a step touches (model
 // arenas, optimizer moments, token buffers) is allocated in the constructor; only the expert-load
 // statistics for the log allocate, outside the step's timing.
@@ -32,7 +34,6 @@
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
 #include "moetron/parallel/traced_communicator.h"
-#include "moetron/parallel/zero_optimizer.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/lr_schedule.h"
 #include "moetron/train/metrics.h"
@@ -57,7 +58,7 @@ struct TrainSummary {
     bool stopped_by_signal = false;
 };
 
-// Where the trainer runs. The default (world null) is one process without MPI.
+// Where the trainer runs. The default (world null) is one process without MPI: a world of one.
 struct TrainParallel {
     parallel::Communicator* world = nullptr;  // every rank of the job; outlives the Trainer
     std::string layout;                       // as parse_layout: "dp4", "ep2", "dp4.ep2", ...
@@ -89,10 +90,10 @@ class Trainer {
     void set_gemm_peak_gflops(double peak) { gemm_peak_gflops_ = peak; }
 
     Model& model() { return *model_; }
-    // The single-process optimizer; a distributed trainer has none (it throws).
-    const AdamW& optimizer() const;
+    // The optimizer; checkpoints (train/checkpoint.h) read and restore its moments.
+    AdamW& optimizer() { return *optimizer_; }
+    const AdamW& optimizer() const { return *optimizer_; }
     // Checkpointing (train/checkpoint.h) restores these.
-    AdamW& mutable_optimizer();
     void set_steps_done(int64_t steps) { steps_done_ = steps; }
     // Steps whose loss or gradient norm was not finite: they update nothing (no parameters,
     // moments or router bias). After max_skipped_steps in a row, step() throws naming
@@ -127,17 +128,15 @@ class Trainer {
     // Model FLOPs of one step of the whole job (all ranks).
     double model_flops_per_step() const { return model_flops_per_step_; }
 
-    bool distributed() const { return world_ != nullptr; }
-    // The job's group (null on one process) and its optimizer (null on one process): distributed
-    // checkpoints (train/checkpoint_sharded.h) read and restore them.
-    parallel::Communicator* world() const { return world_; }
-    parallel::DistributedAdamW* distributed_optimizer() { return dist_optimizer_.get(); }
-    int rank() const;        // in the world; 0 on one process
-    int world_size() const;  // 1 on one process
+    // Every rank of the job; a local world of one on one process. Checkpoints are collectives
+    // over it.
+    parallel::Communicator& world() const { return *world_; }
+    int rank() const { return world_->rank(); }
+    int world_size() const { return world_->size(); }
     const parallel::Topology& topology() const { return topology_; }
     // Floats of optimizer state this rank keeps (moments; with ZeRO-1 also the fp32 shard).
     int64_t optimizer_state_numel() const;
-    // The last step's gradient synchronization (zeros on one process).
+    // The last step's gradient synchronization.
     parallel::GradSyncStats last_sync_stats() const;
 
     // Records the timeline of the run's step-th step (1-based, counted from where run() starts,
@@ -150,17 +149,16 @@ class Trainer {
     void write_trace();
 
     TrainConfig config_;
-    parallel::Communicator* world_ = nullptr;
+    std::unique_ptr<parallel::Communicator> own_world_;  // one process: the world of one
+    parallel::Communicator* world_ = nullptr;            // TrainParallel::world, or own_world_
     parallel::Topology topology_;
     // Declared before the groups, which record into them.
     TraceRecorder trace_;
     parallel::CommWaitTotals comm_wait_;  // this step's blocked time per traffic class
-    parallel::ParallelGroups groups_;     // empty on one process; every group traced
+    parallel::ParallelGroups groups_;     // every group traced
     DataLoader loader_;
     std::unique_ptr<Model> model_;
-    std::unique_ptr<AdamW> optimizer_;                            // one process
-    std::unique_ptr<parallel::GradSync> sync_;                    // distributed
-    std::unique_ptr<parallel::DistributedAdamW> dist_optimizer_;  // distributed
+    std::unique_ptr<AdamW> optimizer_;
     LrSchedule schedule_;
     int64_t rank_rows_ = 0;         // sequences of a micro-batch that this rank runs
     int64_t first_rank_row_ = 0;    // its first sequence in the micro-batch

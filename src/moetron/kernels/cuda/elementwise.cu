@@ -5,13 +5,15 @@
 #include <cmath>
 
 #include "moetron/kernels/cuda/cuda_check.h"
+#include "moetron/kernels/cuda/launch.h"
 #include "moetron/kernels/cuda/ops.h"
 
 namespace moetron::cuda {
 
 namespace {
 
-constexpr int kThreadsPerBlock = 256;
+using detail::grid_for;
+using detail::kThreadsPerBlock;
 
 // moetron::bf16 and __nv_bfloat16 are both the top 16 bits of a float32.
 template <class T>
@@ -69,7 +71,9 @@ __global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* inp, const 
 }
 
 // dinp = r * (w*dout - x * r^2 * mean(x * w * dout)); dweight accumulated with atomics, which
-// is fine for the reference-sized problems this kernel serves today.
+// is fine for the reference-sized problems this kernel serves today. A null dinp or dweight
+// skips that gradient (kernels/README.md); the test is uniform across the block, so every
+// thread still reaches block_sum's barriers.
 template <class T>
 __global__ void rmsnorm_backward_kernel(T* dinp, float* dweight, const T* dout, const T* inp,
                                         const T* weight, const float* rstd, int64_t dim) {
@@ -77,14 +81,20 @@ __global__ void rmsnorm_backward_kernel(T* dinp, float* dweight, const T* dout, 
     const T* x = inp + row * dim;
     const T* dy = dout + row * dim;
     const float r = rstd[row];
-    float dot = 0.0f;
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
-        dot += to_f32(dy[i]) * to_f32(weight[i]) * to_f32(x[i]);
-    const float mean_dot = block_sum(dot) / static_cast<float>(dim);
-    for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float xi = to_f32(x[i]), dyi = to_f32(dy[i]);
-        dinp[row * dim + i] = from_f32<T>(r * (dyi * to_f32(weight[i]) - xi * r * r * mean_dot));
-        atomicAdd(&dweight[i], dyi * xi * r);
+    if (dinp != nullptr) {
+        float dot = 0.0f;
+        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+            dot += to_f32(dy[i]) * to_f32(weight[i]) * to_f32(x[i]);
+        const float mean_dot = block_sum(dot) / static_cast<float>(dim);
+        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+            const float xi = to_f32(x[i]), dyi = to_f32(dy[i]);
+            dinp[row * dim + i] =
+                from_f32<T>(r * (dyi * to_f32(weight[i]) - xi * r * r * mean_dot));
+        }
+    }
+    if (dweight != nullptr) {
+        for (int64_t i = threadIdx.x; i < dim; i += blockDim.x)
+            atomicAdd(&dweight[i], to_f32(dy[i]) * to_f32(x[i]) * r);
     }
 }
 
@@ -116,21 +126,32 @@ __global__ void swiglu_backward_kernel(T* dinp, const T* dout, const T* inp, int
     }
 }
 
+// The operations of cpu::adamw_update in the same order (torch.optim.AdamW's single-tensor
+// path), with the scalars precomputed in double on the host as there, so that the two backends
+// agree to float32 rounding.
+struct AdamWScalars {
+    float decay;                  // 1 - lr * weight_decay
+    float step_size;              // lr / (1 - beta1^t)
+    float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+    float one_minus_beta1, one_minus_beta2, beta2, eps;
+    bool small_lerp_weight;  // torch's lerp switches formula at weight 0.5
+};
+
 __global__ void adamw_kernel(float* params, __nv_bfloat16* params_bf16, float* m, float* v,
-                             const float* grads, int64_t n, float lr, float beta1, float beta2,
-                             float eps, float weight_decay, float bias_correction1,
-                             float bias_correction2) {
+                             const float* grads, int64_t n, AdamWScalars s) {
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x) {
         const float g = grads[i];
-        float p = params[i] * (1.0f - lr * weight_decay);
-        const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        p -= lr * (mi / bias_correction1) / (sqrtf(vi / bias_correction2) + eps);
-        m[i] = mi;
-        v[i] = vi;
-        params[i] = p;
-        if (params_bf16) params_bf16[i] = __float2bfloat16_rn(p);
+        const float p = params[i] * s.decay;
+        const float m_new = s.small_lerp_weight ? m[i] + s.one_minus_beta1 * (g - m[i])
+                                                : g - (g - m[i]) * (1.0f - s.one_minus_beta1);
+        const float v_new = v[i] * s.beta2 + s.one_minus_beta2 * g * g;
+        const float denom = sqrtf(v_new) / s.bias_correction2_sqrt + s.eps;
+        const float p_new = p - s.step_size * (m_new / denom);
+        m[i] = m_new;
+        v[i] = v_new;
+        params[i] = p_new;
+        if (params_bf16) params_bf16[i] = __float2bfloat16_rn(p_new);
     }
 }
 
@@ -138,11 +159,6 @@ __global__ void convert_kernel(__nv_bfloat16* out, const float* inp, int64_t n) 
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x)
         out[i] = __float2bfloat16_rn(inp[i]);
-}
-
-int grid_for(int64_t n) {
-    const int64_t blocks = (n + kThreadsPerBlock - 1) / kThreadsPerBlock;
-    return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
 }
 
 }  // namespace
@@ -191,11 +207,22 @@ void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const fl
                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                   int64_t step, cudaStream_t stream) {
     CUDA_REQUIRE(step >= 1, "adamw_update: step must be >= 1 (bias correction)");
-    const float bc1 = 1.0f - std::pow(beta1, static_cast<float>(step));
-    const float bc2 = 1.0f - std::pow(beta2, static_cast<float>(step));
+    if (n == 0) return;
+    const double t = static_cast<double>(step);
+    const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), t);
+    const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), t);
+    const AdamWScalars scalars{
+        static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay),
+        static_cast<float>(lr / bias_correction1),
+        static_cast<float>(std::sqrt(bias_correction2)),
+        static_cast<float>(1.0 - beta1),
+        static_cast<float>(1.0 - beta2),
+        beta2,
+        eps,
+        static_cast<float>(1.0 - beta1) < 0.5f,
+    };
     adamw_kernel<<<grid_for(n), kThreadsPerBlock, 0, stream>>>(
-        params, reinterpret_cast<__nv_bfloat16*>(params_bf16), m, v, grads, n, lr, beta1, beta2,
-        eps, weight_decay, bc1, bc2);
+        params, reinterpret_cast<__nv_bfloat16*>(params_bf16), m, v, grads, n, scalars);
     CUDA_CHECK(cudaGetLastError());
 }
 

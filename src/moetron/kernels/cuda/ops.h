@@ -35,4 +35,21 @@ void adamw_update(float* params, bf16* params_bf16, float* m, float* v, const fl
 // Round-to-nearest-even conversion, as core/dtype.h.
 void convert_f32_to_bf16(bf16* out, const float* inp, int64_t n, cudaStream_t stream);
 
+// ---- flat float32 buffers (cpu/elementwise.h, cpu/adamw.h); vector.cu ----
+
+// y += x
+void add_inplace(float* y, const float* x, int64_t n, cudaStream_t stream);
+// y += alpha * x
+void axpy(float* y, float alpha, const float* x, int64_t n, cudaStream_t stream);
+// out = a + b
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream);
+// x *= factor
+void scale_inplace(float* x, int64_t n, float factor, cudaStream_t stream);
+
+// Doubles of scratch sum_squares needs in `partials` (device memory).
+inline constexpr int kSumSquaresPartials = 1024;
+// *result (one device double) = sum of x[i]^2 in double, added in a fixed order, so that the
+// same buffer always gives the same bits.
+void sum_squares(double* result, double* partials, const float* x, int64_t n, cudaStream_t stream);
+
 }  // namespace moetron::cuda
