@@ -121,7 +121,7 @@ parallel::DispatchFanout job_fanout(const BenchA2aOptions& o, const Routing& rou
         routing.ids, o.top_k, o.experts / world.size(), ranks_per_domain, world.rank());
     std::array<double, 4> sums{f.own_domain_ranks, f.other_domain_ranks, f.other_domains,
                                f.other_domain_landings};
-    world.all_reduce_sum(std::span<double>(sums));
+    world.all_reduce_sum(std::span<double>(sums), kHostStream);
     return {sums[0], sums[1], sums[2], sums[3]};
 }
 
