@@ -31,6 +31,7 @@
 
 #include <string_view>
 
+#include "moetron/kernels/backend.h"
 #include "moetron/model/mlp.h"
 #include "moetron/model/params.h"
 #include "moetron/parallel/tensor_parallel.h"
@@ -143,15 +144,15 @@ int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 // through the same buffers, blocking, whatever the overlap; they keep the last round's
 // activations, and moe_backward runs the rounds last to first, recomputing the earlier rounds'
 // experts. Dropless; equal to one round within float rounding.
-double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
-                   const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
-                   const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,
-                   int64_t seq_len);
+double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_t* load_counts,
+                   const float* inp, const MoeParams& w, const MoeScratch& scratch,
+                   const ModelConfig& c, const parallel::TensorParallel& tp, float balance_alpha,
+                   int64_t batch, int64_t seq_len);
 // dinp (N, D) written (partial over TP, as out); grads accumulate. balance_grad = d(total
 // loss)/d(balance loss) times alpha (alpha * grad_scale); 0 skips the balance term.
-void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const float* inp,
-                  const MoeActivations& saved, const MoeParams& w, const MoeScratch& scratch,
-                  const MlpScratch& shared_scratch, const ModelConfig& c,
+void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float* dout,
+                  const float* inp, const MoeActivations& saved, const MoeParams& w,
+                  const MoeScratch& scratch, const MlpScratch& shared_scratch, const ModelConfig& c,
                   const parallel::TensorParallel& tp, float balance_grad, int64_t batch,
                   int64_t seq_len);
 
