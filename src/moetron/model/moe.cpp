@@ -1,6 +1,5 @@
 #include "moetron/model/moe.h"
 
-#include <algorithm>
 #include <span>
 
 #include "moetron/kernels/backend.h"

@@ -135,7 +135,7 @@ void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
 int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 
 // out (N, D) written: this rank's partial sum over TP (the whole output with tp = 1). When
-// load_counts (E) is not null, the tokens routed to each expert are
+// load_counts (E, in ops' memory) is not null, the tokens routed to each expert are
 // added to it. With expert parallelism every rank of the EP group must call it (it exchanges the
 // token copies), and likewise moe_backward; with tensor parallelism, every rank of the TP group
 // too. Returns alpha * (the balance loss averaged over the B sequences); 0 when alpha = 0.
