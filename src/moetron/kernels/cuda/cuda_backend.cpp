@@ -325,6 +325,49 @@ class CudaBackend final : public Backend {
         not_implemented("dispatch_expert_layout");
     }
 
+    // ---- model ops ----
+    void mla_kv_forward(float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
+                        int64_t, int64_t) override {
+        not_implemented("mla_kv_forward");
+    }
+    void mla_kv_backward(float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
+                         int64_t, int64_t) override {
+        not_implemented("mla_kv_backward");
+    }
+    void copy_rows_strided(float*, const float*, int64_t, int64_t, int64_t, int64_t) override {
+        not_implemented("copy_rows_strided");
+    }
+    void shift_sequences(int32_t*, const int32_t*, int64_t, int64_t, int64_t, int32_t) override {
+        not_implemented("shift_sequences");
+    }
+    double balance_loss_forward(float*, const int32_t*, const float*, int64_t, int64_t, int64_t,
+                                int64_t) override {
+        not_implemented("balance_loss_forward");
+    }
+    void balance_loss_backward(float*, const float*, const float*, int64_t, int64_t, int64_t,
+                               float) override {
+        not_implemented("balance_loss_backward");
+    }
+    void count_expert_load(int64_t*, const int32_t*, int64_t, int64_t) override {
+        not_implemented("count_expert_load");
+    }
+    void router_bias_update(float*, const int64_t*, int64_t, float) override {
+        not_implemented("router_bias_update");
+    }
+    void cross_entropy_combine_max(float*, const float*, int64_t, int64_t) override {
+        not_implemented("cross_entropy_combine_max");
+    }
+    CrossEntropyResult cross_entropy_combine_losses(float*, float*, const double*, const double*,
+                                                    const float*, const int32_t*, int64_t,
+                                                    int32_t) override {
+        not_implemented("cross_entropy_combine_losses");
+    }
+    void init_normal(float*, uint64_t, uint64_t, int64_t, int64_t, int64_t, int64_t,
+                     float) override {
+        not_implemented("init_normal");
+    }
+    void fill(float*, int64_t, float) override { not_implemented("fill"); }
+
   private:
     void acquire(int device) {
         CUDA_CHECK(cudaSetDevice(device));
