@@ -257,6 +257,90 @@ class CountingBackend final : public Backend {
         count("scale_inplace");
         inner_.scale_inplace(x, n, factor);
     }
+    void dispatch_fan_out(void* send, void* recv, const void* input, const int32_t* slot_begin,
+                          const int32_t* row_slots, int64_t num_inputs, int64_t row_bytes,
+                          const SlotPlacement& own) override {
+        count("dispatch_fan_out");
+        inner_.dispatch_fan_out(send, recv, input, slot_begin, row_slots, num_inputs, row_bytes,
+                                own);
+    }
+    void dispatch_fan_in(float* input, const float* send, const float* recv,
+                         const int32_t* slot_begin, const int32_t* row_slots, int64_t num_inputs,
+                         int64_t width, const SlotPlacement& own, bool accumulate) override {
+        count("dispatch_fan_in");
+        inner_.dispatch_fan_in(input, send, recv, slot_begin, row_slots, num_inputs, width, own,
+                               accumulate);
+    }
+    void dispatch_expand(float* expert_rows, const float* staging, const int32_t* copy_begin,
+                         const int32_t* copy_row, const float* copy_weight, int64_t num_staging,
+                         int64_t dim) override {
+        count("dispatch_expand");
+        inner_.dispatch_expand(expert_rows, staging, copy_begin, copy_row, copy_weight, num_staging,
+                               dim);
+    }
+    void dispatch_reduce(float* staging, const float* expert_rows, const int32_t* copy_begin,
+                         const int32_t* copy_row, const float* copy_weight, int64_t num_staging,
+                         int64_t dim) override {
+        count("dispatch_reduce");
+        inner_.dispatch_reduce(staging, expert_rows, copy_begin, copy_row, copy_weight, num_staging,
+                               dim);
+    }
+    void dispatch_weight_grads(float* dweights, const float* dout, const float* expert_out,
+                               const int32_t* copy_begin, const int32_t* copy_row,
+                               const int32_t* copy_choice, int64_t num_staging, int64_t top_k,
+                               int64_t dim) override {
+        count("dispatch_weight_grads");
+        inner_.dispatch_weight_grads(dweights, dout, expert_out, copy_begin, copy_row, copy_choice,
+                                     num_staging, top_k, dim);
+    }
+    void unpermute_add(float* out, const float* inp, const float* weights,
+                       const int32_t* copy_to_row, int64_t num_tokens, int64_t top_k,
+                       int64_t dim) override {
+        count("unpermute_add");
+        inner_.unpermute_add(out, inp, weights, copy_to_row, num_tokens, top_k, dim);
+    }
+    void dispatch_route_records(int32_t* records, const int32_t* topk_ids,
+                                const float* topk_weights, int64_t num_tokens, int64_t top_k,
+                                int64_t num_experts, int32_t source_rank) override {
+        count("dispatch_route_records");
+        inner_.dispatch_route_records(records, topk_ids, topk_weights, num_tokens, top_k,
+                                      num_experts, source_rank);
+    }
+    RoutingSpread dispatch_layout(int64_t* copies_per_rank, const int32_t* topk_ids,
+                                  int64_t num_tokens, int64_t top_k, int64_t experts_per_rank,
+                                  int64_t ranks_per_domain, int64_t num_ranks) override {
+        count("dispatch_layout");
+        return inner_.dispatch_layout(copies_per_rank, topk_ids, num_tokens, top_k,
+                                      experts_per_rank, ranks_per_domain, num_ranks);
+    }
+    int64_t dispatch_split_rounds(int64_t* ends, int64_t* copies_per_rank, const int32_t* topk_ids,
+                                  int64_t num_tokens, int64_t top_k, int64_t experts_per_rank,
+                                  int64_t num_ranks, int64_t max_copies_per_rank) override {
+        count("dispatch_split_rounds");
+        return inner_.dispatch_split_rounds(ends, copies_per_rank, topk_ids, num_tokens, top_k,
+                                            experts_per_rank, num_ranks, max_copies_per_rank);
+    }
+    void dispatch_hop_layout(int32_t* slot_begin, int32_t* row_slots, int32_t* rows_per_peer,
+                             int32_t* first_slot_of_peer, const int32_t* records,
+                             int64_t num_inputs, int64_t top_k, int64_t first_expert,
+                             int64_t num_hop_experts, int64_t experts_per_peer,
+                             int64_t num_peers) override {
+        count("dispatch_hop_layout");
+        inner_.dispatch_hop_layout(slot_begin, row_slots, rows_per_peer, first_slot_of_peer,
+                                   records, num_inputs, top_k, first_expert, num_hop_experts,
+                                   experts_per_peer, num_peers);
+    }
+    int64_t dispatch_expert_layout(int64_t* expert_offsets, int32_t* copy_begin, int32_t* copy_row,
+                                   int32_t* copy_choice, float* copy_weight,
+                                   int64_t* rows_by_source, const int32_t* records,
+                                   int64_t num_staging, int64_t top_k, int64_t first_expert,
+                                   int64_t num_local_experts, int64_t num_sources,
+                                   int64_t capacity) override {
+        count("dispatch_expert_layout");
+        return inner_.dispatch_expert_layout(
+            expert_offsets, copy_begin, copy_row, copy_choice, copy_weight, rows_by_source, records,
+            num_staging, top_k, first_expert, num_local_experts, num_sources, capacity);
+    }
     void mla_kv_forward(float* k, float* v, const float* kv, const float* k_rope,
                         int64_t num_tokens, int64_t num_heads, int64_t nope_dim, int64_t rope_dim,
                         int64_t v_dim) override {

@@ -78,8 +78,8 @@ TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
     const Step step;
     const MicroBatchLosses got = run_step(model, step);
 
-    // The ops a one-process step of the tiny model uses (tensor parallelism adds zero and the
-    // vocabulary-parallel ones; parallel/'s dispatcher still permutes the expert rows itself).
+    // The ops a one-process step of the tiny model uses, its expert dispatcher's included (tensor
+    // parallelism adds zero and the vocabulary-parallel ones).
     for (const char* op : {"memory",
                            "init_normal",
                            "fill",

@@ -289,6 +289,7 @@ class CpuBackend final : public Backend {
                                            copy_weight, rows_by_source, records, num_staging, top_k,
                                            first_expert, num_local_experts, num_sources, capacity);
     }
+
     // ---- model ops ----
     void mla_kv_forward(float* k, float* v, const float* kv, const float* k_rope,
                         int64_t num_tokens, int64_t num_heads, int64_t nope_dim, int64_t rope_dim,
