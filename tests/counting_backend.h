@@ -25,6 +25,7 @@ class CountingBackend final : public Backend {
 
     std::string_view name() const override { return inner_.name(); }
     Device device() const override { return inner_.device(); }
+    std::string describe() const override { return inner_.describe(); }
     MemoryResource& memory() override {
         count("memory");
         return inner_.memory();
@@ -413,6 +414,18 @@ class CountingBackend final : public Backend {
     void fill(float* x, int64_t n, float value) override {
         count("fill");
         inner_.fill(x, n, value);
+    }
+    void stream_triad(float* a, const float* b, const float* c, float s, int64_t n) override {
+        count("stream_triad");
+        inner_.stream_triad(a, b, c, s, n);
+    }
+    void exp_elementwise(float* out, const float* inp, int64_t n) override {
+        count("exp_elementwise");
+        inner_.exp_elementwise(out, inp, n);
+    }
+    void empty_launch() override {
+        count("empty_launch");
+        inner_.empty_launch();
     }
 
   private:

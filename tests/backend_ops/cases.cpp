@@ -681,6 +681,28 @@ void register_optimizer(Registry& r) {
     }
 }
 
+// ---- machine probes ----
+
+void register_machine_probes(Registry& r) {
+    for (int64_t n : {0, 1, 1000, 4099}) {
+        const std::string shape = fmt::format("n={}", n);
+        r.add("stream_triad", shape)
+            .tensors({input("b", n), input("c", n), output("a", n)})
+            .forward("stream_triad", [=](Backend& b, const Args& a) {
+                b.stream_triad(a.f32("a"), a.f32("b"), a.f32("c"), 0.5f, n);
+            });
+        r.add("exp_elementwise", shape)
+            .tensors({input("inp", n), output("out", n)})
+            .forward("exp_elementwise", [=](Backend& b, const Args& a) {
+                b.exp_elementwise(a.f32("out"), a.f32("inp"), n);
+            });
+    }
+    // No tensors: the case checks that the op runs (and is implemented) on every backend.
+    r.add("empty_launch", "").tensors({}).forward("empty_launch", [](Backend& b, const Args&) {
+        b.empty_launch();
+    });
+}
+
 // ---- model ops ----
 
 // A spec of another dtype than its maker's default (an int64 inout, a double input).
@@ -846,6 +868,7 @@ const std::vector<OpCase>& op_cases() {
         register_optimizer(r);
         register_dispatch(r);
         register_model_ops(r);
+        register_machine_probes(r);
         return r.cases();
     }();
     return cases;

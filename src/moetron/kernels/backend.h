@@ -39,6 +39,9 @@ class Backend {
     // ---- identity, memory, ordering ----
     virtual std::string_view name() const = 0;  // "cpu", "cuda"
     virtual Device device() const = 0;
+    // One line for a run's header: what computes ("cpu: OpenBLAS 0.3.21 ... kernels Haswell",
+    // "cuda: NVIDIA H200 (device 0, 139.8 GiB)"), plus a warning when the setup is known slow.
+    virtual std::string describe() const = 0;
     // Where this backend's arenas come from (core/arena.h): host memory or cudaMalloc.
     virtual MemoryResource& memory() = 0;
     virtual Stream stream() const = 0;
@@ -246,6 +249,11 @@ class Backend {
                              int64_t run_length, int64_t first_index, int64_t run_stride,
                              float stddev) = 0;
     virtual void fill(float* x, int64_t n, float value) = 0;
+
+    // ---- machine probes (cpu/machine_probes.h): what `moetron calibrate` measures ----
+    virtual void stream_triad(float* a, const float* b, const float* c, float s, int64_t n) = 0;
+    virtual void exp_elementwise(float* out, const float* inp, int64_t n) = 0;
+    virtual void empty_launch() = 0;
 };
 
 // The CPU reference backend: stateless, so one shared instance serves every caller.

@@ -7,6 +7,7 @@
 #include "moetron/kernels/cpu/adamw.h"
 #include "moetron/kernels/cpu/attention.h"
 #include "moetron/kernels/cpu/balance_loss.h"
+#include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/cross_entropy.h"
 #include "moetron/kernels/cpu/cross_entropy_combine.h"
 #include "moetron/kernels/cpu/dispatch_layout.h"
@@ -14,6 +15,7 @@
 #include "moetron/kernels/cpu/elementwise.h"
 #include "moetron/kernels/cpu/embedding.h"
 #include "moetron/kernels/cpu/expert_load.h"
+#include "moetron/kernels/cpu/machine_probes.h"
 #include "moetron/kernels/cpu/matmul.h"
 #include "moetron/kernels/cpu/mla_kv.h"
 #include "moetron/kernels/cpu/param_init.h"
@@ -32,6 +34,7 @@ class CpuBackend final : public Backend {
   public:
     std::string_view name() const override { return "cpu"; }
     Device device() const override { return Device::cpu; }
+    std::string describe() const override { return "cpu: " + cpu::describe_blas(); }
     MemoryResource& memory() override { return host_memory(); }
     Stream stream() const override { return kHostStream; }
     void synchronize() override {}
@@ -350,6 +353,15 @@ class CpuBackend final : public Backend {
                          stddev);
     }
     void fill(float* x, int64_t n, float value) override { cpu::fill(x, n, value); }
+
+    // ---- machine probes ----
+    void stream_triad(float* a, const float* b, const float* c, float s, int64_t n) override {
+        cpu::stream_triad(a, b, c, s, n);
+    }
+    void exp_elementwise(float* out, const float* inp, int64_t n) override {
+        cpu::exp_elementwise(out, inp, n);
+    }
+    void empty_launch() override { cpu::empty_launch(); }
 };
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <fmt/format.h>
+
 #include <climits>
 #include <utility>
 
@@ -60,6 +62,12 @@ class CudaBackend final : public Backend {
     // ---- identity, memory, ordering ----
     std::string_view name() const override { return "cuda"; }
     Device device() const override { return Device::cuda; }
+    std::string describe() const override {
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+        return fmt::format("cuda: {} (device {}, {:.1f} GiB)", prop.name, device_,
+                           static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024 * 1024));
+    }
     MemoryResource& memory() override { return cuda::device_memory(); }
     Stream stream() const override { return Stream{Device::cuda, stream_}; }
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -368,8 +376,18 @@ class CudaBackend final : public Backend {
     }
     void fill(float*, int64_t, float) override { not_implemented("fill"); }
 
+    // ---- machine probes ----
+    void stream_triad(float*, const float*, const float*, float, int64_t) override {
+        not_implemented("stream_triad");
+    }
+    void exp_elementwise(float*, const float*, int64_t) override {
+        not_implemented("exp_elementwise");
+    }
+    void empty_launch() override { not_implemented("empty_launch"); }
+
   private:
     void acquire(int device) {
+        device_ = device;
         CUDA_CHECK(cudaSetDevice(device));
         CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: ordered after cudaMalloc's memset
         CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -463,6 +481,7 @@ class CudaBackend final : public Backend {
         return host_offsets_;
     }
 
+    int device_ = 0;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     void* cublas_workspace_ = nullptr;
