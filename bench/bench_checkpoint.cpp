@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "moetron/core/timer.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
 #include "moetron/train/checkpoint.h"
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
         const ParamTable table(model_param_specs(config));
         const auto n = static_cast<size_t>(table.total_numel());
         std::vector<float> params(n), m(n), v(n);
-        table.initialize(params.data(), 1);
+        table.initialize(cpu_backend(), params.data(), 1);
         for (size_t i = 0; i < n; ++i) {
             m[i] = 1e-3f * params[i];
             v[i] = params[i] * params[i];

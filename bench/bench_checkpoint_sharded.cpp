@@ -17,6 +17,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
 #include "moetron/train/checkpoint.h"
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
         const std::vector<ParamEntry>& entries = table.entries();
         const int64_t n = table.total_numel();
         std::vector<float> params(static_cast<size_t>(n)), m(params.size()), v(params.size());
-        table.initialize(params.data(), 1);
+        table.initialize(cpu_backend(), params.data(), 1);
         for (size_t i = 0; i < params.size(); ++i) {
             m[i] = 1e-3f * params[i];
             v[i] = params[i] * params[i];

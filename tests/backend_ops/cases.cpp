@@ -681,6 +681,177 @@ void register_optimizer(Registry& r) {
     }
 }
 
+// ---- machine probes ----
+
+void register_machine_probes(Registry& r) {
+    for (int64_t n : {0, 1, 1000, 4099}) {
+        const std::string shape = fmt::format("n={}", n);
+        r.add("stream_triad", shape)
+            .tensors({input("b", n), input("c", n), output("a", n)})
+            .forward("stream_triad", [=](Backend& b, const Args& a) {
+                b.stream_triad(a.f32("a"), a.f32("b"), a.f32("c"), 0.5f, n);
+            });
+        r.add("exp_elementwise", shape)
+            .tensors({input("inp", n), output("out", n)})
+            .forward("exp_elementwise", [=](Backend& b, const Args& a) {
+                b.exp_elementwise(a.f32("out"), a.f32("inp"), n);
+            });
+    }
+    // No tensors: the case checks that the op runs (and is implemented) on every backend.
+    r.add("empty_launch", "").tensors({}).forward("empty_launch", [](Backend& b, const Args&) {
+        b.empty_launch();
+    });
+}
+
+// ---- model ops ----
+
+// A spec of another dtype than its maker's default (an int64 inout, a double input).
+TensorSpec with_dtype(TensorSpec spec, DType dtype) {
+    spec.dtype = dtype;
+    return spec;
+}
+
+void register_model_ops(Registry& r) {
+    struct MlaKvShape {
+        int64_t tokens, heads, nope, rope, v;
+    };
+    for (const MlaKvShape s : {MlaKvShape{3, 2, 4, 3, 5}, {40, 8, 16, 8, 16}, {0, 2, 4, 3, 5}}) {
+        const int64_t n = s.tokens, h = s.heads, qk = s.nope + s.rope, kv = s.nope + s.v;
+        r.add("mla_kv", fmt::format("N={} H={} nope={} R={} Dv={}", n, h, s.nope, s.rope, s.v))
+            .tensors({input("kv", n * h * kv), input("k_rope", n * s.rope),
+                      output("k", n * h * qk).weighted_by("dk"),
+                      output("v", n * h * s.v).weighted_by("dv"), probe("dk", n * h * qk),
+                      probe("dv", n * h * s.v), grad("d_kv", n * h * kv).of("kv"),
+                      grad("d_k_rope", n * s.rope).of("k_rope")})
+            .forward("mla_kv_forward",
+                     [=](Backend& b, const Args& a) {
+                         b.mla_kv_forward(a.f32("k"), a.f32("v"), a.f32("kv"), a.f32("k_rope"), n,
+                                          h, s.nope, s.rope, s.v);
+                     })
+            .backward("mla_kv_backward", [=](Backend& b, const Args& a) {
+                b.mla_kv_backward(a.f32("d_kv"), a.f32("d_k_rope"), a.f32("dk"), a.f32("dv"), n, h,
+                                  s.nope, s.rope, s.v);
+            });
+    }
+
+    struct RowsShape {
+        int64_t rows, width, dst_stride, src_stride;
+    };
+    for (const RowsShape s :
+         {RowsShape{5, 3, 6, 3}, {5, 3, 3, 6}, {300, 64, 128, 64}, {0, 3, 6, 3}}) {
+        r.add("copy_rows_strided", fmt::format("rows={} width={} dst_stride={} src_stride={}",
+                                               s.rows, s.width, s.dst_stride, s.src_stride))
+            .tensors({input("src", s.rows * s.src_stride), inout("dst", s.rows * s.dst_stride)})
+            .forward("copy_rows_strided", [=](Backend& b, const Args& a) {
+                b.copy_rows_strided(a.f32("dst"), a.f32("src"), s.rows, s.width, s.dst_stride,
+                                    s.src_stride);
+            });
+    }
+    for (const int64_t shift : {0, 1, 3}) {
+        for (const int64_t batch : {int64_t{0}, int64_t{3}}) {
+            const int64_t seq = 7;
+            r.add("shift_sequences", fmt::format("B={} S={} shift={}", batch, seq, shift))
+                .tensors({input_i32("inp", batch * seq, ids_below(50)),
+                          output("out", batch * seq, DType::i32)})
+                .forward("shift_sequences", [=](Backend& b, const Args& a) {
+                    b.shift_sequences(a.i32("out"), a.i32("inp"), batch, seq, shift, -1);
+                });
+        }
+    }
+
+    // The balance loss: its sum over sequences goes to the host, and (as a one-element output
+    // weighted by loss_grad / B) into the finite-difference loss that checks the backward.
+    constexpr float kBalanceGrad = 0.75f;
+    struct BalanceShape {
+        int64_t batch, seq, experts, top_k;
+    };
+    for (const BalanceShape s : {BalanceShape{2, 5, 6, 2}, {4, 64, 32, 4}, {0, 5, 6, 2}}) {
+        const int64_t n = s.batch * s.seq, e = s.experts;
+        const double weight = s.batch > 0 ? kBalanceGrad / static_cast<double>(s.batch) : 0.0;
+        r.add("balance_loss", fmt::format("B={} S={} E={} K={}", s.batch, s.seq, e, s.top_k))
+            .tensors({input_i32("topk_ids", n * s.top_k, distinct_ids_per_row(s.top_k, e)),
+                      input("scores", n * e, uniform(0.2, 0.9)),
+                      output("load_fraction", s.batch * e), host_result("loss_sum"),
+                      output("loss", 1, DType::f64).weighted_by("dloss"),
+                      probe("dloss", 1, constant(weight)), grad("d_scores", n * e).of("scores")})
+            .forward("balance_loss_forward",
+                     [=](Backend& b, const Args& a) {
+                         const double loss =
+                             b.balance_loss_forward(a.f32("load_fraction"), a.i32("topk_ids"),
+                                                    a.f32("scores"), s.batch, s.seq, e, s.top_k);
+                         a.result("loss_sum") = loss;
+                         b.copy_from_host(a.f64("loss"), &loss, sizeof loss);
+                     })
+            .backward("balance_loss_backward",
+                      [=](Backend& b, const Args& a) {
+                          b.balance_loss_backward(a.f32("d_scores"), a.f32("scores"),
+                                                  a.f32("load_fraction"), s.batch, s.seq, e,
+                                                  kBalanceGrad);
+                      })
+            .parity_tolerance(1e-6);  // the loss sums in double, the order per backend
+    }
+
+    for (const int64_t ids : {int64_t{0}, int64_t{12}, int64_t{4000}}) {
+        r.add("count_expert_load", fmt::format("ids={} E=8", ids))
+            .tensors({input_i32("topk_ids", ids, ids_below(8)),
+                      with_dtype(inout("counts", 8, ids_below(100)), DType::i64)})
+            .forward("count_expert_load", [=](Backend& b, const Args& a) {
+                b.count_expert_load(a.i64("counts"), a.i32("topk_ids"), ids, 8);
+            });
+    }
+    for (const int64_t e : {int64_t{1}, int64_t{8}, int64_t{256}}) {
+        r.add("router_bias_update", fmt::format("E={}", e))
+            .tensors({inout("bias", e), input_i64("counts", e, ids_below(20))})
+            .forward("router_bias_update", [=](Backend& b, const Args& a) {
+                b.router_bias_update(a.f32("bias"), a.i64("counts"), e, 0.001f);
+            });
+    }
+
+    struct CombineShape {
+        int64_t parts, tokens;
+    };
+    for (const CombineShape s : {CombineShape{1, 5}, {3, 7}, {8, 300}, {2, 0}}) {
+        const int64_t n = s.tokens;
+        r.add("cross_entropy_combine", fmt::format("parts={} N={}", s.parts, n))
+            .tensors({input("part_max", s.parts * n, normal(2.0)), output("row_max", n)})
+            .forward("cross_entropy_combine_max", [=](Backend& b, const Args& a) {
+                b.cross_entropy_combine_max(a.f32("row_max"), a.f32("part_max"), s.parts, n);
+            });
+        r.add("cross_entropy_combine_losses", fmt::format("N={}", n))
+            .tensors({with_dtype(input("sum_exp", n, uniform(1, 50)), DType::f64),
+                      with_dtype(input("target_logit", n, normal(2.0)), DType::f64),
+                      input("row_max", n, normal(2.0)),
+                      input_i32("targets", n, ids_below(30, 4, kIgnoreIndex)), output("losses", n),
+                      output("lse", n), host_result("loss_sum"), host_result("num_valid")})
+            .forward("cross_entropy_combine_losses", [=](Backend& b, const Args& a) {
+                const CrossEntropyResult result = b.cross_entropy_combine_losses(
+                    a.f32("losses"), a.f32("lse"), a.f64("sum_exp"), a.f64("target_logit"),
+                    a.f32("row_max"), a.i32("targets"), n, kIgnoreIndex);
+                a.result("loss_sum") = result.loss_sum;
+                a.result("num_valid") = static_cast<double>(result.num_valid);
+            });
+    }
+
+    struct InitShape {
+        int64_t runs, length, first, stride;
+    };
+    for (const InitShape s :
+         {InitShape{1, 1000, 0, 0}, {6, 3, 4, 10}, {3, 70001, 5, 100000}, {0, 4, 0, 4}}) {
+        r.add("init_normal", fmt::format("runs={} length={} first={} stride={}", s.runs, s.length,
+                                         s.first, s.stride))
+            .tensors({output("out", s.runs * s.length)})
+            .forward("init_normal", [=](Backend& b, const Args& a) {
+                b.init_normal(a.f32("out"), 42, 0x1234abcdULL, s.runs, s.length, s.first, s.stride,
+                              0.02f);
+            });
+    }
+    for (const int64_t n : {0, 1, 100003}) {
+        r.add("fill", fmt::format("n={}", n))
+            .tensors({output("x", n)})
+            .forward("fill", [=](Backend& b, const Args& a) { b.fill(a.f32("x"), n, 1.0f); });
+    }
+}
+
 }  // namespace
 
 const std::vector<OpCase>& op_cases() {
@@ -696,6 +867,8 @@ const std::vector<OpCase>& op_cases() {
         register_routing(r);
         register_optimizer(r);
         register_dispatch(r);
+        register_model_ops(r);
+        register_machine_probes(r);
         return r.cases();
     }();
     return cases;

@@ -59,15 +59,16 @@ TEST(MpiTensorParallel, VocabParallelCrossEntropyMatchesThePlainKernel) {
     const VocabParallelScratch scratch{row_max.data(), part_max.data(), sums.data()};
     std::vector<float> got_losses(N), got_lse(N);
     const cpu::CrossEntropyResult got = vocab_parallel_cross_entropy_forward(
-        got_losses.data(), got_lse.data(), part.data(), targets.data(), scratch, N, V, kIgnore, tp);
+        cpu_backend(), got_losses.data(), got_lse.data(), part.data(), targets.data(), scratch, N,
+        V, kIgnore, tp);
     EXPECT_EQ(got.num_valid, want.num_valid);
     EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-5 * want.loss_sum);
     for (int64_t t = 0; t < N; ++t) {
         EXPECT_NEAR(got_lse[t], lse[t], 1e-5 * std::fabs(lse[t])) << t;
         EXPECT_NEAR(got_losses[t], losses[t], 1e-4) << t;
     }
-    vocab_parallel_cross_entropy_backward(part.data(), part.data(), got_lse.data(), targets.data(),
-                                          N, V, kIgnore, dloss, tp);
+    vocab_parallel_cross_entropy_backward(cpu_backend(), part.data(), part.data(), got_lse.data(),
+                                          targets.data(), N, V, kIgnore, dloss, tp);
     for (int64_t t = 0; t < N; ++t)
         for (int64_t v = 0; v < Vp; ++v)
             EXPECT_NEAR(part[t * Vp + v], dlogits[t * V + first + v], 1e-6)
@@ -88,14 +89,14 @@ TEST(MpiTensorParallel, VocabParallelEmbeddingMatchesThePlainKernel) {
 
     const int64_t first = tp.rank() * Vp, first_row = tp.rank() * rows;
     std::vector<float> got(rows * D), full(N * D);
-    vocab_parallel_embedding_forward(got.data(), tokens.data(), table.data() + first * D,
-                                     full.data(), N, V, D, tp);
+    vocab_parallel_embedding_forward(cpu_backend(), got.data(), tokens.data(),
+                                     table.data() + first * D, full.data(), N, V, D, tp);
     // One nonzero part per element: the sum is exact.
     EXPECT_EQ(got, std::vector<float>(want.begin() + first_row * D,
                                       want.begin() + (first_row + rows) * D));
     std::vector<float> dpart(Vp * D, 0.0f);
-    vocab_parallel_embedding_backward(dpart.data(), dout.data() + first_row * D, tokens.data(),
-                                      full.data(), N, V, D, tp);
+    vocab_parallel_embedding_backward(cpu_backend(), dpart.data(), dout.data() + first_row * D,
+                                      tokens.data(), full.data(), N, V, D, tp);
     EXPECT_EQ(dpart,
               std::vector<float>(dtable.begin() + first * D, dtable.begin() + (first + Vp) * D));
 }

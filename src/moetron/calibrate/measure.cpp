@@ -136,15 +136,8 @@ AttentionPoint measure_attention(int64_t b, int64_t s, int64_t h, int64_t dq, in
 
 double measure_stream_gbytes_per_s(int64_t count, double seconds) {
     auto a = filled(count, 0), b = pattern(count, 1.0f), c = pattern(count, 0.5f);
-    float* pa = a.data();
-    const float* pb = b.data();
-    const float* pc = c.data();
     const double s = mean_time_s(
-        [&] {
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < count; ++i) pa[i] = pb[i] + 0.5f * pc[i];
-        },
-        seconds);
+        [&] { cpu_backend().stream_triad(a.data(), b.data(), c.data(), 0.5f, count); }, seconds);
     return 12.0 * static_cast<double>(count) / s / 1e9;
 }
 
@@ -175,28 +168,16 @@ double measure_memory_kernels_gbytes_per_s(int64_t rows, int64_t dim, int64_t ff
 
 double measure_exp_per_s(int64_t count, double seconds) {
     auto in = pattern(count, 4.0f), out = filled(count, 0);
-    float* po = out.data();
-    const float* pi = in.data();
-    const double s = mean_time_s(
-        [&] {
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < count; ++i) po[i] = std::exp(pi[i]);
-        },
-        seconds);
+    const double s =
+        mean_time_s([&] { cpu_backend().exp_elementwise(out.data(), in.data(), count); }, seconds);
     return static_cast<double>(count) / s;
 }
 
 double measure_call_overhead_s() {
     constexpr int kCalls = 2000;
-    volatile int sink = 0;
     const double s = mean_time_s(
         [&] {
-            for (int i = 0; i < kCalls; ++i) {
-#pragma omp parallel
-                {
-                    if (omp_get_thread_num() == 0) sink = sink + 1;
-                }
-            }
+            for (int i = 0; i < kCalls; ++i) cpu_backend().empty_launch();
         },
         0.02);
     return s / kCalls;

@@ -16,6 +16,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/user_error.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/model/model.h"
@@ -79,6 +80,7 @@ void run_sample(const SampleOptions& o) {
     ModelRuntime runtime;
     runtime.batch_size = 1;
     runtime.seq_len = context;
+    runtime.backend = &cpu_backend();  // read_trained_params writes the parameters from the host
     Model model(model_config, runtime, LossWeights{});
     read_trained_params(weights, model_config, model.param_entries(), model.params());
 

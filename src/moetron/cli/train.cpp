@@ -25,7 +25,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
-#include "moetron/kernels/cpu/blas_info.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/parallel/communicator.h"
@@ -338,7 +338,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  "GFLOP/step\n",
                  threads.num_threads, threads.reason, peak_gflops,
                  trainer.model_flops_per_step() / 1e9);
-    std::fprintf(out, "blas: %s\n", cpu::describe_blas().c_str());
+    std::fprintf(out, "backend %s\n", trainer.model().backend().describe().c_str());
     const double initial_val = trainer.evaluate();
     std::fprintf(out, "step %lld | val %.4f (uniform guess: ln %lld = %.4f)\n",
                  static_cast<long long>(trainer.steps_done()), initial_val,

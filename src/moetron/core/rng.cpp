@@ -58,7 +58,10 @@ uint64_t fnv1a_64(std::string_view s) {
 }
 
 ParamRng::ParamRng(uint64_t seed, std::string_view tensor_name)
-    : key_(key_from(mix64(seed) ^ fnv1a_64(tensor_name))) {}
+    : ParamRng(seed, fnv1a_64(tensor_name)) {}
+
+ParamRng::ParamRng(uint64_t seed, uint64_t tensor_name_hash)
+    : key_(key_from(mix64(seed) ^ tensor_name_hash)) {}
 
 float ParamRng::uniform(uint64_t i) const {
     const PhiloxCounter r =

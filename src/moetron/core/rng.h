@@ -27,6 +27,9 @@ inline float u32_to_unit_float(uint32_t x) {
 class ParamRng {
   public:
     ParamRng(uint64_t seed, std::string_view tensor_name);
+    // The same source from fnv1a_64(tensor_name), for code that carries the hash instead of the
+    // name (the init_normal op).
+    ParamRng(uint64_t seed, uint64_t tensor_name_hash);
     // Uniform in [0, 1) for global element index i.
     float uniform(uint64_t i) const;
     // Standard normal for global element index i (Box-Muller on two words of one block).

@@ -39,6 +39,9 @@ class Backend {
     // ---- identity, memory, ordering ----
     virtual std::string_view name() const = 0;  // "cpu", "cuda"
     virtual Device device() const = 0;
+    // One line for a run's header: what computes ("cpu: OpenBLAS 0.3.21 ... kernels Haswell",
+    // "cuda: NVIDIA H200 (device 0, 139.8 GiB)"), plus a warning when the setup is known slow.
+    virtual std::string describe() const = 0;
     // Where this backend's arenas come from (core/arena.h): host memory or cudaMalloc.
     virtual MemoryResource& memory() = 0;
     virtual Stream stream() const = 0;
@@ -213,6 +216,44 @@ class Backend {
                                            int64_t top_k, int64_t first_expert,
                                            int64_t num_local_experts, int64_t num_sources,
                                            int64_t capacity) = 0;
+
+    // ---- model ops (cpu/mla_kv.h, cpu/row_copy.h, cpu/balance_loss.h, cpu/expert_load.h,
+    // cpu/cross_entropy_combine.h, cpu/param_init.h) ----
+    virtual void mla_kv_forward(float* k, float* v, const float* kv, const float* k_rope,
+                                int64_t num_tokens, int64_t num_heads, int64_t nope_dim,
+                                int64_t rope_dim, int64_t v_dim) = 0;
+    virtual void mla_kv_backward(float* d_kv, float* d_k_rope, const float* dk, const float* dv,
+                                 int64_t num_tokens, int64_t num_heads, int64_t nope_dim,
+                                 int64_t rope_dim, int64_t v_dim) = 0;
+    virtual void copy_rows_strided(float* dst, const float* src, int64_t num_rows, int64_t width,
+                                   int64_t dst_stride, int64_t src_stride) = 0;
+    virtual void shift_sequences(int32_t* out, const int32_t* inp, int64_t batch, int64_t seq_len,
+                                 int64_t shift, int32_t fill) = 0;
+    // Returns the sum over sequences to the host, as sum_squares.
+    virtual double balance_loss_forward(float* load_fraction, const int32_t* topk_ids,
+                                        const float* scores, int64_t batch, int64_t seq_len,
+                                        int64_t num_experts, int64_t top_k) = 0;
+    virtual void balance_loss_backward(float* d_scores, const float* scores,
+                                       const float* load_fraction, int64_t batch, int64_t seq_len,
+                                       int64_t num_experts, float loss_grad) = 0;
+    virtual void count_expert_load(int64_t* counts, const int32_t* topk_ids, int64_t num_ids,
+                                   int64_t num_experts) = 0;
+    virtual void router_bias_update(float* bias, const int64_t* counts, int64_t num_experts,
+                                    float gamma) = 0;
+    virtual void cross_entropy_combine_max(float* row_max, const float* part_max, int64_t num_parts,
+                                           int64_t num_tokens) = 0;
+    virtual CrossEntropyResult cross_entropy_combine_losses(
+        float* losses, float* lse, const double* sum_exp, const double* target_logit,
+        const float* row_max, const int32_t* targets, int64_t num_tokens, int32_t ignore_index) = 0;
+    virtual void init_normal(float* out, uint64_t seed, uint64_t name_hash, int64_t num_runs,
+                             int64_t run_length, int64_t first_index, int64_t run_stride,
+                             float stddev) = 0;
+    virtual void fill(float* x, int64_t n, float value) = 0;
+
+    // ---- machine probes (cpu/machine_probes.h): what `moetron calibrate` measures ----
+    virtual void stream_triad(float* a, const float* b, const float* c, float s, int64_t n) = 0;
+    virtual void exp_elementwise(float* out, const float* inp, int64_t n) = 0;
+    virtual void empty_launch() = 0;
 };
 
 // The CPU reference backend: stateless, so one shared instance serves every caller.

@@ -2,10 +2,7 @@
 
 #include <cmath>
 
-#include "moetron/kernels/cpu/attention.h"
-#include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/rmsnorm.h"
-#include "moetron/kernels/cpu/rope.h"
+#include "moetron/kernels/backend.h"
 
 namespace moetron {
 
@@ -83,113 +80,92 @@ void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
     b(s.d_latent, prefix + "d_latent", {n, d.kv_rank});
 }
 
-void mla_forward(float* out, const MlaActivations& saved, const float* inp, const MlaParams& w,
-                 const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
-                 const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len) {
+void mla_forward(Backend& ops, float* out, const MlaActivations& saved, const float* inp,
+                 const MlaParams& w, const MlaScratch& scratch, const RopeTables& rope,
+                 const ModelConfig& c, const parallel::TensorParallel& tp, int64_t batch,
+                 int64_t seq_len) {
     const MlaDims d(c, tp.size());
     const int64_t n = batch * seq_len;
 
     // Queries (DeepSeek-V3 eq. 6-8): low-rank through a normed latent, or one projection.
     if (d.q_rank > 0) {
-        cpu::linear_forward(saved.q_a, inp, w.q_a_proj, n, d.dim, d.q_rank);
-        cpu::rmsnorm_forward(saved.q_a_normed, saved.q_a_rstd, saved.q_a, w.q_a_norm, n, d.q_rank,
-                             kMlaLatentNormEps);
-        cpu::linear_forward(saved.q, saved.q_a_normed, w.q_b_proj, n, d.q_rank, d.heads * d.qk);
+        ops.linear_forward(saved.q_a, inp, w.q_a_proj, n, d.dim, d.q_rank);
+        ops.rmsnorm_forward(saved.q_a_normed, saved.q_a_rstd, saved.q_a, w.q_a_norm, n, d.q_rank,
+                            kMlaLatentNormEps);
+        ops.linear_forward(saved.q, saved.q_a_normed, w.q_b_proj, n, d.q_rank, d.heads * d.qk);
     } else {
-        cpu::linear_forward(saved.q, inp, w.q_proj, n, d.dim, d.heads * d.qk);
+        ops.linear_forward(saved.q, inp, w.q_proj, n, d.dim, d.heads * d.qk);
     }
     // Keys and values (eq. 1-5). kv_a_proj_with_mqa's rows split into the latent and the rope key;
     // two GEMMs over the row blocks give both contiguous without a copy.
-    cpu::linear_forward(saved.latent, inp, w.kv_a_proj, n, d.dim, d.kv_rank);
-    cpu::linear_forward(scratch.k_rope, inp, w.kv_a_proj + d.kv_rank * d.dim, n, d.dim, d.rope);
-    cpu::rmsnorm_forward(saved.latent_normed, saved.latent_rstd, saved.latent, w.kv_a_norm, n,
-                         d.kv_rank, kMlaLatentNormEps);
-    cpu::linear_forward(scratch.kv, saved.latent_normed, w.kv_b_proj, n, d.kv_rank, d.kv_b_out());
+    ops.linear_forward(saved.latent, inp, w.kv_a_proj, n, d.dim, d.kv_rank);
+    ops.linear_forward(scratch.k_rope, inp, w.kv_a_proj + d.kv_rank * d.dim, n, d.dim, d.rope);
+    ops.rmsnorm_forward(saved.latent_normed, saved.latent_rstd, saved.latent, w.kv_a_norm, n,
+                        d.kv_rank, kMlaLatentNormEps);
+    ops.linear_forward(scratch.kv, saved.latent_normed, w.kv_b_proj, n, d.kv_rank, d.kv_b_out());
 
     // Decoupled RoPE (eq. 3 and 8) on each query head's rope slice and on the shared rope key.
-    cpu::rope_forward(saved.q, rope.cos, rope.sin, n, seq_len, d.heads, d.qk, d.nope, d.rope);
-    cpu::rope_forward(scratch.k_rope, rope.cos, rope.sin, n, seq_len, 1, d.rope, 0, d.rope);
+    ops.rope_forward(saved.q, rope.cos, rope.sin, n, seq_len, d.heads, d.qk, d.nope, d.rope);
+    ops.rope_forward(scratch.k_rope, rope.cos, rope.sin, n, seq_len, 1, d.rope, 0, d.rope);
 
     // k per head = [k_nope | shared rope key] (eq. 4), v per head from kv_b_proj's second part.
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n; ++t) {
-        const float* kr = scratch.k_rope + t * d.rope;
-        for (int64_t h = 0; h < d.heads; ++h) {
-            const float* kv = scratch.kv + (t * d.heads + h) * (d.nope + d.v);
-            float* k = saved.k + (t * d.heads + h) * d.qk;
-            float* v = saved.v + (t * d.heads + h) * d.v;
-            for (int64_t i = 0; i < d.nope; ++i) k[i] = kv[i];
-            for (int64_t i = 0; i < d.rope; ++i) k[d.nope + i] = kr[i];
-            for (int64_t i = 0; i < d.v; ++i) v[i] = kv[d.nope + i];
-        }
-    }
+    ops.mla_kv_forward(saved.k, saved.v, scratch.kv, scratch.k_rope, n, d.heads, d.nope, d.rope,
+                       d.v);
 
-    cpu::attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, batch, seq_len,
-                           d.heads, d.qk, d.v, d.softmax_scale());
-    cpu::linear_forward(out, saved.attn, w.o_proj, n, d.heads * d.v, d.dim);
+    ops.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, batch, seq_len, d.heads,
+                          d.qk, d.v, d.softmax_scale());
+    ops.linear_forward(out, saved.attn, w.o_proj, n, d.heads * d.v, d.dim);
 }
 
-void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const float* inp,
-                  const MlaActivations& saved, const MlaParams& w, const MlaScratch& scratch,
-                  const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
-                  int64_t batch, int64_t seq_len) {
+void mla_backward(Backend& ops, float* dinp, const MlaParams& grads, const float* dout,
+                  const float* inp, const MlaActivations& saved, const MlaParams& w,
+                  const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
+                  const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len) {
     const MlaDims d(c, tp.size());
     const int64_t n = batch * seq_len;
 
-    cpu::linear_backward(scratch.d_attn, grads.o_proj, dout, saved.attn, w.o_proj, n, d.heads * d.v,
-                         d.dim);
-    cpu::attention_backward(scratch.dq, scratch.dk, scratch.dv, scratch.d_attn, saved.q, saved.k,
-                            saved.v, saved.attn, saved.lse, batch, seq_len, d.heads, d.qk, d.v,
-                            d.softmax_scale());
-    cpu::rope_backward(scratch.dq, rope.cos, rope.sin, n, seq_len, d.heads, d.qk, d.nope, d.rope);
+    ops.linear_backward(scratch.d_attn, grads.o_proj, dout, saved.attn, w.o_proj, n, d.heads * d.v,
+                        d.dim);
+    ops.attention_backward(scratch.dq, scratch.dk, scratch.dv, scratch.d_attn, saved.q, saved.k,
+                           saved.v, saved.attn, saved.lse, batch, seq_len, d.heads, d.qk, d.v,
+                           d.softmax_scale());
+    ops.rope_backward(scratch.dq, rope.cos, rope.sin, n, seq_len, d.heads, d.qk, d.nope, d.rope);
 
     // Undo the assembly of k and v: d kv per head = [dk_nope | dv]; the shared rope key received
     // the gradient of every head's copy.
     float* d_kv = scratch.kv;
     float* d_k_rope = scratch.k_rope;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < n; ++t) {
-        float* dkr = d_k_rope + t * d.rope;
-        for (int64_t i = 0; i < d.rope; ++i) dkr[i] = 0.0f;
-        for (int64_t h = 0; h < d.heads; ++h) {
-            float* dkv = d_kv + (t * d.heads + h) * (d.nope + d.v);
-            const float* dk = scratch.dk + (t * d.heads + h) * d.qk;
-            const float* dv = scratch.dv + (t * d.heads + h) * d.v;
-            for (int64_t i = 0; i < d.nope; ++i) dkv[i] = dk[i];
-            for (int64_t i = 0; i < d.v; ++i) dkv[d.nope + i] = dv[i];
-            for (int64_t i = 0; i < d.rope; ++i) dkr[i] += dk[d.nope + i];
-        }
-    }
+    ops.mla_kv_backward(d_kv, d_k_rope, scratch.dk, scratch.dv, n, d.heads, d.nope, d.rope, d.v);
     tp.sum_partial_input_grads(d_k_rope, n * d.rope);  // f: every rank's heads read the key
-    cpu::rope_backward(d_k_rope, rope.cos, rope.sin, n, seq_len, 1, d.rope, 0, d.rope);
+    ops.rope_backward(d_k_rope, rope.cos, rope.sin, n, seq_len, 1, d.rope, 0, d.rope);
 
-    cpu::linear_backward(scratch.d_latent_normed, grads.kv_b_proj, d_kv, saved.latent_normed,
-                         w.kv_b_proj, n, d.kv_rank, d.kv_b_out());
+    ops.linear_backward(scratch.d_latent_normed, grads.kv_b_proj, d_kv, saved.latent_normed,
+                        w.kv_b_proj, n, d.kv_rank, d.kv_b_out());
     tp.sum_partial_input_grads(scratch.d_latent_normed, n * d.kv_rank);  // f: kv_b is split
-    cpu::rmsnorm_backward(scratch.d_latent, grads.kv_a_norm, scratch.d_latent_normed, saved.latent,
-                          w.kv_a_norm, saved.latent_rstd, n, d.kv_rank);
+    ops.rmsnorm_backward(scratch.d_latent, grads.kv_a_norm, scratch.d_latent_normed, saved.latent,
+                         w.kv_a_norm, saved.latent_rstd, n, d.kv_rank);
 
     // The query path writes dinp; the two kv_a_proj row blocks then add to it.
     if (d.q_rank > 0) {
-        cpu::linear_backward(scratch.d_q_a_normed, grads.q_b_proj, scratch.dq, saved.q_a_normed,
-                             w.q_b_proj, n, d.q_rank, d.heads * d.qk);
+        ops.linear_backward(scratch.d_q_a_normed, grads.q_b_proj, scratch.dq, saved.q_a_normed,
+                            w.q_b_proj, n, d.q_rank, d.heads * d.qk);
         tp.sum_partial_input_grads(scratch.d_q_a_normed, n * d.q_rank);  // f: q_b is split
-        cpu::rmsnorm_backward(scratch.d_q_a, grads.q_a_norm, scratch.d_q_a_normed, saved.q_a,
-                              w.q_a_norm, saved.q_a_rstd, n, d.q_rank);
-        cpu::linear_backward(dinp, grads.q_a_proj, scratch.d_q_a, inp, w.q_a_proj, n, d.dim,
-                             d.q_rank);
+        ops.rmsnorm_backward(scratch.d_q_a, grads.q_a_norm, scratch.d_q_a_normed, saved.q_a,
+                             w.q_a_norm, saved.q_a_rstd, n, d.q_rank);
+        ops.linear_backward(dinp, grads.q_a_proj, scratch.d_q_a, inp, w.q_a_proj, n, d.dim,
+                            d.q_rank);
     } else {
-        cpu::linear_backward(dinp, grads.q_proj, scratch.dq, inp, w.q_proj, n, d.dim,
-                             d.heads * d.qk);
+        ops.linear_backward(dinp, grads.q_proj, scratch.dq, inp, w.q_proj, n, d.dim,
+                            d.heads * d.qk);
         tp.sum_partial_input_grads(dinp, n * d.dim);  // f: q_proj is split
     }
     const float* w_rope_key = w.kv_a_proj + d.kv_rank * d.dim;
-    cpu::linear_backward(nullptr, grads.kv_a_proj, scratch.d_latent, inp, w.kv_a_proj, n, d.dim,
-                         d.kv_rank);
-    cpu::matmul(dinp, scratch.d_latent, w.kv_a_proj, n, d.dim, d.kv_rank, false, false, 1.0f);
-    cpu::linear_backward(nullptr, grads.kv_a_proj + d.kv_rank * d.dim, d_k_rope, inp, w_rope_key, n,
-                         d.dim, d.rope);
-    cpu::matmul(dinp, d_k_rope, w_rope_key, n, d.dim, d.rope, false, false, 1.0f);
+    ops.linear_backward(nullptr, grads.kv_a_proj, scratch.d_latent, inp, w.kv_a_proj, n, d.dim,
+                        d.kv_rank);
+    ops.matmul(dinp, scratch.d_latent, w.kv_a_proj, n, d.dim, d.kv_rank, false, false, 1.0f);
+    ops.linear_backward(nullptr, grads.kv_a_proj + d.kv_rank * d.dim, d_k_rope, inp, w_rope_key, n,
+                        d.dim, d.rope);
+    ops.matmul(dinp, d_k_rope, w_rope_key, n, d.dim, d.rope, false, false, 1.0f);
 }
 
 }  // namespace moetron

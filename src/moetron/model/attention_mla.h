@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "moetron/kernels/backend.h"
 #include "moetron/model/params.h"
 #include "moetron/parallel/tensor_parallel.h"
 
@@ -70,7 +71,7 @@ struct MlaScratch {
     float* d_latent = nullptr;         // (N, C)
 };
 
-// cos, sin (S_max, R/2) from cpu::rope_tables.
+// cos, sin (S_max, R/2) from the rope_tables op.
 struct RopeTables {
     const float* cos = nullptr;
     const float* sin = nullptr;
@@ -85,13 +86,14 @@ void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
 
 // out (N, D) written: this rank's partial sum (the whole output with tp = 1); inp (N, D) is the
 // normed residual stream, the same on every TP rank, kept by the caller.
-void mla_forward(float* out, const MlaActivations& saved, const float* inp, const MlaParams& w,
-                 const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
-                 const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len);
+void mla_forward(Backend& ops, float* out, const MlaActivations& saved, const float* inp,
+                 const MlaParams& w, const MlaScratch& scratch, const RopeTables& rope,
+                 const ModelConfig& c, const parallel::TensorParallel& tp, int64_t batch,
+                 int64_t seq_len);
 // dinp (N, D) written (the full gradient on every TP rank); grads accumulate.
-void mla_backward(float* dinp, const MlaParams& grads, const float* dout, const float* inp,
-                  const MlaActivations& saved, const MlaParams& w, const MlaScratch& scratch,
-                  const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
-                  int64_t batch, int64_t seq_len);
+void mla_backward(Backend& ops, float* dinp, const MlaParams& grads, const float* dout,
+                  const float* inp, const MlaActivations& saved, const MlaParams& w,
+                  const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
+                  const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len);
 
 }  // namespace moetron

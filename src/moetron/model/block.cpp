@@ -2,8 +2,7 @@
 
 #include <algorithm>
 
-#include "moetron/kernels/cpu/elementwise.h"
-#include "moetron/kernels/cpu/rmsnorm.h"
+#include "moetron/kernels/backend.h"
 
 namespace moetron {
 
@@ -56,21 +55,21 @@ void bind_block_scratch(BufferBinder& b, BlockScratch& s, const std::string& pre
     if (c.n_routed_experts > 0) bind_moe_scratch(b, s.moe, prefix + "moe.", c, tp_size, num_tokens);
 }
 
-void sequence_parallel_rmsnorm_backward(float* dinp, float* dweight, const float* dout,
-                                        const float* inp, const float* weight, const float* rstd,
-                                        float* dweight_scratch, int64_t rows, int64_t dim,
-                                        const parallel::TensorParallel& tp) {
+void sequence_parallel_rmsnorm_backward(Backend& ops, float* dinp, float* dweight,
+                                        const float* dout, const float* inp, const float* weight,
+                                        const float* rstd, float* dweight_scratch, int64_t rows,
+                                        int64_t dim, const parallel::TensorParallel& tp) {
     if (!tp.enabled()) {
-        cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim);
+        ops.rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, rows, dim);
         return;
     }
-    std::fill(dweight_scratch, dweight_scratch + dim, 0.0f);
-    cpu::rmsnorm_backward(dinp, dweight_scratch, dout, inp, weight, rstd, rows, dim);
+    ops.zero(dweight_scratch, static_cast<size_t>(dim) * sizeof(float));
+    ops.rmsnorm_backward(dinp, dweight_scratch, dout, inp, weight, rstd, rows, dim);
     tp.sum_partial_param_grads(dweight_scratch, dim);
-    cpu::add_inplace(dweight, dweight_scratch, dim);
+    ops.add_inplace(dweight, dweight_scratch, dim);
 }
 
-double block_forward(float* x_out, const BlockActivations& saved, const float* x_in,
+double block_forward(Backend& ops, float* x_out, const BlockActivations& saved, const float* x_in,
                      const BlockParams& w, const BlockScratch& scratch, const RopeTables& rope,
                      const ModelConfig& c, const parallel::TensorParallel& tp,
                      const BlockMoeOptions& moe, int64_t batch, int64_t seq_len) {
@@ -79,30 +78,30 @@ double block_forward(float* x_out, const BlockActivations& saved, const float* x
     // The split GEMMs' partial outputs over all N rows (the rows themselves with tp = 1).
     float* partial = tp.enabled() ? scratch.full : scratch.branch;
 
-    cpu::rmsnorm_forward(saved.attn_norm_out, saved.attn_norm_rstd, x_in, w.attn_norm, rows, D,
-                         eps);
+    ops.rmsnorm_forward(saved.attn_norm_out, saved.attn_norm_rstd, x_in, w.attn_norm, rows, D, eps);
     const float* attn_in = tp.gather_rows(saved.attn_in, saved.attn_norm_out, rows * D);
-    mla_forward(partial, saved.attn, attn_in, w.attn, scratch.attn, rope, c, tp, batch, seq_len);
+    mla_forward(ops, partial, saved.attn, attn_in, w.attn, scratch.attn, rope, c, tp, batch,
+                seq_len);
     tp.reduce_scatter_rows(scratch.branch, partial, rows * D);  // o_proj is row-parallel
-    cpu::add(saved.x_mid, x_in, scratch.branch, rows * D);
+    ops.add(saved.x_mid, x_in, scratch.branch, rows * D);
 
-    cpu::rmsnorm_forward(saved.mlp_norm_out, saved.mlp_norm_rstd, saved.x_mid, w.mlp_norm, rows, D,
-                         eps);
+    ops.rmsnorm_forward(saved.mlp_norm_out, saved.mlp_norm_rstd, saved.x_mid, w.mlp_norm, rows, D,
+                        eps);
     const float* ffn_in = tp.gather_rows(saved.mlp_in, saved.mlp_norm_out, rows * D);
     double balance_loss = 0.0;
     if (w.is_moe) {
-        balance_loss = moe_forward(partial, saved.moe, moe.load_counts, ffn_in, w.moe, scratch.moe,
-                                   c, tp, moe.balance_alpha, batch, seq_len);
+        balance_loss = moe_forward(ops, partial, saved.moe, moe.load_counts, ffn_in, w.moe,
+                                   scratch.moe, c, tp, moe.balance_alpha, batch, seq_len);
     } else {
-        mlp_forward(partial, saved.mlp, ffn_in, w.mlp, n, D, c.intermediate_size / tp.size(),
+        mlp_forward(ops, partial, saved.mlp, ffn_in, w.mlp, n, D, c.intermediate_size / tp.size(),
                     false);
     }
     tp.reduce_scatter_rows(scratch.branch, partial, rows * D);  // down is row-parallel
-    cpu::add(x_out, saved.x_mid, scratch.branch, rows * D);
+    ops.add(x_out, saved.x_mid, scratch.branch, rows * D);
     return balance_loss;
 }
 
-void block_backward(float* dx, const BlockParams& grads, const float* x_in,
+void block_backward(Backend& ops, float* dx, const BlockParams& grads, const float* x_in,
                     const BlockActivations& saved, const BlockParams& w,
                     const BlockScratch& scratch, const RopeTables& rope, const ModelConfig& c,
                     const parallel::TensorParallel& tp, const BlockMoeOptions& moe, int64_t batch,
@@ -118,27 +117,28 @@ void block_backward(float* dx, const BlockParams& grads, const float* x_in,
     // gradient is partial over TP (column-parallel gate_up, each routed row from one rank).
     const float* dout = tp.gather_rows(scratch.full, dx, rows * D);
     if (w.is_moe) {
-        moe_backward(d_in, grads.moe, dout, ffn_in, saved.moe, w.moe, scratch.moe, scratch.mlp, c,
-                     tp, moe.balance_grad, batch, seq_len);
+        moe_backward(ops, d_in, grads.moe, dout, ffn_in, saved.moe, w.moe, scratch.moe, scratch.mlp,
+                     c, tp, moe.balance_grad, batch, seq_len);
     } else {
-        mlp_backward(d_in, grads.mlp, dout, ffn_in, saved.mlp, w.mlp, scratch.mlp, n, D,
+        mlp_backward(ops, d_in, grads.mlp, dout, ffn_in, saved.mlp, w.mlp, scratch.mlp, n, D,
                      c.intermediate_size / tp.size(), false);
     }
     tp.reduce_scatter_rows(scratch.branch, d_in, rows * D);
-    sequence_parallel_rmsnorm_backward(scratch.d_normed, grads.mlp_norm, scratch.branch,
+    sequence_parallel_rmsnorm_backward(ops, scratch.d_normed, grads.mlp_norm, scratch.branch,
                                        saved.x_mid, w.mlp_norm, saved.mlp_norm_rstd,
                                        scratch.d_norm_weight, rows, D, tp);
-    cpu::add_inplace(dx, scratch.d_normed, rows * D);
+    ops.add_inplace(dx, scratch.d_normed, rows * D);
 
     // Attention branch: dx is now d x_mid. MLA's input gradient is whole on every TP rank
     // (attention_mla.h), so the rank's rows are a slice of it.
     dout = tp.gather_rows(scratch.full, dx, rows * D);
-    mla_backward(d_in, grads.attn, dout, attn_in, saved.attn, w.attn, scratch.attn, rope, c, tp,
-                 batch, seq_len);
+    mla_backward(ops, d_in, grads.attn, dout, attn_in, saved.attn, w.attn, scratch.attn, rope, c,
+                 tp, batch, seq_len);
     const float* d_rows = tp.enabled() ? d_in + own.first * D : d_in;
-    sequence_parallel_rmsnorm_backward(scratch.d_normed, grads.attn_norm, d_rows, x_in, w.attn_norm,
-                                       saved.attn_norm_rstd, scratch.d_norm_weight, rows, D, tp);
-    cpu::add_inplace(dx, scratch.d_normed, rows * D);
+    sequence_parallel_rmsnorm_backward(ops, scratch.d_normed, grads.attn_norm, d_rows, x_in,
+                                       w.attn_norm, saved.attn_norm_rstd, scratch.d_norm_weight,
+                                       rows, D, tp);
+    ops.add_inplace(dx, scratch.d_normed, rows * D);
 }
 
 }  // namespace moetron

@@ -74,24 +74,24 @@ void bind_block_scratch(BufferBinder& b, BlockScratch& s, const std::string& pre
 // x_out (Nr, D) written from x_in (Nr, D), which the caller keeps for the backward: this rank's
 // rows of the stream (all N with tp = 1). Returns the block's balance loss (alpha-weighted; 0 for
 // a dense block), the same on every TP rank.
-double block_forward(float* x_out, const BlockActivations& saved, const float* x_in,
+double block_forward(Backend& ops, float* x_out, const BlockActivations& saved, const float* x_in,
                      const BlockParams& w, const BlockScratch& scratch, const RopeTables& rope,
                      const ModelConfig& c, const parallel::TensorParallel& tp,
                      const BlockMoeOptions& moe, int64_t batch, int64_t seq_len);
 // dx (Nr, D): on entry the gradient on x_out, on return the gradient on x_in (the residual
 // stream's gradient, updated in place). grads accumulate.
-void block_backward(float* dx, const BlockParams& grads, const float* x_in,
+void block_backward(Backend& ops, float* dx, const BlockParams& grads, const float* x_in,
                     const BlockActivations& saved, const BlockParams& w,
                     const BlockScratch& scratch, const RopeTables& rope, const ModelConfig& c,
                     const parallel::TensorParallel& tp, const BlockMoeOptions& moe, int64_t batch,
                     int64_t seq_len);
 
-// cpu::rmsnorm_backward on this rank's rows: dinp (rows, dim) written, dweight (dim) accumulates.
+// The rmsnorm_backward op on this rank's rows: dinp (rows, dim) written, dweight (dim) accumulates.
 // With tp > 1 the gain's gradient from these rows is partial: it goes through dweight_scratch
 // (dim floats), is summed over TP, then accumulates.
-void sequence_parallel_rmsnorm_backward(float* dinp, float* dweight, const float* dout,
-                                        const float* inp, const float* weight, const float* rstd,
-                                        float* dweight_scratch, int64_t rows, int64_t dim,
-                                        const parallel::TensorParallel& tp);
+void sequence_parallel_rmsnorm_backward(Backend& ops, float* dinp, float* dweight,
+                                        const float* dout, const float* inp, const float* weight,
+                                        const float* rstd, float* dweight_scratch, int64_t rows,
+                                        int64_t dim, const parallel::TensorParallel& tp);
 
 }  // namespace moetron

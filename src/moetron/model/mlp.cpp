@@ -1,7 +1,6 @@
 #include "moetron/model/mlp.h"
 
-#include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/swiglu.h"
+#include "moetron/kernels/backend.h"
 
 namespace moetron {
 
@@ -23,26 +22,28 @@ void bind_mlp_scratch(BufferBinder& b, MlpScratch& s, const std::string& prefix,
     b(s.d_gate_up, prefix + "d_gate_up", {num_tokens, 2 * max_ffn_dim});
 }
 
-void mlp_forward(float* out, const MlpActivations& saved, const float* inp, const MlpParams& w,
-                 int64_t num_tokens, int64_t dim, int64_t ffn_dim, bool accumulate) {
-    cpu::linear_forward(saved.gate_up, inp, w.gate_up, num_tokens, dim, 2 * ffn_dim);
-    cpu::swiglu_forward(saved.hidden, saved.gate_up, num_tokens, ffn_dim);
+void mlp_forward(Backend& ops, float* out, const MlpActivations& saved, const float* inp,
+                 const MlpParams& w, int64_t num_tokens, int64_t dim, int64_t ffn_dim,
+                 bool accumulate) {
+    ops.linear_forward(saved.gate_up, inp, w.gate_up, num_tokens, dim, 2 * ffn_dim);
+    ops.swiglu_forward(saved.hidden, saved.gate_up, num_tokens, ffn_dim);
     // out (N, D) [+]= hidden (N, F) @ down (D, F)^T
-    cpu::matmul(out, saved.hidden, w.down, num_tokens, dim, ffn_dim, false, true,
-                accumulate ? 1.0f : 0.0f);
+    ops.matmul(out, saved.hidden, w.down, num_tokens, dim, ffn_dim, false, true,
+               accumulate ? 1.0f : 0.0f);
 }
 
-void mlp_backward(float* dinp, const MlpParams& grads, const float* dout, const float* inp,
-                  const MlpActivations& saved, const MlpParams& w, const MlpScratch& scratch,
-                  int64_t num_tokens, int64_t dim, int64_t ffn_dim, bool accumulate) {
-    cpu::linear_backward(scratch.d_hidden, grads.down, dout, saved.hidden, w.down, num_tokens,
-                         ffn_dim, dim);
-    cpu::swiglu_backward(scratch.d_gate_up, scratch.d_hidden, saved.gate_up, num_tokens, ffn_dim);
-    cpu::linear_backward(nullptr, grads.gate_up, scratch.d_gate_up, inp, w.gate_up, num_tokens, dim,
-                         2 * ffn_dim);
+void mlp_backward(Backend& ops, float* dinp, const MlpParams& grads, const float* dout,
+                  const float* inp, const MlpActivations& saved, const MlpParams& w,
+                  const MlpScratch& scratch, int64_t num_tokens, int64_t dim, int64_t ffn_dim,
+                  bool accumulate) {
+    ops.linear_backward(scratch.d_hidden, grads.down, dout, saved.hidden, w.down, num_tokens,
+                        ffn_dim, dim);
+    ops.swiglu_backward(scratch.d_gate_up, scratch.d_hidden, saved.gate_up, num_tokens, ffn_dim);
+    ops.linear_backward(nullptr, grads.gate_up, scratch.d_gate_up, inp, w.gate_up, num_tokens, dim,
+                        2 * ffn_dim);
     // dinp (N, D) [+]= d_gate_up (N, 2F) @ gate_up (2F, D)
-    cpu::matmul(dinp, scratch.d_gate_up, w.gate_up, num_tokens, dim, 2 * ffn_dim, false, false,
-                accumulate ? 1.0f : 0.0f);
+    ops.matmul(dinp, scratch.d_gate_up, w.gate_up, num_tokens, dim, 2 * ffn_dim, false, false,
+               accumulate ? 1.0f : 0.0f);
 }
 
 }  // namespace moetron

@@ -29,12 +29,7 @@
 #include "moetron/parallel/expert_dispatcher.h"
 #include "moetron/parallel/tensor_parallel.h"
 
-#include "moetron/kernels/cpu/cross_entropy.h"
-#include "moetron/kernels/cpu/elementwise.h"
-#include "moetron/kernels/cpu/embedding.h"
-#include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/rmsnorm.h"
-#include "moetron/kernels/cpu/rope.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/block.h"
 #include "moetron/model/mtp.h"
 #include "moetron/model/vocab_parallel.h"
@@ -220,30 +215,30 @@ void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, in
 // count (its mean): d_hidden written; the norm's and head's gradients accumulate. hidden and
 // d_hidden are this rank's (Nr, D) rows; with tensor parallelism the normed rows are all-gathered
 // for the head, and the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h).
-cpu::CrossEntropyResult head_loss(float* d_hidden, const float* hidden, const int32_t* targets,
-                                  const float* norm_w, float* norm_g, const float* head_w,
-                                  float* head_g, const HeadScratch& s, const ModelConfig& c,
-                                  const parallel::TensorParallel& tp, int64_t n, float loss_grad,
-                                  int64_t denominator) {
+CrossEntropyResult head_loss(Backend& ops, float* d_hidden, const float* hidden,
+                             const int32_t* targets, const float* norm_w, float* norm_g,
+                             const float* head_w, float* head_g, const HeadScratch& s,
+                             const ModelConfig& c, const parallel::TensorParallel& tp, int64_t n,
+                             float loss_grad, int64_t denominator) {
     const int64_t D = c.hidden_size, V = c.vocab_size, Vp = V / tp.size();
     const int64_t rows = tp.local_rows(n);
-    cpu::rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, rows, D,
-                         static_cast<float>(c.rms_norm_eps));
+    ops.rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, rows, D,
+                        static_cast<float>(c.rms_norm_eps));
     const float* normed = tp.gather_rows(s.normed_full, s.normed, rows * D);
-    cpu::linear_forward(s.logits, normed, head_w, n, D, Vp);
-    const cpu::CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
-        s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
+    ops.linear_forward(s.logits, normed, head_w, n, D, Vp);
+    const CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
+        ops, s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
     if (d_hidden == nullptr) return ce;
 
     const int64_t count = denominator > 0 ? denominator : ce.num_valid;
     const float per_token = count > 0 ? loss_grad / static_cast<float>(count) : 0.0f;
-    vocab_parallel_cross_entropy_backward(s.logits, s.logits, s.lse, targets, n, V, kIgnoreIndex,
-                                          per_token, tp);
+    vocab_parallel_cross_entropy_backward(ops, s.logits, s.logits, s.lse, targets, n, V,
+                                          kIgnoreIndex, per_token, tp);
     // The head is column-parallel over the vocabulary: its input gradient is partial over TP.
     float* d_normed = tp.enabled() ? s.d_normed_full : s.d_normed;
-    cpu::linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
+    ops.linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
     tp.reduce_scatter_rows(s.d_normed, d_normed, rows * D);
-    sequence_parallel_rmsnorm_backward(d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd,
+    sequence_parallel_rmsnorm_backward(ops, d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd,
                                        s.d_norm_weight, rows, D, tp);
     return ce;
 }
@@ -331,6 +326,9 @@ namespace {
 
 // The activation arena's tensors: what bind_model_activations plans or binds.
 struct ActivationSet {
+    // (N) the micro-batch's tokens and targets, copied from the caller's host memory.
+    int32_t* input_tokens = nullptr;
+    int32_t* input_targets = nullptr;
     float* rope_cos = nullptr;  // (S, rope_dim / 2)
     float* rope_sin = nullptr;
     std::vector<float*> residual;  // L + 1 of (N, D): the stream entering each block, and after
@@ -349,6 +347,8 @@ void bind_model_activations(BufferBinder b, ActivationSet& a, const ModelConfig&
                             const ModelRuntime& runtime, int tp_size, int64_t expert_rows) {
     const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
     const int64_t rows = n / tp_size;  // the stream's token rows on this rank
+    b(a.input_tokens, "input.tokens", {n});
+    b(a.input_targets, "input.targets", {n});
     b(a.rope_cos, "rope.cos", {S, c.qk_rope_head_dim / 2});
     b(a.rope_sin, "rope.sin", {S, c.qk_rope_head_dim / 2});
     a.residual.resize(static_cast<size_t>(c.num_hidden_layers + 1));
@@ -377,6 +377,7 @@ void bind_model_activations(BufferBinder b, ActivationSet& a, const ModelConfig&
 }  // namespace
 
 struct Model::Impl : ActivationSet {
+    Backend& ops;  // runs every op; owns the arenas' memory
     ModelConfig config;
     ModelRuntime runtime;
     LossWeights loss_weights;
@@ -391,11 +392,15 @@ struct Model::Impl : ActivationSet {
     RopeTables rope;
 
     // MoE layers ("slots"): main layers in order, then MTP blocks.
-    std::vector<int64_t> main_slot, mtp_slot;       // -1 for a dense block
-    std::vector<float*> slot_bias;                  // (E) each slot's correction bias
-    std::vector<const int32_t*> slot_topk_ids;      // (N, K) each slot's last routing
-    std::vector<std::vector<int64_t>> load_counts;  // [slot][expert]
-    std::vector<double> load_sum;                   // (slots * E) for summing over ranks
+    std::vector<int64_t> main_slot, mtp_slot;   // -1 for a dense block
+    std::vector<float*> slot_bias;              // (E) each slot's correction bias
+    std::vector<const int32_t*> slot_topk_ids;  // (N, K) each slot's last routing
+    // Tokens routed to each expert since the last bias update, in the backend's memory: (slots,
+    // E) in `loads`, load_counts[slot] its row. The host copies are for summing over ranks.
+    Arena loads;
+    std::vector<int64_t*> load_counts;
+    std::vector<int64_t> load_host;  // (slots * E)
+    std::vector<double> load_sum;    // (slots * E)
     bool load_summed = false;
     int64_t last_num_tokens = 0;
 
@@ -406,11 +411,12 @@ struct Model::Impl : ActivationSet {
 
     Impl(const ModelConfig& c, const ModelRuntime& r, const LossWeights& lw,
          const ModelParallel& par)
-        : config(c),
+        : ops(r.backend != nullptr ? *r.backend : cpu_backend()),
+          config(c),
           runtime(r),
           loss_weights(lw),
           parallel(par),
-          tp(par.tp, cpu_backend().stream()),
+          tp(par.tp, ops.stream()),
           shard(expert_shard_of(c, par)),
           table(sharded_param_specs(c, shard, tp.rank(), tp.size())),
           w(sharded_tree(c, shard)),
@@ -418,8 +424,8 @@ struct Model::Impl : ActivationSet {
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
         for (const ParamEntry& e : table.entries()) param_plan.add(e.name, e.shape);
         check_fits_before_allocating(param_plan);
-        params = Arena(param_plan, host_memory());
-        grads = Arena(param_plan, host_memory());
+        params = Arena(param_plan, ops.memory());
+        grads = Arena(param_plan, ops.memory());
         ParamBinder bind_w(table, static_cast<float*>(params.base()));
         ParamBinder bind_g(table, static_cast<float*>(grads.base()));
         bind_w.set_tensor_parallel(tp.rank(), tp.size());
@@ -435,22 +441,22 @@ struct Model::Impl : ActivationSet {
             groups.ep = shard.count > 0 ? par.ep : nullptr;
             groups.rail = par.ep_rail;
             groups.domain = par.ep_domain;
-            dispatcher = parallel::make_expert_dispatcher(dc, groups, cpu_backend());
+            dispatcher = parallel::make_expert_dispatcher(dc, groups, ops);
         }
 
         ArenaPlan act_plan("activations");
         bind_activations(BufferBinder(act_plan));
-        acts = Arena(act_plan, host_memory());
+        acts = Arena(act_plan, ops.memory());
         bind_activations(BufferBinder(acts));
-        cpu::rope_tables(rope_cos, rope_sin, r.seq_len, c.qk_rope_head_dim,
-                         static_cast<float>(c.rope_theta));
+        ops.rope_tables(rope_cos, rope_sin, r.seq_len, c.qk_rope_head_dim,
+                        static_cast<float>(c.rope_theta));
         rope = {rope_cos, rope_sin};
 
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
             main_slot.push_back(add_slot(w.layers[l], layers[l]));
         for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
             mtp_slot.push_back(add_slot(w.mtp[d].block, mtp[d].block));
-        load_sum.resize(load_counts.size() * static_cast<size_t>(c.n_routed_experts));
+        plan_expert_loads();
         plan_grad_ranges();
     }
 
@@ -464,8 +470,20 @@ struct Model::Impl : ActivationSet {
         ba.moe.dispatch_slot_b = dual ? 2 * slot + 1 : -1;
         slot_bias.push_back(bp.moe.correction_bias);
         slot_topk_ids.push_back(ba.moe.topk_ids);
-        load_counts.emplace_back(static_cast<size_t>(config.n_routed_experts), 0);
         return slot;
+    }
+
+    // One row of E counts per slot, zeroed (arenas are allocated zero-filled).
+    void plan_expert_loads() {
+        const int64_t slots = static_cast<int64_t>(slot_bias.size()), E = config.n_routed_experts;
+        if (slots == 0) return;
+        ArenaPlan plan("expert_load");
+        plan.add("counts", {slots, E}, DType::i64);
+        loads = Arena(plan, ops.memory());
+        for (int64_t slot = 0; slot < slots; ++slot)
+            load_counts.push_back(static_cast<int64_t*>(loads.base()) + slot * E);
+        load_host.resize(static_cast<size_t>(slots * E));
+        load_sum.resize(load_host.size());
     }
 
     void plan_grad_ranges() {
@@ -531,7 +549,7 @@ struct Model::Impl : ActivationSet {
     BlockMoeOptions moe_options(int64_t slot, bool backward, float grad_scale,
                                 float balance_scale) {
         BlockMoeOptions o;
-        o.load_counts = (backward && slot >= 0) ? load_counts[slot].data() : nullptr;
+        o.load_counts = (backward && slot >= 0) ? load_counts[slot] : nullptr;
         o.balance_alpha = loss_weights.balance_alpha * balance_scale;
         o.balance_grad = loss_weights.balance_alpha * grad_scale * balance_scale;
         return o;
@@ -598,14 +616,17 @@ struct Model::Impl : ActivationSet {
         };
         last_num_tokens = n;
         MicroBatchLosses losses;
+        // The inputs move into the backend's memory once; every op below reads them there.
+        ops.copy_from_host(input_tokens, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+        ops.copy_from_host(input_targets, targets, static_cast<size_t>(n) * sizeof(int32_t));
 
         // Forward: embedding and main blocks.
-        vocab_parallel_embedding_forward(residual[0], tokens, w.embed, block_scratch.full, n,
-                                         c.vocab_size, D, tp);
+        vocab_parallel_embedding_forward(ops, residual[0], input_tokens, w.embed,
+                                         block_scratch.full, n, c.vocab_size, D, tp);
         for (int64_t l = 0; l < L; ++l) {
-            losses.balance_loss +=
-                block_forward(residual[l + 1], layers[l], residual[l], w.layers[l], block_scratch,
-                              rope, c, tp, moe(main_slot[l], backward), batch, seq_len);
+            losses.balance_loss += block_forward(ops, residual[l + 1], layers[l], residual[l],
+                                                 w.layers[l], block_scratch, rope, c, tp,
+                                                 moe(main_slot[l], backward), batch, seq_len);
         }
 
         // MTP depths, each with its loss (and that loss's head backward) right away.
@@ -614,22 +635,22 @@ struct Model::Impl : ActivationSet {
             num_mtp > 0 ? grad_scale * loss_weights.mtp_lambda / static_cast<float>(num_mtp) : 0;
         for (int64_t d = 0; d < num_mtp; ++d) {
             const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-            losses.balance_loss += mtp_forward(mtp[d], h_prev, tokens, targets, w.embed, w.mtp[d],
-                                               mtp_scratch, block_scratch, rope, c, tp,
-                                               moe(mtp_slot[d], backward), d, batch, seq_len);
+            losses.balance_loss += mtp_forward(
+                ops, mtp[d], h_prev, input_tokens, input_targets, w.embed, w.mtp[d], mtp_scratch,
+                block_scratch, rope, c, tp, moe(mtp_slot[d], backward), d, batch, seq_len);
             const int64_t mtp_den = den == nullptr ? 0 : den->mtp_tokens[d];
-            const cpu::CrossEntropyResult ce =
-                head_loss(run_mtp_backward ? mtp[d].d_out : nullptr, mtp[d].out, mtp[d].targets,
-                          w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head, head, c, tp, n,
-                          mtp_loss_grad, mtp_den);
+            const CrossEntropyResult ce =
+                head_loss(ops, run_mtp_backward ? mtp[d].d_out : nullptr, mtp[d].out,
+                          mtp[d].targets, w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head,
+                          head, c, tp, n, mtp_loss_grad, mtp_den);
             losses.mtp_loss += mean_loss(ce, mtp_den);
         }
         if (num_mtp > 0) losses.mtp_loss /= static_cast<double>(num_mtp);
 
         // Main head last, so that logits() holds its logits after forward().
         const int64_t lm_den = den == nullptr ? 0 : den->lm_tokens;
-        const cpu::CrossEntropyResult main_ce =
-            head_loss(backward ? d_stream : nullptr, residual[L], targets, w.final_norm,
+        const CrossEntropyResult main_ce =
+            head_loss(ops, backward ? d_stream : nullptr, residual[L], input_targets, w.final_norm,
                       g.final_norm, w.head, g.head, head, c, tp, n, grad_scale, lm_den);
         losses.lm_loss = mean_loss(main_ce, lm_den);
         losses.num_tokens = main_ce.num_valid;
@@ -641,25 +662,26 @@ struct Model::Impl : ActivationSet {
         for (int64_t d = num_mtp - 1; d >= 0; --d) {
             if (run_mtp_backward) {
                 const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-                mtp_backward(d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d], mtp_scratch,
-                             block_scratch, rope, c, tp, moe(mtp_slot[d], false), batch, seq_len);
-                cpu::add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
-                                 tp.local_rows(n) * D);
+                mtp_backward(ops, d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d],
+                             mtp_scratch, block_scratch, rope, c, tp, moe(mtp_slot[d], false),
+                             batch, seq_len);
+                ops.add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
+                                tp.local_rows(n) * D);
             }
             notify_grads_ready(mtp_range[d]);
         }
         for (int64_t l = L - 1; l >= 0; --l) {
-            block_backward(d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
+            block_backward(ops, d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
                            block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
             notify_grads_ready(layer_range[l]);
         }
-        vocab_parallel_embedding_backward(g.embed, d_stream, tokens, block_scratch.full, n,
-                                          c.vocab_size, D, tp);
+        vocab_parallel_embedding_backward(ops, g.embed, d_stream, input_tokens, block_scratch.full,
+                                          n, c.vocab_size, D, tp);
         notify_grads_ready(embed_range);
         return losses;
     }
 
-    static double mean_loss(const cpu::CrossEntropyResult& ce, int64_t denominator) {
+    static double mean_loss(const CrossEntropyResult& ce, int64_t denominator) {
         if (denominator <= 0) return ce.mean();
         return ce.loss_sum / static_cast<double>(denominator);
     }
@@ -668,15 +690,14 @@ struct Model::Impl : ActivationSet {
         if (load_summed) return;
         load_summed = true;
         if (parallel.load == nullptr || parallel.load->size() == 1) return;
-        const size_t E = static_cast<size_t>(config.n_routed_experts);
-        for (size_t s = 0; s < load_counts.size(); ++s)
-            for (size_t e = 0; e < E; ++e)
-                load_sum[s * E + e] = static_cast<double>(load_counts[s][e]);
+        ops.copy_to_host(load_host.data(), loads.base(), load_host.size() * sizeof(int64_t));
+        for (size_t i = 0; i < load_host.size(); ++i)
+            load_sum[i] = static_cast<double>(load_host[i]);
         // Counts are far below 2^53, so the sum in doubles is exact.
         parallel.load->all_reduce_sum(load_sum.data(), load_sum.size(), DType::f64, kHostStream);
-        for (size_t s = 0; s < load_counts.size(); ++s)
-            for (size_t e = 0; e < E; ++e)
-                load_counts[s][e] = static_cast<int64_t>(load_sum[s * E + e]);
+        for (size_t i = 0; i < load_host.size(); ++i)
+            load_host[i] = static_cast<int64_t>(load_sum[i]);
+        ops.copy_from_host(loads.base(), load_host.data(), load_host.size() * sizeof(int64_t));
     }
 
     void init_expert_shard(uint64_t seed) {
@@ -686,10 +707,9 @@ struct Model::Impl : ActivationSet {
             if (!is_routed_expert_param(spec.name)) continue;
             const ParamEntry& e = table.entries()[i];
             const int64_t per_expert = e.numel / shard.count;
-            const ParamRng rng(seed, spec.name);
-            rng.fill_normal(static_cast<float*>(params.base()) + e.offset,
-                            static_cast<uint64_t>(e.numel), spec.init_stddev,
-                            static_cast<uint64_t>(shard.first * per_expert));
+            ops.init_normal(static_cast<float*>(params.base()) + e.offset, seed,
+                            fnv1a_64(spec.name), 1, e.numel, shard.first * per_expert, 0,
+                            spec.init_stddev);
         }
     }
 };
@@ -705,7 +725,7 @@ Model::Model(const ModelConfig& config, const ModelRuntime& runtime, const LossW
 Model::~Model() = default;
 
 void Model::init_parameters(uint64_t seed) {
-    impl_->table.initialize(params(), seed);
+    impl_->table.initialize(impl_->ops, params(), seed);
     impl_->init_expert_shard(seed);
 }
 
@@ -741,7 +761,12 @@ std::vector<int32_t> Model::last_routing() const {
     const int64_t per_slot = impl_->last_num_tokens * impl_->config.num_experts_per_tok;
     std::vector<int32_t> out;
     out.reserve(impl_->slot_topk_ids.size() * static_cast<size_t>(per_slot));
-    for (const int32_t* ids : impl_->slot_topk_ids) out.insert(out.end(), ids, ids + per_slot);
+    out.resize(impl_->slot_topk_ids.size() * static_cast<size_t>(per_slot));
+    int32_t* slot_out = out.data();
+    for (const int32_t* ids : impl_->slot_topk_ids) {
+        impl_->ops.copy_to_host(slot_out, ids, static_cast<size_t>(per_slot) * sizeof(int32_t));
+        slot_out += per_slot;
+    }
     return out;
 }
 
@@ -752,28 +777,26 @@ void Model::sum_expert_load_over_ranks() {
 void Model::update_router_bias(float gamma) {
     impl_->sum_loads();
     const int64_t E = impl_->config.n_routed_experts;
-    for (size_t slot = 0; slot < impl_->load_counts.size(); ++slot) {
-        std::vector<int64_t>& counts = impl_->load_counts[slot];
-        int64_t total = 0;
-        for (int64_t x : counts) total += x;
-        const double mean = static_cast<double>(total) / static_cast<double>(E);
-        // DeepSeek-V3 sec. 2.1.2: decrease the bias of overloaded experts by gamma, increase it
-        // for underloaded ones (bias_update_speed).
-        float* bias = impl_->slot_bias[slot];
-        for (int64_t e = 0; e < E; ++e) {
-            const double gap = mean - static_cast<double>(counts[e]);
-            bias[e] += gamma * static_cast<float>((gap > 0) - (gap < 0));
-        }
-        std::fill(counts.begin(), counts.end(), 0);
-    }
+    // DeepSeek-V3 sec. 2.1.2: decrease the bias of overloaded experts by gamma, increase it for
+    // underloaded ones (bias_update_speed); then count afresh.
+    for (size_t slot = 0; slot < impl_->load_counts.size(); ++slot)
+        impl_->ops.router_bias_update(impl_->slot_bias[slot], impl_->load_counts[slot], E, gamma);
+    if (!impl_->load_counts.empty()) impl_->loads.zero();
     impl_->load_summed = false;
 }
 
 ExpertLoadStats Model::expert_load() const {
     ExpertLoadStats stats;
-    stats.tokens_per_expert = impl_->load_counts;
+    const auto E = static_cast<std::ptrdiff_t>(impl_->config.n_routed_experts);
+    std::vector<int64_t> counts_all(impl_->load_host.size());
+    impl_->ops.copy_to_host(counts_all.data(), impl_->loads.base(),
+                            counts_all.size() * sizeof(int64_t));
+    for (size_t slot = 0; slot < impl_->load_counts.size(); ++slot) {
+        const auto first = counts_all.begin() + static_cast<std::ptrdiff_t>(slot) * E;
+        stats.tokens_per_expert.emplace_back(first, first + E);
+    }
     double worst_min = std::numeric_limits<double>::infinity();
-    for (const std::vector<int64_t>& counts : impl_->load_counts) {
+    for (const std::vector<int64_t>& counts : stats.tokens_per_expert) {
         int64_t total = 0;
         for (int64_t x : counts) total += x;
         if (total == 0) continue;
@@ -791,6 +814,9 @@ const ModelConfig& Model::config() const {
 }
 const LossWeights& Model::loss_weights() const {
     return impl_->loss_weights;
+}
+Backend& Model::backend() const {
+    return impl_->ops;
 }
 float* Model::params() {
     return static_cast<float*>(impl_->params.base());

@@ -28,10 +28,16 @@ class Communicator;
 
 namespace moetron {
 
-// Sizes the activation arena: the largest micro-batch the model will see.
+class Backend;  // kernels/backend.h
+
+// Sizes the activation arena: the largest micro-batch the model will see; and where the model
+// runs.
 struct ModelRuntime {
     int64_t batch_size = 1;  // B: sequences per micro-batch
     int64_t seq_len = 0;     // S
+    // The backend that runs every op of the model and owns its arenas (parameters, gradients,
+    // activations, expert loads); it must outlive the model. Null: cpu_backend().
+    Backend* backend = nullptr;
 };
 
 // Loss-side knobs of DeepSeek-V3 training (its report, sec. 2.1-2.2).
@@ -179,6 +185,8 @@ class Model {
 
     const ModelConfig& config() const;
     const LossWeights& loss_weights() const;
+    // The backend the model was built for: params() and grads() live in its memory.
+    Backend& backend() const;
     // params() and grads() are num_params() floats each: the entries of param_entries() back to
     // back, no padding, so num_params() is the exact parameter count (main model + MTP).
     float* params();

@@ -1,37 +1,18 @@
 #include "moetron/model/moe.h"
 
-#include <algorithm>
 #include <span>
 
-#include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/router.h"
-#include "moetron/kernels/cpu/swiglu.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/parallel/expert_dispatcher.h"
 
 namespace moetron {
 
 namespace {
 
-cpu::RouterShape router_shape(const ModelConfig& c, int64_t num_tokens) {
+RouterShape router_shape(const ModelConfig& c, int64_t num_tokens) {
     return {num_tokens,      c.n_routed_experts, c.num_experts_per_tok,
             c.n_group,       c.topk_group,       static_cast<float>(c.routed_scaling_factor),
             c.norm_topk_prob};
-}
-
-// Per token: Z_t = sum_j s_{j,t} and sum_i f_i s_{i,t}, the two sums eq. 19-20 need.
-struct TokenBalanceSums {
-    double score_sum = 0;
-    double weighted_score_sum = 0;
-};
-
-TokenBalanceSums token_balance_sums(const float* scores, const float* load_fraction,
-                                    int64_t num_experts) {
-    TokenBalanceSums s;
-    for (int64_t i = 0; i < num_experts; ++i) {
-        s.score_sum += scores[i];
-        s.weighted_score_sum += static_cast<double>(load_fraction[i]) * scores[i];
-    }
-    return s;
 }
 
 int64_t expert_side_rows(int64_t planned_rows, int64_t num_tokens, int64_t top_k) {
@@ -97,37 +78,39 @@ void place_halves(TokenHalf* halves, int num_halves, const parallel::ExpertDispa
 }
 
 // The routed experts of one half: one grouped SwiGLU over its rows.
-void experts_forward(const MoeActivations& saved, const MoeParams& w, const TokenHalf& h,
-                     int64_t El, int64_t D, int64_t F) {
+void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams& w,
+                     const TokenHalf& h, int64_t El, int64_t D, int64_t F) {
     const int64_t r = h.expert_row;
-    cpu::grouped_linear_forward(saved.expert_gate_up + r * 2 * F, saved.permuted + r * D,
-                                w.experts_gate_up, h.offsets, El, D, 2 * F);
-    cpu::swiglu_forward(saved.expert_hidden + r * F, saved.expert_gate_up + r * 2 * F, h.num_rows,
-                        F);
-    cpu::grouped_linear_forward(saved.expert_out + r * D, saved.expert_hidden + r * F,
-                                w.experts_down, h.offsets, El, F, D);
+    ops.grouped_linear_forward(saved.expert_gate_up + r * 2 * F, saved.permuted + r * D,
+                               w.experts_gate_up, h.offsets, El, D, 2 * F);
+    ops.swiglu_forward(saved.expert_hidden + r * F, saved.expert_gate_up + r * 2 * F, h.num_rows,
+                       F);
+    ops.grouped_linear_forward(saved.expert_out + r * D, saved.expert_hidden + r * F,
+                               w.experts_down, h.offsets, El, F, D);
 }
 
 // Its backward: scratch.d_expert_out (the half's rows) in, the inputs' gradient written over it
 // (d_expert_out is free again once d_expert_hidden exists).
-void experts_backward(const MoeParams& grads, const MoeActivations& saved, const MoeParams& w,
-                      const MoeScratch& scratch, const TokenHalf& h, int64_t El, int64_t D,
-                      int64_t F) {
+void experts_backward(Backend& ops, const MoeParams& grads, const MoeActivations& saved,
+                      const MoeParams& w, const MoeScratch& scratch, const TokenHalf& h, int64_t El,
+                      int64_t D, int64_t F) {
     const int64_t r = h.expert_row;
     float* d_out = scratch.d_expert_out + r * D;
     float* d_hidden = scratch.d_expert_hidden + r * F;
     float* d_gate_up = scratch.d_expert_gate_up + r * 2 * F;
-    cpu::grouped_linear_backward(d_hidden, grads.experts_down, d_out, saved.expert_hidden + r * F,
-                                 w.experts_down, h.offsets, El, F, D);
-    cpu::swiglu_backward(d_gate_up, d_hidden, saved.expert_gate_up + r * 2 * F, h.num_rows, F);
-    cpu::grouped_linear_backward(d_out, grads.experts_gate_up, d_gate_up, saved.permuted + r * D,
-                                 w.experts_gate_up, h.offsets, El, D, 2 * F);
+    ops.grouped_linear_backward(d_hidden, grads.experts_down, d_out, saved.expert_hidden + r * F,
+                                w.experts_down, h.offsets, El, F, D);
+    ops.swiglu_backward(d_gate_up, d_hidden, saved.expert_gate_up + r * 2 * F, h.num_rows, F);
+    ops.grouped_linear_backward(d_out, grads.experts_gate_up, d_gate_up, saved.permuted + r * D,
+                                w.experts_gate_up, h.offsets, El, D, 2 * F);
 }
 
 // Zeroes the rows of x (N, D) outside `own`: other TP ranks fill them, and the caller sums over TP.
-void zero_other_rows(float* x, parallel::RowRange own, int64_t num_rows, int64_t dim) {
-    std::fill(x, x + own.first * dim, 0.0f);
-    std::fill(x + (own.first + own.count) * dim, x + num_rows * dim, 0.0f);
+void zero_other_rows(Backend& ops, float* x, parallel::RowRange own, int64_t num_rows,
+                     int64_t dim) {
+    ops.zero(x, static_cast<size_t>(own.first * dim) * sizeof(float));
+    const int64_t end = own.first + own.count;
+    ops.zero(x + end * dim, static_cast<size_t>((num_rows - end) * dim) * sizeof(float));
 }
 
 }  // namespace
@@ -211,23 +194,21 @@ void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
     if (tp_size > 1) b(s.d_topk_weights_own, prefix + "d_topk_weights_own", {n / tp_size, K});
 }
 
-double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
-                   const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
-                   const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,
-                   int64_t seq_len) {
+double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_t* load_counts,
+                   const float* inp, const MoeParams& w, const MoeScratch& scratch,
+                   const ModelConfig& c, const parallel::TensorParallel& tp, float balance_alpha,
+                   int64_t batch, int64_t seq_len) {
     const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
     // The tokens this rank sends to the experts: all of them without tensor parallelism.
     const parallel::RowRange own = tp.row_share(n, "tokens of the MoE layer's micro-batch");
 
     // Router (eq. 15-16): the gate GEMM, then sigmoid, biased group-limited top-K and weights.
-    cpu::linear_forward(scratch.logits, inp, w.gate, n, D, E);
-    cpu::router_forward(saved.topk_ids, saved.topk_weights, saved.scores, scratch.logits,
-                        w.correction_bias, router_shape(c, n));
-    if (load_counts != nullptr) {
-        for (int64_t i = own.first * K; i < (own.first + own.count) * K; ++i)
-            ++load_counts[saved.topk_ids[i]];
-    }
+    ops.linear_forward(scratch.logits, inp, w.gate, n, D, E);
+    ops.router_forward(saved.topk_ids, saved.topk_weights, saved.scores, scratch.logits,
+                       w.correction_bias, router_shape(c, n));
+    if (load_counts != nullptr)
+        ops.count_expert_load(load_counts, saved.topk_ids + own.first * K, own.count * K, E);
 
     // Routed experts: the copies go to their experts' ranks sorted by local expert, one grouped
     // SwiGLU there, and come back summed with their weights. With overlap, each all-to-all is
@@ -239,8 +220,8 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
     const bool has_shared = c.n_shared_experts > 0;
     const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
     auto shared_experts = [&](bool accumulate) {
-        mlp_forward(out, saved.shared, inp, w.shared, n, D, shared_expert_ffn_dim(c, tp.size()),
-                    accumulate);
+        mlp_forward(ops, out, saved.shared, inp, w.shared, n, D,
+                    shared_expert_ffn_dim(c, tp.size()), accumulate);
     };
     auto begin_dispatch = [&](const TokenHalf& h) {
         dispatch.dispatch_forward_begin(h.slot, saved.permuted + h.expert_row * D,
@@ -255,7 +236,7 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
         dispatch.route(h.slot, saved.topk_ids + h.first * K, saved.topk_weights + h.first * K,
                        h.count);
     };
-    if (tp.enabled() && !shared_first) zero_other_rows(out, own, n, D);
+    if (tp.enabled() && !shared_first) zero_other_rows(ops, out, own, n, D);
 
     const std::span<const int64_t> rounds =
         dispatch.plan_rounds(saved.dispatch_slot, saved.topk_ids + own.first * K, own.count);
@@ -270,7 +251,7 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
             place_halves(&h, 1, dispatch, expert_rows);
             begin_dispatch(h);
             dispatch.finish(h.slot);
-            experts_forward(saved, w, h, El, D, F);
+            experts_forward(ops, saved, w, h, El, D, F);
             begin_combine(h);
             dispatch.finish(h.slot);
         }
@@ -283,12 +264,12 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
         if (shared_first) shared_experts(/*accumulate=*/false);
         dispatch.finish(halves[0].slot);
         if (num_halves == 2) begin_dispatch(halves[1]);
-        experts_forward(saved, w, halves[0], El, D, F);
+        experts_forward(ops, saved, w, halves[0], El, D, F);
         begin_combine(halves[0]);
         if (num_halves == 2) {
             dispatch.finish(halves[1].slot);
             dispatch.post_next_hop(halves[0].slot);  // two_tier: A's combine crosses the rail now
-            experts_forward(saved, w, halves[1], El, D, F);
+            experts_forward(ops, saved, w, halves[1], El, D, F);
             begin_combine(halves[1]);
         }
         for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
@@ -297,31 +278,14 @@ double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts
 
     if (balance_alpha == 0.0f) return 0.0;
     // Sequence-wise balance loss (eq. 17-20).
-    const double count_to_fraction =
-        static_cast<double>(E) / (static_cast<double>(K) * static_cast<double>(seq_len));
-    double loss_sum = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : loss_sum)
-    for (int64_t b = 0; b < batch; ++b) {
-        float* f = saved.load_fraction + b * E;
-        for (int64_t i = 0; i < E; ++i) f[i] = 0.0f;
-        const int64_t first = b * seq_len;
-        for (int64_t t = first; t < first + seq_len; ++t)
-            for (int64_t j = 0; j < K; ++j) f[saved.topk_ids[t * K + j]] += 1.0f;
-        for (int64_t i = 0; i < E; ++i) f[i] = static_cast<float>(f[i] * count_to_fraction);
-        // sum_i f_i P_i = (1/T) sum_t (sum_i f_i s_{i,t}) / Z_t
-        double sequence_sum = 0.0;
-        for (int64_t t = first; t < first + seq_len; ++t) {
-            const TokenBalanceSums s = token_balance_sums(saved.scores + t * E, f, E);
-            sequence_sum += s.weighted_score_sum / s.score_sum;
-        }
-        loss_sum += sequence_sum / static_cast<double>(seq_len);
-    }
+    const double loss_sum = ops.balance_loss_forward(saved.load_fraction, saved.topk_ids,
+                                                     saved.scores, batch, seq_len, E, K);
     return static_cast<double>(balance_alpha) * loss_sum / static_cast<double>(batch);
 }
 
-void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const float* inp,
-                  const MoeActivations& saved, const MoeParams& w, const MoeScratch& scratch,
-                  const MlpScratch& shared_scratch, const ModelConfig& c,
+void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float* dout,
+                  const float* inp, const MoeActivations& saved, const MoeParams& w,
+                  const MoeScratch& scratch, const MlpScratch& shared_scratch, const ModelConfig& c,
                   const parallel::TensorParallel& tp, float balance_grad, int64_t batch,
                   int64_t seq_len) {
     const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
@@ -337,8 +301,8 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     const bool has_shared = c.n_shared_experts > 0;
     const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
     auto shared_experts = [&](bool accumulate) {
-        mlp_backward(dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch, n, D,
-                     shared_expert_ffn_dim(c, tp.size()), accumulate);
+        mlp_backward(ops, dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch, n,
+                     D, shared_expert_ffn_dim(c, tp.size()), accumulate);
     };
     auto begin_combine_backward = [&](const TokenHalf& h) {
         const int64_t t = h.first - own.first;  // the half's first row in the rank's share
@@ -363,13 +327,13 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
                                saved.topk_weights + h.first * K, h.count);
                 place_halves(&h, 1, dispatch, expert_rows);
                 dispatch.dispatch_forward(h.slot, saved.permuted, inp + h.first * D);
-                experts_forward(saved, w, h, El, D, F);
+                experts_forward(ops, saved, w, h, El, D, F);
             } else {
                 place_halves(&h, 1, dispatch, expert_rows);
             }
             begin_combine_backward(h);
             dispatch.finish(h.slot);
-            experts_backward(grads, saved, w, scratch, h, El, D, F);
+            experts_backward(ops, grads, saved, w, scratch, h, El, D, F);
             begin_dispatch_backward(h);
             dispatch.finish(h.slot);
         }
@@ -381,18 +345,18 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
         if (shared_first) shared_experts(/*accumulate=*/false);
         dispatch.finish(halves[0].slot);
         if (num_halves == 2) begin_combine_backward(halves[1]);
-        experts_backward(grads, saved, w, scratch, halves[0], El, D, F);
+        experts_backward(ops, grads, saved, w, scratch, halves[0], El, D, F);
         begin_dispatch_backward(halves[0]);
         if (num_halves == 2) {
             dispatch.finish(halves[1].slot);
             dispatch.post_next_hop(halves[0].slot);  // two_tier: A's gradients cross the rail now
-            experts_backward(grads, saved, w, scratch, halves[1], El, D, F);
+            experts_backward(ops, grads, saved, w, scratch, halves[1], El, D, F);
             begin_dispatch_backward(halves[1]);
         }
         for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
     }
     if (!shared_first) {
-        if (tp.enabled()) zero_other_rows(dinp, own, n, D);
+        if (tp.enabled()) zero_other_rows(ops, dinp, own, n, D);
         if (has_shared) shared_experts(/*accumulate=*/true);
     }
     // Every rank runs the router's backward on all N tokens, so it needs every rank's share.
@@ -402,31 +366,20 @@ void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const 
     // (1/T) (f_j / Z_t - sum_i f_i s_{i,t} / Z_t^2); averaged over the B sequences.
     const float* d_scores = nullptr;
     if (balance_grad != 0.0f) {
-        const double coeff = static_cast<double>(balance_grad) /
-                             (static_cast<double>(batch) * static_cast<double>(seq_len));
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < n; ++t) {
-            const float* f = saved.load_fraction + (t / seq_len) * E;
-            const float* s = saved.scores + t * E;
-            const TokenBalanceSums sums = token_balance_sums(s, f, E);
-            const double inv_z = 1.0 / sums.score_sum;
-            const double common = sums.weighted_score_sum * inv_z * inv_z;
-            float* ds = scratch.d_scores + t * E;
-            for (int64_t j = 0; j < E; ++j)
-                ds[j] = static_cast<float>(coeff * (f[j] * inv_z - common));
-        }
+        ops.balance_loss_backward(scratch.d_scores, saved.scores, saved.load_fraction, batch,
+                                  seq_len, E, balance_grad);
         d_scores = scratch.d_scores;
     }
 
     // Router: through the chosen scores (and the balance term), then the gate GEMM.
     float* d_logits = scratch.logits;
-    cpu::router_backward(d_logits, scratch.d_topk_weights, d_scores, saved.scores, saved.topk_ids,
-                         router_shape(c, n));
-    cpu::linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E);
+    ops.router_backward(d_logits, scratch.d_topk_weights, d_scores, saved.scores, saved.topk_ids,
+                        router_shape(c, n));
+    ops.linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E);
     // The router's input gradient is the same on every TP rank: each adds it to its own rows
     // only, so that the sum over TP counts it once.
-    cpu::matmul(dinp + own.first * D, d_logits + own.first * E, w.gate, own.count, D, E, false,
-                false, 1.0f);
+    ops.matmul(dinp + own.first * D, d_logits + own.first * E, w.gate, own.count, D, E, false,
+               false, 1.0f);
 }
 
 }  // namespace moetron

@@ -31,6 +31,7 @@
 
 #include <string_view>
 
+#include "moetron/kernels/backend.h"
 #include "moetron/model/mlp.h"
 #include "moetron/model/params.h"
 #include "moetron/parallel/tensor_parallel.h"
@@ -134,7 +135,7 @@ void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
 int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 
 // out (N, D) written: this rank's partial sum over TP (the whole output with tp = 1). When
-// load_counts (E) is not null, the tokens routed to each expert are
+// load_counts (E, in ops' memory) is not null, the tokens routed to each expert are
 // added to it. With expert parallelism every rank of the EP group must call it (it exchanges the
 // token copies), and likewise moe_backward; with tensor parallelism, every rank of the TP group
 // too. Returns alpha * (the balance loss averaged over the B sequences); 0 when alpha = 0.
@@ -143,15 +144,15 @@ int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 // through the same buffers, blocking, whatever the overlap; they keep the last round's
 // activations, and moe_backward runs the rounds last to first, recomputing the earlier rounds'
 // experts. Dropless; equal to one round within float rounding.
-double moe_forward(float* out, const MoeActivations& saved, int64_t* load_counts, const float* inp,
-                   const MoeParams& w, const MoeScratch& scratch, const ModelConfig& c,
-                   const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,
-                   int64_t seq_len);
+double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_t* load_counts,
+                   const float* inp, const MoeParams& w, const MoeScratch& scratch,
+                   const ModelConfig& c, const parallel::TensorParallel& tp, float balance_alpha,
+                   int64_t batch, int64_t seq_len);
 // dinp (N, D) written (partial over TP, as out); grads accumulate. balance_grad = d(total
 // loss)/d(balance loss) times alpha (alpha * grad_scale); 0 skips the balance term.
-void moe_backward(float* dinp, const MoeParams& grads, const float* dout, const float* inp,
-                  const MoeActivations& saved, const MoeParams& w, const MoeScratch& scratch,
-                  const MlpScratch& shared_scratch, const ModelConfig& c,
+void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float* dout,
+                  const float* inp, const MoeActivations& saved, const MoeParams& w,
+                  const MoeScratch& scratch, const MlpScratch& shared_scratch, const ModelConfig& c,
                   const parallel::TensorParallel& tp, float balance_grad, int64_t batch,
                   int64_t seq_len);
 

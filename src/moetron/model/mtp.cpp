@@ -1,11 +1,6 @@
 #include "moetron/model/mtp.h"
 
-#include <algorithm>
-#include <cstring>
-
-#include "moetron/kernels/cpu/elementwise.h"
-#include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/rmsnorm.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/vocab_parallel.h"
 
 namespace moetron {
@@ -17,20 +12,15 @@ namespace {
 constexpr int32_t kPastEndToken = 0;
 constexpr int32_t kIgnoreTarget = -1;
 
-// Copies rows of `width` floats between a contiguous (N, width) buffer and one half of a
-// (N, 2 * width) buffer.
-void copy_into_half(float* wide, const float* narrow, int64_t num_rows, int64_t width,
+// Copies a contiguous (N, width) buffer into one half of a (N, 2 * width) one, and back.
+void copy_into_half(Backend& ops, float* wide, const float* narrow, int64_t num_rows, int64_t width,
                     int64_t half) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < num_rows; ++r)
-        std::memcpy(wide + (r * 2 + half) * width, narrow + r * width, width * sizeof(float));
+    ops.copy_rows_strided(wide + half * width, narrow, num_rows, width, 2 * width, width);
 }
 
-void copy_from_half(float* narrow, const float* wide, int64_t num_rows, int64_t width,
+void copy_from_half(Backend& ops, float* narrow, const float* wide, int64_t num_rows, int64_t width,
                     int64_t half) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < num_rows; ++r)
-        std::memcpy(narrow + r * width, wide + (r * 2 + half) * width, width * sizeof(float));
+    ops.copy_rows_strided(narrow, wide + half * width, num_rows, width, width, 2 * width);
 }
 
 }  // namespace
@@ -71,37 +61,31 @@ void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
     if (tp_size > 1) b(s.d_eh_proj, prefix + "d_eh_proj", {D, 2 * D});
 }
 
-double mtp_forward(const MtpActivations& saved, const float* h_prev, const int32_t* tokens,
-                   const int32_t* targets, const float* embedding, const MtpParams& w,
-                   const MtpScratch& scratch, const BlockScratch& block_scratch,
+double mtp_forward(Backend& ops, const MtpActivations& saved, const float* h_prev,
+                   const int32_t* tokens, const int32_t* targets, const float* embedding,
+                   const MtpParams& w, const MtpScratch& scratch, const BlockScratch& block_scratch,
                    const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
                    const BlockMoeOptions& moe, int64_t depth, int64_t batch, int64_t seq_len) {
     const int64_t n = batch * seq_len, D = c.hidden_size, shift = depth + 1;
     const int64_t rows = tp.local_rows(n);
     const float eps = static_cast<float>(c.rms_norm_eps);
 
-    for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t t = 0; t < seq_len; ++t) {
-            const int64_t i = b * seq_len + t;
-            const bool inside = t + shift < seq_len;
-            saved.input_tokens[i] = inside ? tokens[i + shift] : kPastEndToken;
-            saved.targets[i] = inside ? targets[i + shift] : kIgnoreTarget;
-        }
-    }
+    ops.shift_sequences(saved.input_tokens, tokens, batch, seq_len, shift, kPastEndToken);
+    ops.shift_sequences(saved.targets, targets, batch, seq_len, shift, kIgnoreTarget);
 
-    vocab_parallel_embedding_forward(saved.emb, saved.input_tokens, embedding, block_scratch.full,
-                                     n, c.vocab_size, D, tp);
-    cpu::rmsnorm_forward(scratch.normed, saved.emb_rstd, saved.emb, w.emb_norm, rows, D, eps);
-    copy_into_half(saved.concat, scratch.normed, rows, D, 0);
-    cpu::rmsnorm_forward(scratch.normed, saved.hidden_rstd, h_prev, w.hidden_norm, rows, D, eps);
-    copy_into_half(saved.concat, scratch.normed, rows, D, 1);
-    cpu::linear_forward(saved.block_in, saved.concat, w.eh_proj, rows, 2 * D, D);
+    vocab_parallel_embedding_forward(ops, saved.emb, saved.input_tokens, embedding,
+                                     block_scratch.full, n, c.vocab_size, D, tp);
+    ops.rmsnorm_forward(scratch.normed, saved.emb_rstd, saved.emb, w.emb_norm, rows, D, eps);
+    copy_into_half(ops, saved.concat, scratch.normed, rows, D, 0);
+    ops.rmsnorm_forward(scratch.normed, saved.hidden_rstd, h_prev, w.hidden_norm, rows, D, eps);
+    copy_into_half(ops, saved.concat, scratch.normed, rows, D, 1);
+    ops.linear_forward(saved.block_in, saved.concat, w.eh_proj, rows, 2 * D, D);
 
-    return block_forward(saved.out, saved.block, saved.block_in, w.block, block_scratch, rope, c,
-                         tp, moe, batch, seq_len);
+    return block_forward(ops, saved.out, saved.block, saved.block_in, w.block, block_scratch, rope,
+                         c, tp, moe, batch, seq_len);
 }
 
-void mtp_backward(float* d_h_prev, const MtpParams& grads, float* embedding_grad,
+void mtp_backward(Backend& ops, float* d_h_prev, const MtpParams& grads, float* embedding_grad,
                   const float* h_prev, const MtpActivations& saved, const MtpParams& w,
                   const MtpScratch& scratch, const BlockScratch& block_scratch,
                   const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
@@ -109,27 +93,29 @@ void mtp_backward(float* d_h_prev, const MtpParams& grads, float* embedding_grad
     const int64_t n = batch * seq_len, D = c.hidden_size, rows = tp.local_rows(n);
 
     float* dx = saved.d_out;
-    block_backward(dx, grads.block, saved.block_in, saved.block, w.block, block_scratch, rope, c,
-                   tp, moe, batch, seq_len);
+    block_backward(ops, dx, grads.block, saved.block_in, saved.block, w.block, block_scratch, rope,
+                   c, tp, moe, batch, seq_len);
     // eh_proj is replicated but sees only this rank's rows under TP: its gradient is partial.
     float* d_eh_proj = tp.enabled() ? scratch.d_eh_proj : grads.eh_proj;
-    if (tp.enabled()) std::fill(d_eh_proj, d_eh_proj + 2 * D * D, 0.0f);
-    cpu::linear_backward(scratch.d_concat, d_eh_proj, dx, saved.concat, w.eh_proj, rows, 2 * D, D);
+    if (tp.enabled()) ops.zero(d_eh_proj, static_cast<size_t>(2 * D * D) * sizeof(float));
+    ops.linear_backward(scratch.d_concat, d_eh_proj, dx, saved.concat, w.eh_proj, rows, 2 * D, D);
     if (tp.enabled()) {
         tp.sum_partial_param_grads(d_eh_proj, 2 * D * D);
-        cpu::add_inplace(grads.eh_proj, d_eh_proj, 2 * D * D);
+        ops.add_inplace(grads.eh_proj, d_eh_proj, 2 * D * D);
     }
 
     float* d_half = scratch.normed;
-    copy_from_half(d_half, scratch.d_concat, rows, D, 0);
-    sequence_parallel_rmsnorm_backward(scratch.d_emb, grads.emb_norm, d_half, saved.emb, w.emb_norm,
-                                       saved.emb_rstd, block_scratch.d_norm_weight, rows, D, tp);
-    vocab_parallel_embedding_backward(embedding_grad, scratch.d_emb, saved.input_tokens,
+    copy_from_half(ops, d_half, scratch.d_concat, rows, D, 0);
+    sequence_parallel_rmsnorm_backward(ops, scratch.d_emb, grads.emb_norm, d_half, saved.emb,
+                                       w.emb_norm, saved.emb_rstd, block_scratch.d_norm_weight,
+                                       rows, D, tp);
+    vocab_parallel_embedding_backward(ops, embedding_grad, scratch.d_emb, saved.input_tokens,
                                       block_scratch.full, n, c.vocab_size, D, tp);
 
-    copy_from_half(d_half, scratch.d_concat, rows, D, 1);
-    sequence_parallel_rmsnorm_backward(d_h_prev, grads.hidden_norm, d_half, h_prev, w.hidden_norm,
-                                       saved.hidden_rstd, block_scratch.d_norm_weight, rows, D, tp);
+    copy_from_half(ops, d_half, scratch.d_concat, rows, D, 1);
+    sequence_parallel_rmsnorm_backward(ops, d_h_prev, grads.hidden_norm, d_half, h_prev,
+                                       w.hidden_norm, saved.hidden_rstd,
+                                       block_scratch.d_norm_weight, rows, D, tp);
 }
 
 }  // namespace moetron

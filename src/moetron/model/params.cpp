@@ -1,19 +1,11 @@
 #include "moetron/model/params.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "moetron/core/rng.h"
+#include "moetron/kernels/backend.h"
 
 namespace moetron {
-
-namespace {
-
-// Elements one thread initializes at a time: large enough to amortize the scheduling, small
-// enough that the big expert tensors spread over all threads.
-constexpr int64_t kInitChunk = int64_t{1} << 16;
-
-}  // namespace
 
 ParamTable::ParamTable(std::vector<TensorSpec> specs) : specs_(std::move(specs)) {
     entries_.reserve(specs_.size());
@@ -37,32 +29,29 @@ const ParamEntry& ParamTable::entry(std::string_view name) const {
     return *e;
 }
 
-void ParamTable::initialize(float* params, uint64_t seed) const {
+TensorParallelShard::Runs TensorParallelShard::runs(int64_t local_numel) const {
+    if (split == Split::replicated) return {1, local_numel, 0, 0};
+    const int64_t rows = global_shape[0], cols = global_shape[1];
+    if (split == Split::rows) {
+        const int64_t block_rows = rows / blocks, local_rows = block_rows / size;
+        return {blocks, local_rows * cols, rank * local_rows * cols, block_rows * cols};
+    }
+    const int64_t local_cols = cols / size;
+    return {rows, local_cols, rank * local_cols, cols};
+}
+
+void ParamTable::initialize(Backend& ops, float* params, uint64_t seed) const {
     for (size_t i = 0; i < specs_.size(); ++i) {
         const TensorSpec& spec = specs_[i];
         float* data = params + entries_[i].offset;
         const int64_t n = spec.numel();
         if (spec.init != ParamInit::normal) {
-            std::fill(data, data + n, spec.init == ParamInit::ones ? 1.0f : 0.0f);
+            ops.fill(data, n, spec.init == ParamInit::ones ? 1.0f : 0.0f);
             continue;
         }
-        const ParamRng rng(seed, spec.name);
-        if (spec.tp.sharded()) {
-            // Each run of the shard draws the numbers of its global indices.
-            spec.tp.for_each_run(n, [&](int64_t local, int64_t global, int64_t count) {
-                rng.fill_normal(data + local, static_cast<uint64_t>(count), spec.init_stddev,
-                                static_cast<uint64_t>(global));
-            });
-            continue;
-        }
-        const int64_t num_chunks = (n + kInitChunk - 1) / kInitChunk;
-#pragma omp parallel for schedule(dynamic, 1)
-        for (int64_t c = 0; c < num_chunks; ++c) {
-            const int64_t first = c * kInitChunk;
-            const int64_t count = std::min(kInitChunk, n - first);
-            rng.fill_normal(data + first, static_cast<uint64_t>(count), spec.init_stddev,
-                            static_cast<uint64_t>(first));
-        }
+        const TensorParallelShard::Runs runs = spec.tp.runs(n);
+        ops.init_normal(data, seed, fnv1a_64(spec.name), runs.count, runs.length, runs.global_first,
+                        runs.global_stride, spec.init_stddev);
     }
 }
 

@@ -21,6 +21,8 @@
 
 namespace moetron {
 
+class Backend;  // kernels/backend.h
+
 enum class ParamInit : uint8_t {
     normal,  // N(0, initializer_range): projections, embedding, router gate
     ones,    // RMSNorm gains
@@ -42,8 +44,17 @@ struct TensorParallelShard {
     Shape global_shape;  // empty when replicated
 
     bool sharded() const { return split != Split::replicated; }
-    // Calls fn(local_offset, global_offset, count) for each contiguous run of the local shard
-    // (local_numel floats) inside the global tensor: one run when replicated.
+    // The local shard (local_numel floats) as `count` contiguous runs of `length` floats, back to
+    // back in the shard; run i starts at global index global_first + i * global_stride of the
+    // global tensor. One run when replicated, one per row block (rows), one per row (cols).
+    struct Runs {
+        int64_t count = 1;
+        int64_t length = 0;
+        int64_t global_first = 0;
+        int64_t global_stride = 0;
+    };
+    Runs runs(int64_t local_numel) const;
+    // Calls fn(local_offset, global_offset, count) for each run.
     template <class Fn>
     void for_each_run(int64_t local_numel, Fn&& fn) const;
 };
@@ -81,9 +92,10 @@ class ParamTable {
     const ParamEntry* find(std::string_view name) const;   // null when unknown
     const ParamEntry& entry(std::string_view name) const;  // throws naming the tensor
 
-    // Fills params (total_numel floats): element i of tensor P from ParamRng(seed, P's name) at
-    // global index i, so any shard of P initializes identically; gains 1, biases 0.
-    void initialize(float* params, uint64_t seed) const;
+    // Fills params (total_numel floats, in ops' memory): element i of tensor P from ParamRng(seed,
+    // P's name) at global index i, so any shard of P initializes identically; gains 1, biases 0.
+    // One init_normal or fill op per tensor.
+    void initialize(Backend& ops, float* params, uint64_t seed) const;
 
   private:
     std::vector<TensorSpec> specs_;
@@ -136,20 +148,9 @@ class ParamBinder {
 
 template <class Fn>
 void TensorParallelShard::for_each_run(int64_t local_numel, Fn&& fn) const {
-    if (split == Split::replicated) {
-        fn(int64_t{0}, int64_t{0}, local_numel);
-        return;
-    }
-    const int64_t rows = global_shape[0], cols = global_shape[1];
-    if (split == Split::rows) {
-        const int64_t block_rows = rows / blocks, local_rows = block_rows / size;
-        for (int64_t b = 0; b < blocks; ++b)
-            fn(b * local_rows * cols, (b * block_rows + rank * local_rows) * cols,
-               local_rows * cols);
-        return;
-    }
-    const int64_t local_cols = cols / size;
-    for (int64_t r = 0; r < rows; ++r) fn(r * local_cols, r * cols + rank * local_cols, local_cols);
+    const Runs r = runs(local_numel);
+    for (int64_t i = 0; i < r.count; ++i)
+        fn(i * r.length, r.global_first + i * r.global_stride, r.length);
 }
 
 // Plans activation buffers into an ArenaPlan, or binds pointers to them in the Arena made from it.

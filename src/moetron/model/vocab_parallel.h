@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <string>
 
-#include "moetron/kernels/cpu/cross_entropy.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/params.h"
 #include "moetron/parallel/tensor_parallel.h"
 
@@ -35,26 +35,29 @@ void bind_vocab_parallel_scratch(BufferBinder& b, VocabParallelScratch& s,
 
 // out (N/tp, D) written: this rank's token rows of the lookup of tokens (N) in the table, of
 // which this rank holds its part (V/tp, D). full: (N, D) scratch (tp > 1).
-void vocab_parallel_embedding_forward(float* out, const int32_t* tokens, const float* table_part,
-                                      float* full, int64_t num_tokens, int64_t vocab_size,
-                                      int64_t dim, const parallel::TensorParallel& tp);
+void vocab_parallel_embedding_forward(Backend& ops, float* out, const int32_t* tokens,
+                                      const float* table_part, float* full, int64_t num_tokens,
+                                      int64_t vocab_size, int64_t dim,
+                                      const parallel::TensorParallel& tp);
 // dtable_part (V/tp, D) += the scatter of the whole dout (every rank's (N/tp, D) rows) by the
 // tokens this rank's part holds. full: (N, D) scratch (tp > 1).
-void vocab_parallel_embedding_backward(float* dtable_part, const float* dout, const int32_t* tokens,
-                                       float* full, int64_t num_tokens, int64_t vocab_size,
-                                       int64_t dim, const parallel::TensorParallel& tp);
+void vocab_parallel_embedding_backward(Backend& ops, float* dtable_part, const float* dout,
+                                       const int32_t* tokens, float* full, int64_t num_tokens,
+                                       int64_t vocab_size, int64_t dim,
+                                       const parallel::TensorParallel& tp);
 
 // losses (N) and lse (N) of the full rows written (the same on every TP rank) from this rank's
-// logits part (N, V/tp); as cpu::cross_entropy_forward.
-cpu::CrossEntropyResult vocab_parallel_cross_entropy_forward(
-    float* losses, float* lse, const float* logits_part, const int32_t* targets,
+// logits part (N, V/tp); as the cross_entropy_forward op.
+CrossEntropyResult vocab_parallel_cross_entropy_forward(
+    Backend& ops, float* losses, float* lse, const float* logits_part, const int32_t* targets,
     const VocabParallelScratch& scratch, int64_t num_tokens, int64_t vocab_size,
     int32_t ignore_index, const parallel::TensorParallel& tp);
-// dlogits_part (N, V/tp) written; may alias logits_part. As cpu::cross_entropy_backward.
-void vocab_parallel_cross_entropy_backward(float* dlogits_part, const float* logits_part,
-                                           const float* lse, const int32_t* targets,
-                                           int64_t num_tokens, int64_t vocab_size,
-                                           int32_t ignore_index, float dloss_per_token,
+// dlogits_part (N, V/tp) written; may alias logits_part. As the cross_entropy_backward op.
+void vocab_parallel_cross_entropy_backward(Backend& ops, float* dlogits_part,
+                                           const float* logits_part, const float* lse,
+                                           const int32_t* targets, int64_t num_tokens,
+                                           int64_t vocab_size, int32_t ignore_index,
+                                           float dloss_per_token,
                                            const parallel::TensorParallel& tp);
 
 }  // namespace moetron

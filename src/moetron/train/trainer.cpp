@@ -12,6 +12,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/model/flops.h"
 #include "moetron/model/layout_fit.h"
 #include "moetron/parallel/local_communicator.h"
@@ -44,6 +45,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainCo
     ModelRuntime runtime;
     runtime.batch_size = rank_rows;
     runtime.seq_len = config.seq_len;
+    runtime.backend = &cpu_backend();  // the only backend the trainer's other ops run on, for now
     LossWeights weights;
     weights.mtp_lambda = static_cast<float>(config.mtp_lambda);
     weights.balance_alpha = static_cast<float>(config.balance_loss_alpha);

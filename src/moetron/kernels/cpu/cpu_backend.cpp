@@ -6,16 +6,24 @@
 #include "moetron/kernels/backend.h"
 #include "moetron/kernels/cpu/adamw.h"
 #include "moetron/kernels/cpu/attention.h"
+#include "moetron/kernels/cpu/balance_loss.h"
+#include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/cross_entropy.h"
+#include "moetron/kernels/cpu/cross_entropy_combine.h"
 #include "moetron/kernels/cpu/dispatch_layout.h"
 #include "moetron/kernels/cpu/dispatch_rows.h"
 #include "moetron/kernels/cpu/elementwise.h"
 #include "moetron/kernels/cpu/embedding.h"
+#include "moetron/kernels/cpu/expert_load.h"
+#include "moetron/kernels/cpu/machine_probes.h"
 #include "moetron/kernels/cpu/matmul.h"
+#include "moetron/kernels/cpu/mla_kv.h"
+#include "moetron/kernels/cpu/param_init.h"
 #include "moetron/kernels/cpu/permute.h"
 #include "moetron/kernels/cpu/rmsnorm.h"
 #include "moetron/kernels/cpu/rope.h"
 #include "moetron/kernels/cpu/router.h"
+#include "moetron/kernels/cpu/row_copy.h"
 #include "moetron/kernels/cpu/swiglu.h"
 
 namespace moetron {
@@ -26,6 +34,7 @@ class CpuBackend final : public Backend {
   public:
     std::string_view name() const override { return "cpu"; }
     Device device() const override { return Device::cpu; }
+    std::string describe() const override { return "cpu: " + cpu::describe_blas(); }
     MemoryResource& memory() override { return host_memory(); }
     Stream stream() const override { return kHostStream; }
     void synchronize() override {}
@@ -283,6 +292,76 @@ class CpuBackend final : public Backend {
                                            copy_weight, rows_by_source, records, num_staging, top_k,
                                            first_expert, num_local_experts, num_sources, capacity);
     }
+
+    // ---- model ops ----
+    void mla_kv_forward(float* k, float* v, const float* kv, const float* k_rope,
+                        int64_t num_tokens, int64_t num_heads, int64_t nope_dim, int64_t rope_dim,
+                        int64_t v_dim) override {
+        cpu::mla_kv_forward(k, v, kv, k_rope, num_tokens, num_heads, nope_dim, rope_dim, v_dim);
+    }
+    void mla_kv_backward(float* d_kv, float* d_k_rope, const float* dk, const float* dv,
+                         int64_t num_tokens, int64_t num_heads, int64_t nope_dim, int64_t rope_dim,
+                         int64_t v_dim) override {
+        cpu::mla_kv_backward(d_kv, d_k_rope, dk, dv, num_tokens, num_heads, nope_dim, rope_dim,
+                             v_dim);
+    }
+    void copy_rows_strided(float* dst, const float* src, int64_t num_rows, int64_t width,
+                           int64_t dst_stride, int64_t src_stride) override {
+        cpu::copy_rows_strided(dst, src, num_rows, width, dst_stride, src_stride);
+    }
+    void shift_sequences(int32_t* out, const int32_t* inp, int64_t batch, int64_t seq_len,
+                         int64_t shift, int32_t fill) override {
+        cpu::shift_sequences(out, inp, batch, seq_len, shift, fill);
+    }
+    double balance_loss_forward(float* load_fraction, const int32_t* topk_ids, const float* scores,
+                                int64_t batch, int64_t seq_len, int64_t num_experts,
+                                int64_t top_k) override {
+        return cpu::balance_loss_forward(load_fraction, topk_ids, scores, batch, seq_len,
+                                         num_experts, top_k);
+    }
+    void balance_loss_backward(float* d_scores, const float* scores, const float* load_fraction,
+                               int64_t batch, int64_t seq_len, int64_t num_experts,
+                               float loss_grad) override {
+        cpu::balance_loss_backward(d_scores, scores, load_fraction, batch, seq_len, num_experts,
+                                   loss_grad);
+    }
+    void count_expert_load(int64_t* counts, const int32_t* topk_ids, int64_t num_ids,
+                           int64_t num_experts) override {
+        cpu::count_expert_load(counts, topk_ids, num_ids, num_experts);
+    }
+    void router_bias_update(float* bias, const int64_t* counts, int64_t num_experts,
+                            float gamma) override {
+        cpu::router_bias_update(bias, counts, num_experts, gamma);
+    }
+    void cross_entropy_combine_max(float* row_max, const float* part_max, int64_t num_parts,
+                                   int64_t num_tokens) override {
+        cpu::cross_entropy_combine_max(row_max, part_max, num_parts, num_tokens);
+    }
+    CrossEntropyResult cross_entropy_combine_losses(float* losses, float* lse,
+                                                    const double* sum_exp,
+                                                    const double* target_logit,
+                                                    const float* row_max, const int32_t* targets,
+                                                    int64_t num_tokens,
+                                                    int32_t ignore_index) override {
+        return cpu::cross_entropy_combine_losses(losses, lse, sum_exp, target_logit, row_max,
+                                                 targets, num_tokens, ignore_index);
+    }
+    void init_normal(float* out, uint64_t seed, uint64_t name_hash, int64_t num_runs,
+                     int64_t run_length, int64_t first_index, int64_t run_stride,
+                     float stddev) override {
+        cpu::init_normal(out, seed, name_hash, num_runs, run_length, first_index, run_stride,
+                         stddev);
+    }
+    void fill(float* x, int64_t n, float value) override { cpu::fill(x, n, value); }
+
+    // ---- machine probes ----
+    void stream_triad(float* a, const float* b, const float* c, float s, int64_t n) override {
+        cpu::stream_triad(a, b, c, s, n);
+    }
+    void exp_elementwise(float* out, const float* inp, int64_t n) override {
+        cpu::exp_elementwise(out, inp, n);
+    }
+    void empty_launch() override { cpu::empty_launch(); }
 };
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <fmt/format.h>
+
 #include <climits>
 #include <utility>
 
@@ -60,6 +62,12 @@ class CudaBackend final : public Backend {
     // ---- identity, memory, ordering ----
     std::string_view name() const override { return "cuda"; }
     Device device() const override { return Device::cuda; }
+    std::string describe() const override {
+        cudaDeviceProp prop{};
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+        return fmt::format("cuda: {} (device {}, {:.1f} GiB)", prop.name, device_,
+                           static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024 * 1024));
+    }
     MemoryResource& memory() override { return cuda::device_memory(); }
     Stream stream() const override { return Stream{Device::cuda, stream_}; }
     void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -325,8 +333,61 @@ class CudaBackend final : public Backend {
         not_implemented("dispatch_expert_layout");
     }
 
+    // ---- model ops ----
+    void mla_kv_forward(float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
+                        int64_t, int64_t) override {
+        not_implemented("mla_kv_forward");
+    }
+    void mla_kv_backward(float*, float*, const float*, const float*, int64_t, int64_t, int64_t,
+                         int64_t, int64_t) override {
+        not_implemented("mla_kv_backward");
+    }
+    void copy_rows_strided(float*, const float*, int64_t, int64_t, int64_t, int64_t) override {
+        not_implemented("copy_rows_strided");
+    }
+    void shift_sequences(int32_t*, const int32_t*, int64_t, int64_t, int64_t, int32_t) override {
+        not_implemented("shift_sequences");
+    }
+    double balance_loss_forward(float*, const int32_t*, const float*, int64_t, int64_t, int64_t,
+                                int64_t) override {
+        not_implemented("balance_loss_forward");
+    }
+    void balance_loss_backward(float*, const float*, const float*, int64_t, int64_t, int64_t,
+                               float) override {
+        not_implemented("balance_loss_backward");
+    }
+    void count_expert_load(int64_t*, const int32_t*, int64_t, int64_t) override {
+        not_implemented("count_expert_load");
+    }
+    void router_bias_update(float*, const int64_t*, int64_t, float) override {
+        not_implemented("router_bias_update");
+    }
+    void cross_entropy_combine_max(float*, const float*, int64_t, int64_t) override {
+        not_implemented("cross_entropy_combine_max");
+    }
+    CrossEntropyResult cross_entropy_combine_losses(float*, float*, const double*, const double*,
+                                                    const float*, const int32_t*, int64_t,
+                                                    int32_t) override {
+        not_implemented("cross_entropy_combine_losses");
+    }
+    void init_normal(float*, uint64_t, uint64_t, int64_t, int64_t, int64_t, int64_t,
+                     float) override {
+        not_implemented("init_normal");
+    }
+    void fill(float*, int64_t, float) override { not_implemented("fill"); }
+
+    // ---- machine probes ----
+    void stream_triad(float*, const float*, const float*, float, int64_t) override {
+        not_implemented("stream_triad");
+    }
+    void exp_elementwise(float*, const float*, int64_t) override {
+        not_implemented("exp_elementwise");
+    }
+    void empty_launch() override { not_implemented("empty_launch"); }
+
   private:
     void acquire(int device) {
+        device_ = device;
         CUDA_CHECK(cudaSetDevice(device));
         CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: ordered after cudaMalloc's memset
         CUBLAS_CHECK(cublasCreate(&cublas_));
@@ -420,6 +481,7 @@ class CudaBackend final : public Backend {
         return host_offsets_;
     }
 
+    int device_ = 0;
     cudaStream_t stream_ = nullptr;
     cublasHandle_t cublas_ = nullptr;
     void* cublas_workspace_ = nullptr;
