@@ -13,37 +13,12 @@
 
 #include "counting_backend.h"
 #include "moetron/model/model.h"
+#include "tiny_model_config.h"
 
 namespace moetron {
 namespace {
 
-// The shape of configs/models/tiny.toml (every DeepSeek-V3 feature on), written out so the test
-// does not depend on the preset.
-ModelConfig tiny_config() {
-    ModelConfig c;
-    c.name = "tiny-test";
-    c.vocab_size = 256;
-    c.hidden_size = 64;
-    c.num_hidden_layers = 3;
-    c.first_k_dense_replace = 1;
-    c.intermediate_size = 128;
-    c.moe_intermediate_size = 32;
-    c.n_routed_experts = 8;
-    c.n_shared_experts = 1;
-    c.num_experts_per_tok = 2;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.routed_scaling_factor = 2.5;
-    c.num_attention_heads = 4;
-    c.q_lora_rank = 32;
-    c.kv_lora_rank = 32;
-    c.qk_nope_head_dim = 16;
-    c.qk_rope_head_dim = 8;
-    c.v_head_dim = 16;
-    c.max_position_embeddings = 256;
-    c.num_nextn_predict_layers = 1;
-    return c;
-}
+using testing::tiny_model_config;
 
 constexpr int64_t kBatch = 2, kSeqLen = 16;
 
@@ -73,7 +48,7 @@ bool same_floats(const float* a, const float* b, int64_t n) {
 
 TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
     testing::CountingBackend counting;
-    Model model(tiny_config(), ModelRuntime{kBatch, kSeqLen, &counting}, LossWeights{});
+    Model model(tiny_model_config(), ModelRuntime{kBatch, kSeqLen, &counting}, LossWeights{});
     EXPECT_EQ(&model.backend(), &counting);
     const Step step;
     const MicroBatchLosses got = run_step(model, step);
@@ -117,7 +92,7 @@ TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
         EXPECT_GT(counting.calls(op), 0) << op;
 
     // The wrapper changes nothing: the same numbers as a model on the default backend.
-    Model reference(tiny_config(), ModelRuntime{kBatch, kSeqLen}, LossWeights{});
+    Model reference(tiny_model_config(), ModelRuntime{kBatch, kSeqLen}, LossWeights{});
     EXPECT_EQ(&reference.backend(), &cpu_backend());
     const MicroBatchLosses want = run_step(reference, step);
     EXPECT_EQ(got.lm_loss, want.lm_loss);
@@ -132,7 +107,7 @@ TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
 // bias update consumes them.
 TEST(ModelBackend, ExpertLoadsAreReadBackAndResetByTheBiasUpdate) {
     testing::CountingBackend counting;
-    Model model(tiny_config(), ModelRuntime{kBatch, kSeqLen, &counting}, LossWeights{});
+    Model model(tiny_model_config(), ModelRuntime{kBatch, kSeqLen, &counting}, LossWeights{});
     model.init_parameters(7);
     const Step step;
     model.forward_backward(step.tokens.data(), step.targets.data(), kBatch, kSeqLen, 1.0f);

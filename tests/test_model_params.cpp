@@ -15,35 +15,13 @@
 #include "moetron/model/hf_names.h"
 #include "moetron/model/model.h"
 #include "moetron/model/params.h"
+#include "tiny_model_config.h"
 
 namespace moetron {
 namespace {
 
-// The shape of configs/models/tiny.toml, written out so the test does not depend on the preset.
-ModelConfig tiny_config() {
-    ModelConfig c;
-    c.name = "tiny-test";
-    c.vocab_size = 256;
-    c.hidden_size = 64;
-    c.num_hidden_layers = 3;
-    c.first_k_dense_replace = 1;
-    c.intermediate_size = 128;
-    c.moe_intermediate_size = 32;
-    c.n_routed_experts = 8;
-    c.n_shared_experts = 1;
-    c.num_experts_per_tok = 2;
-    c.n_group = 4;
-    c.topk_group = 2;
-    c.routed_scaling_factor = 2.5;
-    c.num_attention_heads = 4;
-    c.q_lora_rank = 32;
-    c.kv_lora_rank = 32;
-    c.qk_nope_head_dim = 16;
-    c.qk_rope_head_dim = 8;
-    c.v_head_dim = 16;
-    c.max_position_embeddings = 256;
-    c.num_nextn_predict_layers = 1;
-    return c;
+ModelConfig tiny_model_config() {
+    return testing::tiny_model_config();
 }
 
 // DeepSeek-V3 671B (DESIGN.md sec. 5).
@@ -80,13 +58,13 @@ int64_t total_numel(const std::vector<TensorSpec>& specs) {
 }
 
 TEST(ModelParams, CountMatchesFlopsAccounting) {
-    ModelConfig plain_q = tiny_config();
+    ModelConfig plain_q = tiny_model_config();
     plain_q.q_lora_rank = 0;
-    ModelConfig sparse_moe = tiny_config();
+    ModelConfig sparse_moe = tiny_model_config();
     sparse_moe.num_hidden_layers = 5;
     sparse_moe.moe_layer_freq = 2;
     sparse_moe.num_nextn_predict_layers = 2;
-    for (const ModelConfig& c : {tiny_config(), plain_q, sparse_moe, dsv3_config()}) {
+    for (const ModelConfig& c : {tiny_model_config(), plain_q, sparse_moe, dsv3_config()}) {
         const ParamCounts counts = count_parameters(c);
         EXPECT_EQ(static_cast<double>(total_numel(model_param_specs(c))), counts.total + counts.mtp)
             << c.name << " q_lora=" << c.q_lora_rank << " freq=" << c.moe_layer_freq;
@@ -101,7 +79,7 @@ TEST(ModelParams, CountMatchesFlopsAccounting) {
         checkpoint_numel += static_cast<double>(t.numel());
     EXPECT_NEAR(checkpoint_numel / 1e9, 685.0, 1.0);
 
-    const ModelConfig c = tiny_config();
+    const ModelConfig c = tiny_model_config();
     Model model(c, {2, 8}, {});
     EXPECT_EQ(model.num_params(), total_numel(model_param_specs(c)));
     const ParamEntry& last = model.param_entries().back();
@@ -111,7 +89,7 @@ TEST(ModelParams, CountMatchesFlopsAccounting) {
 // moetron info's per-rank plan is the engine's own: on one process it adds up to the arenas a
 // Model allocates, and the expert side is the MoE layers' R = N * K rows.
 TEST(ModelMemoryPlan, AddsUpToTheModelsArenas) {
-    const ModelConfig c = tiny_config();
+    const ModelConfig c = tiny_model_config();
     const ModelRuntime runtime{2, 16};
     const Model model(c, runtime, {});
     const RankMemoryPlan p =
@@ -130,7 +108,7 @@ TEST(ModelMemoryPlan, AddsUpToTheModelsArenas) {
 }
 
 TEST(ModelParams, FlagsOfNormsBiasesAndWeights) {
-    for (const TensorSpec& s : model_param_specs(tiny_config())) {
+    for (const TensorSpec& s : model_param_specs(tiny_model_config())) {
         const bool is_norm = s.name.ends_with("norm");
         const bool is_bias = s.name.ends_with("router_bias");
         EXPECT_EQ(s.weight_decay, !is_norm && !is_bias) << s.name;
@@ -143,7 +121,7 @@ TEST(ModelParams, FlagsOfNormsBiasesAndWeights) {
 }
 
 TEST(ModelParams, CounterBasedInitialization) {
-    const ModelConfig c = tiny_config();
+    const ModelConfig c = tiny_model_config();
     Model a(c, {1, 4}, {});
     Model b(c, {2, 16}, {});  // another runtime: the parameters do not depend on it
     a.init_parameters(42);
@@ -196,16 +174,16 @@ void expect_hf_map_tiles_params(const ModelConfig& c, HfExpertLayout layout) {
 }
 
 TEST(ModelParams, HuggingFaceNamesTileEveryParameter) {
-    ModelConfig plain_q = tiny_config();
+    ModelConfig plain_q = tiny_model_config();
     plain_q.q_lora_rank = 0;
-    for (const ModelConfig& c : {tiny_config(), plain_q}) {
+    for (const ModelConfig& c : {tiny_model_config(), plain_q}) {
         expect_hf_map_tiles_params(c, HfExpertLayout::per_expert);
         expect_hf_map_tiles_params(c, HfExpertLayout::fused);
     }
 }
 
 TEST(ModelParams, HuggingFaceNamesOfFusedAndMtpTensors) {
-    const ModelConfig c = tiny_config();
+    const ModelConfig c = tiny_model_config();
     const int64_t F = c.moe_intermediate_size, D = c.hidden_size;
     const HfNameMap map(c);
     const HfTensor& up = map.at("model.layers.1.mlp.experts.3.up_proj.weight");
@@ -248,7 +226,7 @@ TEST(ModelParams, HuggingFaceNamesOfFusedAndMtpTensors) {
 // A one-MoE-layer model whose router is steered by hand: a zero gate makes every score 0.5, and
 // the correction bias then picks the same experts for every token.
 ModelConfig one_moe_layer_config() {
-    ModelConfig c = tiny_config();
+    ModelConfig c = tiny_model_config();
     c.num_hidden_layers = 1;
     c.first_k_dense_replace = 0;
     c.num_nextn_predict_layers = 0;
