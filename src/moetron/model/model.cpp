@@ -58,17 +58,42 @@ ModelParams sharded_tree(const ModelConfig& c, const ExpertShard& shard) {
     return p;
 }
 
+// Vocabulary-parallel over TP (vocab_parallel.h): each rank holds V/tp rows of the embedding and
+// of the head.
+void bind_embedding_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
+    b.column_parallel_weight(p.embed, "embed", {c.vocab_size, c.hidden_size});
+}
+void bind_output_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
+    b.norm(p.final_norm, "final_norm", c.hidden_size);
+    b.column_parallel_weight(p.head, "head", {c.vocab_size, c.hidden_size});
+}
+
 // Binds p, whose vectors sharded_tree() sized.
 void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
-    const int64_t V = c.vocab_size, D = c.hidden_size;
-    // Vocabulary-parallel over TP (vocab_parallel.h): each rank holds V/tp rows of both.
-    b.column_parallel_weight(p.embed, "embed", {V, D});
+    bind_embedding_params(b, p, c);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
         bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
-    b.norm(p.final_norm, "final_norm", D);
-    b.column_parallel_weight(p.head, "head", {V, D});
+    bind_output_params(b, p, c);
     for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
         bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
+}
+
+// The routed experts of the first rank of an EP group of ep (every rank holds as many).
+ExpertShard first_expert_shard(const ModelConfig& c, int64_t ep) {
+    if (ep == 1 || c.n_routed_experts == 0) return {};
+    MT_CHECK(ep >= 1 && c.n_routed_experts % ep == 0,
+             "[model] the {} routed experts of model '{}' do not split over ep {}",
+             c.n_routed_experts, c.name, ep);
+    return {0, c.n_routed_experts / ep};
+}
+
+RankParamCount count_specs(const std::vector<TensorSpec>& specs) {
+    RankParamCount n;
+    for (const TensorSpec& s : specs) {
+        (is_routed_expert_param(s.name) ? n.expert : n.dense) += s.numel();
+        if (!s.trainable) n.untrained += s.numel();
+    }
+    return n;
 }
 
 std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard,
@@ -268,6 +293,65 @@ void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
 
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config) {
     return sharded_param_specs(config, {}, 0, 1);
+}
+
+RankParamCount& RankParamCount::operator+=(const RankParamCount& other) {
+    dense += other.dense;
+    expert += other.expert;
+    untrained += other.untrained;
+    return *this;
+}
+
+RankParamCount rank_param_count(const ModelConfig& c, ModelPart part, int64_t tp, int64_t ep) {
+    MT_CHECK(tp >= 1 && tp <= std::numeric_limits<int>::max(), "[model] tp {}", tp);
+    std::vector<TensorSpec> specs;
+    ParamBinder b(&specs, static_cast<float>(c.initializer_range));
+    b.set_tensor_parallel(0, static_cast<int>(tp));
+    ModelParams tree;  // the embedding's and the output's pointers only
+    BlockParams layer;
+    layer.moe.experts = first_expert_shard(c, ep);
+    switch (part) {
+        case ModelPart::embedding:
+            bind_embedding_params(b, tree, c);
+            break;
+        case ModelPart::dense_layer:
+        case ModelPart::moe_layer:
+            bind_block_params(b, layer, main_layer_prefix(0), c, part == ModelPart::moe_layer);
+            break;
+        case ModelPart::output:
+            bind_output_params(b, tree, c);
+            break;
+        case ModelPart::mtp_extra: {
+            // bind_mtp_params lists the module's own tensors around its block: count the
+            // module, then take the block away.
+            MtpParams mtp;
+            mtp.block.moe.experts = first_expert_shard(c, ep);
+            bind_mtp_params(b, mtp, mtp_prefix(0), c, 0);
+            RankParamCount module = count_specs(specs);
+            specs.clear();
+            bind_block_params(b, layer, mtp_prefix(0), c, c.mtp_layer_is_moe(0));
+            const RankParamCount block = count_specs(specs);
+            module.dense -= block.dense;
+            module.expert -= block.expert;
+            module.untrained -= block.untrained;
+            return module;
+        }
+    }
+    return count_specs(specs);
+}
+
+RankParamCount rank_param_count(const ModelConfig& c, int64_t tp, int64_t ep) {
+    RankParamCount n = rank_param_count(c, ModelPart::embedding, tp, ep);
+    const RankParamCount dense = rank_param_count(c, ModelPart::dense_layer, tp, ep);
+    const RankParamCount moe = rank_param_count(c, ModelPart::moe_layer, tp, ep);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) n += c.is_moe_layer(l) ? moe : dense;
+    n += rank_param_count(c, ModelPart::output, tp, ep);
+    const RankParamCount mtp_extra = rank_param_count(c, ModelPart::mtp_extra, tp, ep);
+    for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
+        n += c.mtp_layer_is_moe(d) ? moe : dense;
+        n += mtp_extra;
+    }
+    return n;
 }
 
 LossDenominators& LossDenominators::operator+=(const LossDenominators& other) {
@@ -879,16 +963,15 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
              "[model] plan_rank_memory: bad layout tp {} ep {} dp {} edp {}", layout.tp, layout.ep,
              layout.dp, layout.edp);
     RankMemoryPlan plan;
-    // Parameters: the table of rank 0 (every rank holds as many).
-    ExpertShard shard;
-    if (layout.ep > 1 && c.n_routed_experts > 0) shard = {0, c.n_routed_experts / layout.ep};
-    const ParamTable table(sharded_param_specs(c, shard, 0, layout.tp));
-    int64_t dense_floats = 0, expert_floats = 0;
-    for (const ParamEntry& e : table.entries()) {
-        if (!e.trainable) continue;
-        (is_routed_expert_param(e.name) ? expert_floats : dense_floats) += e.numel;
-    }
-    plan.parameters = static_cast<size_t>(table.total_numel()) * sizeof(float);
+    // Parameters: counted part by part, as the cluster model counts them; the table of rank 0
+    // (what a Model allocates; every rank holds as many) must hold exactly that.
+    const RankParamCount count = rank_param_count(c, layout.tp, layout.ep);
+    const ParamTable table(sharded_param_specs(c, first_expert_shard(c, layout.ep), 0, layout.tp));
+    MT_CHECK(table.total_numel() == count.total(),
+             "[model] the parameter table holds {} floats, its parts count {}", table.total_numel(),
+             count.total());
+    const int64_t dense_floats = count.dense - count.untrained, expert_floats = count.expert;
+    plan.parameters = static_cast<size_t>(count.total()) * sizeof(float);
     plan.gradients = plan.parameters;
     // AdamW's two moments; ZeRO-1 shards them over DP (routed experts: over EDP).
     const int64_t moment_floats = zero1 ? dense_floats / layout.dp + expert_floats / layout.edp

@@ -108,6 +108,31 @@ class ParamTable {
 // head, then the MTP modules (defined in model.cpp beside the walk that binds the same tree).
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config);
 
+// The parameters one rank holds, counted from the TensorSpecs a Model of that layout allocates:
+// tensors split over TP count their shard, tensors replicated over TP (norms, router, MLA's
+// down-projections, MTP's eh_proj) count whole, the routed experts count this rank's 1/ep.
+struct RankParamCount {
+    int64_t dense = 0;      // everything but the routed experts: replicated over dp
+    int64_t expert = 0;     // the routed experts: replicated over expert-dp
+    int64_t untrained = 0;  // of dense: the router correction biases (moved by load, no moments)
+    int64_t total() const { return dense + expert; }
+    RankParamCount& operator+=(const RankParamCount& other);
+};
+// The parts a pipeline stage is made of (the cluster model places them stage by stage).
+enum class ModelPart : uint8_t {
+    embedding,    // vocabulary-parallel embedding
+    dense_layer,  // one transformer layer with a dense MLP
+    moe_layer,    // one transformer layer with an MoE
+    output,       // final norm and vocabulary-parallel head
+    mtp_extra,    // one MTP depth's own norms and projection, beyond its transformer layer
+};
+// One part on a rank of a tp x ep layout (tp must divide what the engine splits over it, ep the
+// routed experts: validate_layout_for_model and validate_topology_for_model check that).
+RankParamCount rank_param_count(const ModelConfig& config, ModelPart part, int64_t tp, int64_t ep);
+// The whole model (main layers and MTP depths) on one rank of a tp x ep layout: the sum of its
+// parts, equal to the rank's parameter table.
+RankParamCount rank_param_count(const ModelConfig& config, int64_t tp, int64_t ep);
+
 // Name prefixes: "layers.3." for main layer 3, "mtp.0." for MTP depth 1.
 std::string main_layer_prefix(int64_t layer);
 std::string mtp_prefix(int64_t depth);

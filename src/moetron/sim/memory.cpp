@@ -4,38 +4,30 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
-#include "moetron/model/flops.h"
+#include "moetron/model/params.h"
 
 namespace moetron::sim {
 
 BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const parallel::Layout& l) {
-    const double tp = static_cast<double>(l.tp), ep = static_cast<double>(l.ep);
-    const double d = static_cast<double>(m.hidden_size), v = static_cast<double>(m.vocab_size);
-    BlockParams b;
-    switch (kind) {
-        case BlockKind::dense_layer:
-            b.dense = count_layer_parameters(m, false).total() / tp;
-            break;
-        case BlockKind::moe_layer: {
-            const LayerParamCounts p = count_layer_parameters(m, true);
-            b.dense = (p.total() - p.moe_routed) / tp;
-            b.expert = p.moe_routed / ep;
-            break;
+    // The same count as the engine's memory plan (plan_rank_memory): what a rank of this tp x ep
+    // layout allocates for the block.
+    const ModelPart part = [kind] {
+        switch (kind) {
+            case BlockKind::dense_layer:
+                return ModelPart::dense_layer;
+            case BlockKind::moe_layer:
+                return ModelPart::moe_layer;
+            case BlockKind::embedding:
+                return ModelPart::embedding;
+            case BlockKind::output_head:
+                return ModelPart::output;
+            case BlockKind::mtp_extra:
+                return ModelPart::mtp_extra;
         }
-        case BlockKind::embedding:
-            b.dense = v * d / tp;
-            break;
-        case BlockKind::output_head:
-            b.dense = ((m.tie_word_embeddings ? 0 : v * d) + d) / tp;
-            break;
-        case BlockKind::mtp_extra:
-            // An MTP module's own parameters beyond its block: the 2D -> D projection and norms.
-            b.dense = (count_mtp_module_parameters(m, 0) -
-                       count_layer_parameters(m, m.mtp_layer_is_moe(0)).total()) /
-                      tp;
-            break;
-    }
-    return b;
+        MT_THROW("[sim] unknown block kind {}", static_cast<int>(kind));
+    }();
+    const RankParamCount n = rank_param_count(m, part, l.tp, l.ep);
+    return {static_cast<double>(n.dense), static_cast<double>(n.expert)};
 }
 
 double optimizer_dtype_bytes(const std::string& name, const std::string& option) {

@@ -1,6 +1,7 @@
 // Memory per GPU: parameters, gradients, distributed-optimizer (ZeRO-1) state, activations of
 // the micro-batches in flight, communication buffers and a framework reserve. Static parts come
-// from model/flops' parameter counts split over TP (dense) and EP (routed experts); the
+// from the engine's own per-rank parameter count (model/params.h rank_param_count: TP shards,
+// TP-replicated tensors whole, 1/ep of the routed experts); the
 // optimizer state is sharded over DP (dense) and expert-DP (experts), as Megatron-LM's
 // distributed optimizer does.
 #pragma once
@@ -60,7 +61,8 @@ struct MemoryFlags {
 };
 MemoryOptions memory_options_from_flags(const MemoryFlags& flags);
 
-// Parameters one GPU holds for one block: TP-split dense part and EP-split routed experts.
+// Parameters one GPU holds for one block (rank_param_count of its model part): the dense part
+// (TP shards and TP-replicated tensors) and this GPU's routed experts.
 struct BlockParams {
     double dense = 0;
     double expert = 0;
