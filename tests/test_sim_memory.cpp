@@ -57,7 +57,9 @@ double megatron_weight_and_optimizer_bytes(const ModelConfig& m, const MegatronA
 // gate and E biases per MoE layer) and MTP's own projection and norms, and it splits the
 // routed experts over TP (expert TP = TP), where the published recipes (and the simulator)
 // keep expert TP at 1: experts whole on each TP rank, their optimizer state sharded over
-// dp x tp instead.
+// dp x tp instead. It also splits every other tensor over TP, where the simulator counts what
+// the engine allocates: norms, router, MLA's down-projections and MTP's projection whole on
+// each TP rank.
 BlockParams shard_params(const ModelConfig& m, const parallel::Layout& l) {
     BlockParams sum, layers;
     auto add = [&](BlockParams& to, BlockKind k, double times) {
@@ -110,6 +112,10 @@ TEST(SimMemory, WeightsGradientsOptimizerMatchMegatronsEstimator) {
         MemoryOptions o = megatron_defaults();
         o.distributed_optimizer = c.distributed;
         const BlockParams sp = shard_params(m, l);
+        parallel::Layout without_tp = l;
+        without_tp.tp = 1;
+        const double replicated_over_tp =
+            sp.dense - shard_params(m, without_tp).dense / static_cast<double>(l.tp);
         const MemoryBreakdown mb = static_memory(sp, l, Precision::bf16, o, 0);
         const double ours = mb.weights_bytes + mb.grads_bytes + mb.optimizer_bytes;
         const double megatron =
@@ -119,7 +125,7 @@ TEST(SimMemory, WeightsGradientsOptimizerMatchMegatronsEstimator) {
         // their optimizer state too unless the distributed optimizer shards it over dp x tp.
         const double expert_bytes_tp_times = c.distributed ? 6 : 18;
         const double expected =
-            megatron + left_out_by_megatron(m, l) * bytes_per_param +
+            megatron + (left_out_by_megatron(m, l) + replicated_over_tp) * bytes_per_param +
             sp.expert * (1 - 1.0 / static_cast<double>(l.tp)) * expert_bytes_tp_times;
         EXPECT_NEAR(ours / expected, 1.0, 1e-9)
             << c.layout << " on " << c.gpus << ": " << ours / 1e9 << " GB vs Megatron "
