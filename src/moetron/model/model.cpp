@@ -107,9 +107,10 @@ int64_t ep_ranks_per_domain(const ModelParallel& parallel) {
 
 // two_tier over G domains: each router group's experts must live in one domain (experts are
 // contiguous per rank, ranks per domain), so that topk_group bounds the domains a token reaches.
-void check_domain_limited_routing(const ModelConfig& c, const ModelParallel& parallel) {
-    if (parallel.moe.dispatch != parallel::DispatchKind::two_tier || parallel.ep == nullptr) return;
-    const int64_t domains = parallel.ep->size() / ep_ranks_per_domain(parallel);
+void check_domain_limited_routing(const ModelConfig& c, const parallel::ExpertDispatchConfig& dc,
+                                  const ModelParallel& parallel) {
+    if (dc.kind != parallel::DispatchKind::two_tier || parallel.ep == nullptr) return;
+    const int64_t domains = dc.routing.num_domains(parallel.ep->size());
     MT_CHECK(domains <= 1 || c.n_group % domains == 0,
              "[model] two_tier dispatch over {} EP domains needs n_group ({}) to be a multiple of "
              "{}, so that each router group's experts live in one domain (topk_group = {} then "
@@ -427,7 +428,7 @@ struct Model::Impl : ActivationSet {
         if (c.n_routed_experts > 0) {
             const parallel::ExpertDispatchConfig dc = expert_dispatch_config(
                 c, r.batch_size * r.seq_len, par.moe, ep_ranks_per_domain(par));
-            check_domain_limited_routing(c, par);
+            check_domain_limited_routing(c, dc, par);
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
             groups.rail = par.ep_rail;
