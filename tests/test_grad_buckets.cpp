@@ -180,7 +180,7 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
     parallel::GradSyncOptions o;
     o.bucket_bytes = 16 * sizeof(float);
     o.zero1 = true;
-    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o, kHostStream);
+    parallel::GradSync sync(spans, 100, grads.data(), dp, edp, o, cpu_backend());
 
     sync.grads_ready(0, 100);  // not armed: ignored
     sync.arm();
@@ -200,7 +200,7 @@ TEST(GradSync, PostsABucketOnceItsLastFloatIsReady) {
 
     parallel::GradSyncOptions no_overlap = o;
     no_overlap.overlap = false;
-    parallel::GradSync late(spans, 100, grads.data(), dp, edp, no_overlap, kHostStream);
+    parallel::GradSync late(spans, 100, grads.data(), dp, edp, no_overlap, cpu_backend());
     late.arm();
     late.grads_ready(0, 100);
     EXPECT_EQ(late.last_stats().buckets_posted_in_backward, 0);

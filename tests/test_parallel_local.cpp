@@ -5,11 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "counting_backend.h"
 #include "moetron/core/error.h"
 #include "moetron/parallel/dispatch_flat.h"
 #include "moetron/parallel/dispatch_two_tier.h"
 #include "moetron/parallel/expert_dispatcher.h"
 #include "moetron/parallel/local_communicator.h"
+#include "moetron/parallel/tensor_parallel.h"
 #include "mpi/dispatch_reference.h"
 
 namespace moetron::parallel {
@@ -236,20 +238,18 @@ TEST(ParallelLocalDispatch, BadRoutingAndSizesAreErrors) {
 // rank, 32,768 per rank; the worst case 4096 * min(8, 4) = 16,384 from each, 1,048,576 per rank.
 TEST(MoeCapacity, PlannedFromTheBalancedLoadTimesTheFactor) {
     ExpertDispatchConfig c;
-    c.num_experts = 256;
-    c.top_k = 8;
-    c.hidden = 7168;
-    c.max_tokens = 4096;
+    c.routing.num_experts = 256;
+    c.routing.top_k = 8;
+    c.routing.hidden = 7168;
+    c.routing.max_tokens = 4096;
     c.capacity_factor = 2.0;
     EXPECT_EQ(pair_rows_for_capacity_factor(c, 64), 1024);
-    DispatchConfig d;
-    d.num_experts = 256;
-    d.top_k = 8;
-    d.hidden = 7168;
-    d.max_tokens = 4096;
+    DispatchConfig d = c.routing;
     EXPECT_EQ(d.capacity_rows(64), 1048576);  // 0: the worst case
     EXPECT_FALSE(d.can_overflow(64));
-    d.pair_capacity_rows = pair_rows_for_capacity_factor(c, 64);
+    d = planned_routing(c, 64);
+    EXPECT_EQ(d.pair_capacity_rows, 1024);
+    EXPECT_EQ(planned_expert_rows(c, 64), 65536);
     EXPECT_EQ(d.capacity_rows(64), 65536);
     EXPECT_TRUE(d.can_overflow(64));
     // The flat hop receives each source's tokens once, within the budget; the two-tier rail hop
@@ -299,10 +299,10 @@ TEST(MoeCapacity, RoutingSplitsIntoRoundsWithinThePairBudget) {
 // With one rank every expert is here, the buffers hold every copy: one round, no collective.
 TEST(MoeCapacity, OneRankRoutesInOneRound) {
     ExpertDispatchConfig c;
-    c.num_experts = 4;
-    c.top_k = 2;
-    c.hidden = 1;
-    c.max_tokens = 3;
+    c.routing.num_experts = 4;
+    c.routing.top_k = 2;
+    c.routing.hidden = 1;
+    c.routing.max_tokens = 3;
     c.num_slots = 1;
     c.capacity_factor = 0.1;
     const auto d = make_expert_dispatcher(c, {}, cpu_backend());
@@ -311,6 +311,21 @@ TEST(MoeCapacity, OneRankRoutesInOneRound) {
     ASSERT_EQ(rounds.size(), 1u);
     EXPECT_EQ(rounds[0], 3);
     EXPECT_EQ(d->capacity_rows(), 6);
+}
+
+// Without tensor parallelism the operators that move rows between buffers still move them, through
+// the backend (which owns the memory, host or device), not a host loop.
+TEST(TensorParallelOneRank, CopiesThroughTheBackend) {
+    testing::CountingBackend backend;
+    const TensorParallel tp(nullptr, backend);
+    const std::vector<float> rows = {1, 2, 3};
+    std::vector<float> full(3, 0.0f);
+    tp.all_gather(full.data(), rows.data(), 3);
+    EXPECT_EQ(full, rows);
+    std::vector<float> back(3, 0.0f);
+    tp.reduce_scatter_rows(back.data(), full.data(), 3);
+    EXPECT_EQ(back, rows);
+    EXPECT_EQ(backend.calls("copy"), 2);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "counting_backend.h"
 #include "moetron/core/error.h"
 #include "moetron/kernels/cpu/adamw.h"
 #include "moetron/parallel/local_communicator.h"
@@ -130,6 +131,34 @@ TEST(AdamW, RefusesANegativeStepCount) {
     OneProcess p;
     AdamW opt = p.make({});
     EXPECT_THROW(opt.restore_step_count(-1), Error);
+}
+
+// The optimizer's state and the gradient sync's shards come from the backend's memory, one arena
+// each planned at construction (the backend then owns every tensor: host or device alike), and
+// the moments a checkpoint reads and writes in place lie inside the optimizer's arena.
+TEST(AdamW, KeepsItsStateInOneArenaFromTheBackendsMemory) {
+    for (const bool zero1 : {false, true}) {
+        OneProcess p;
+        testing::CountingBackend backend;
+        AdamWConfig cfg;
+        cfg.grad_sync.zero1 = zero1;
+        AdamW opt(spans(), 12, p.grads.data(), {p.world, p.dp, p.edp}, cfg, backend);
+        EXPECT_EQ(backend.calls("memory"), 2) << "one arena for GradSync, one for AdamW";
+        const Arena& arena = opt.state_arena();
+        EXPECT_EQ(arena.plan().name(), "optimizer_state");
+        const auto* begin = static_cast<const char*>(arena.base());
+        const char* end = begin + arena.size_bytes();
+        const std::vector<AdamW::MomentRange> ranges = opt.moment_ranges();
+        ASSERT_FALSE(ranges.empty());
+        for (const AdamW::MomentRange& r : ranges) {
+            for (const float* moment : {r.m, r.v}) {
+                const auto* first = reinterpret_cast<const char*>(moment);
+                EXPECT_TRUE(first >= begin && first + r.numel * sizeof(float) <= end)
+                    << "zero1 " << zero1 << ": a moment range outside the optimizer's arena";
+                for (int64_t i = 0; i < r.numel; ++i) EXPECT_EQ(moment[i], 0.0f);
+            }
+        }
+    }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/cross_entropy.h"
 #include "moetron/kernels/cpu/embedding.h"
 #include "moetron/model/model.h"
@@ -34,7 +35,7 @@ std::vector<float> shared_random(int64_t n, uint64_t seed, float scale) {
 }
 
 TEST(MpiTensorParallel, VocabParallelCrossEntropyMatchesThePlainKernel) {
-    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
+    const parallel::TensorParallel tp(&mpi_world(), cpu_backend());
     const int64_t N = 10, V = 48, Vp = V / tp.size();
     std::vector<float> logits = shared_random(N * V, 1, 2.0f);
     for (int64_t v = 0; v < V; ++v) logits[3 * V + v] += 300.0f;  // needs the global max
@@ -78,7 +79,7 @@ TEST(MpiTensorParallel, VocabParallelCrossEntropyMatchesThePlainKernel) {
 // The lookup comes out as this rank's token rows (sequence parallelism); the backward takes every
 // rank's rows of the output gradient.
 TEST(MpiTensorParallel, VocabParallelEmbeddingMatchesThePlainKernel) {
-    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
+    const parallel::TensorParallel tp(&mpi_world(), cpu_backend());
     const int64_t N = 8, V = 16, D = 6, Vp = V / tp.size(), rows = N / tp.size();
     const std::vector<float> table = shared_random(V * D, 2, 1.0f);
     const std::vector<float> dout = shared_random(N * D, 3, 1.0f);
@@ -103,7 +104,7 @@ TEST(MpiTensorParallel, VocabParallelEmbeddingMatchesThePlainKernel) {
 
 // Sequence parallelism's pair: the gather of every rank's rows, the reduce-scatter of sums.
 TEST(MpiTensorParallel, GatherAndReduceScatterRows) {
-    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
+    const parallel::TensorParallel tp(&mpi_world(), cpu_backend());
     const int n = tp.size();
     const std::vector<float> mine = {static_cast<float>(tp.rank()), 1.0f};
     std::vector<float> full(2 * n, -1.0f);
@@ -121,7 +122,7 @@ TEST(MpiTensorParallel, GatherAndReduceScatterRows) {
 }
 
 TEST(MpiTensorParallel, SumsAndRowSharesCoverTheGroup) {
-    const parallel::TensorParallel tp(&mpi_world(), kHostStream);
+    const parallel::TensorParallel tp(&mpi_world(), cpu_backend());
     std::vector<float> x = {1.0f, static_cast<float>(tp.rank())};
     tp.sum_partial_input_grads(x.data(), 2);
     const int n = tp.size();
@@ -163,12 +164,28 @@ TEST(MpiTensorParallel, ModelNamesWhatTpMustDivide) {
         }
     };
     expect_error(c, {1, 8 * world.size() + 1}, "tokens of a micro-batch");
+    // What the layout cannot split is the user's mistake, said by the one check of a layout
+    // against the model (layout_fit.h) whether or not a Topology was checked before.
+    auto expect_user_error = [&](const ModelConfig& config, const char* what) {
+        try {
+            Model model(config, {1, 8}, {}, mp);
+            ADD_FAILURE() << "no error; expected one containing: " << what;
+        } catch (const UserError& e) {
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        } catch (const Error& e) {
+            ADD_FAILURE() << "an internal error where a user error was expected: " << e.what();
+        }
+    };
+    const std::string tp = "[layout] tp " + std::to_string(world.size()) + " does not divide ";
     ModelConfig odd_vocab = c;
     odd_vocab.vocab_size = 8 * world.size() + 1;
-    expect_error(odd_vocab, {1, 8}, "vocab_size");
+    expect_user_error(odd_vocab, (tp + "vocab_size").c_str());
     ModelConfig odd_mlp = c;
     odd_mlp.intermediate_size = 8 * world.size() + 1;
-    expect_error(odd_mlp, {1, 8}, "intermediate_size");
+    expect_user_error(odd_mlp, (tp + "intermediate_size").c_str());
+    ModelConfig odd_heads = c;
+    odd_heads.num_attention_heads = world.size() + 1;
+    expect_user_error(odd_heads, (tp + "the " + std::to_string(world.size() + 1)).c_str());
     ModelParallel no_load = mp;
     no_load.load = nullptr;
     try {

@@ -114,6 +114,18 @@ struct Figures {
     double predicted_intra_bytes = 0, predicted_inter_bytes = 0;
 };
 
+// The routing's shape as the dispatcher sees it; its ranks_per_domain is what both dispatches
+// route and count bytes by.
+parallel::DispatchConfig routing_config(const BenchA2aOptions& o) {
+    parallel::DispatchConfig c;
+    c.num_experts = o.experts;
+    c.top_k = o.top_k;
+    c.hidden = o.hidden;
+    c.max_tokens = o.tokens;
+    c.domain_size = o.domain_size;
+    return c;
+}
+
 // The fanout of every rank's tokens, summed over the job.
 parallel::DispatchFanout job_fanout(const BenchA2aOptions& o, const Routing& routing,
                                     parallel::Communicator& world, int64_t ranks_per_domain) {
@@ -129,14 +141,10 @@ Figures measure(const BenchA2aOptions& o, parallel::DispatchKind kind, const Rou
                 parallel::Communicator& world, const parallel::ExpertGroups& groups,
                 const parallel::DispatchFanout& fanout) {
     parallel::ExpertDispatchConfig c;
-    c.num_experts = o.experts;
-    c.top_k = o.top_k;
-    c.hidden = o.hidden;
-    c.max_tokens = o.tokens;
+    c.routing = routing_config(o);
     c.num_slots = 1;
     c.capacity_factor = o.capacity_factor;
     c.kind = kind;
-    c.domain_size = o.domain_size;
     std::unique_ptr<parallel::ExpertDispatcher> d =
         parallel::make_expert_dispatcher(c, groups, cpu_backend());
     const int64_t D = o.hidden;
@@ -211,7 +219,7 @@ nlohmann::ordered_json to_json(const Figures& f) {
 
 void run_bench_a2a(const BenchA2aOptions& o, parallel::Communicator& world) {
     const int ep = world.size();
-    const int L = o.domain_size == 0 ? ep : std::min(o.domain_size, ep);
+    const auto L = static_cast<int>(routing_config(o).ranks_per_domain(ep));
     MT_USER_CHECK(ep % L == 0,
                   "[bench a2a] --domain-size {} does not split the {} ranks into domains",
                   o.domain_size, ep);

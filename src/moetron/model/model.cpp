@@ -31,6 +31,7 @@
 
 #include "moetron/kernels/backend.h"
 #include "moetron/model/block.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/model/mtp.h"
 #include "moetron/model/vocab_parallel.h"
 
@@ -131,9 +132,10 @@ int64_t ep_ranks_per_domain(const ModelParallel& parallel) {
 
 // two_tier over G domains: each router group's experts must live in one domain (experts are
 // contiguous per rank, ranks per domain), so that topk_group bounds the domains a token reaches.
-void check_domain_limited_routing(const ModelConfig& c, const ModelParallel& parallel) {
-    if (parallel.moe.dispatch != parallel::DispatchKind::two_tier || parallel.ep == nullptr) return;
-    const int64_t domains = parallel.ep->size() / ep_ranks_per_domain(parallel);
+void check_domain_limited_routing(const ModelConfig& c, const parallel::ExpertDispatchConfig& dc,
+                                  const ModelParallel& parallel) {
+    if (dc.kind != parallel::DispatchKind::two_tier || parallel.ep == nullptr) return;
+    const int64_t domains = dc.routing.num_domains(parallel.ep->size());
     MT_CHECK(domains <= 1 || c.n_group % domains == 0,
              "[model] two_tier dispatch over {} EP domains needs n_group ({}) to be a multiple of "
              "{}, so that each router group's experts live in one domain (topk_group = {} then "
@@ -142,31 +144,21 @@ void check_domain_limited_routing(const ModelConfig& c, const ModelParallel& par
              domains, c.n_group, domains, c.topk_group, c.name);
 }
 
-// What tensor parallelism over tp ranks needs of the model, with the numbers.
-void check_tensor_parallel(const ModelConfig& c, const ModelRuntime& r,
-                           const ModelParallel& parallel, int tp) {
+// What the groups this Model is given need of the model: the one check of a layout against the
+// model (layout_fit.h; the trainer has run it on its Topology already, a hand-built ModelParallel
+// gets it here), then what a micro-batch and the load group need of tensor parallelism.
+void check_groups_fit_model(const ModelConfig& c, const ModelRuntime& r,
+                            const ModelParallel& parallel) {
+    parallel::Topology groups;
+    groups.tp = parallel.tp != nullptr ? parallel.tp->size() : 1;
+    groups.ep = parallel.ep != nullptr ? parallel.ep->size() : 1;
+    validate_topology_for_model(groups, c);
+    const int tp = groups.tp;
     if (tp == 1) return;
     MT_CHECK(r.batch_size * r.seq_len % tp == 0,
              "[model] tp {} does not divide the {} x {} tokens of a micro-batch (sequence "
              "parallelism splits them over the TP ranks)",
              tp, r.batch_size, r.seq_len);
-    MT_CHECK(c.num_attention_heads % tp == 0,
-             "[model] tp {} does not divide the {} attention heads of model '{}' (each TP rank "
-             "keeps num_attention_heads / tp of them)",
-             tp, c.num_attention_heads, c.name);
-    MT_CHECK(c.intermediate_size % tp == 0,
-             "[model] tp {} does not divide intermediate_size {} of model '{}' (the dense MLP is "
-             "split over TP)",
-             tp, c.intermediate_size, c.name);
-    MT_CHECK(c.vocab_size % tp == 0,
-             "[model] tp {} does not divide vocab_size {} of model '{}' (the embedding, output "
-             "head and cross-entropy are vocabulary-parallel)",
-             tp, c.vocab_size, c.name);
-    const int64_t shared_ffn = c.n_shared_experts * c.moe_intermediate_size;
-    MT_CHECK(c.n_routed_experts == 0 || shared_ffn % tp == 0,
-             "[model] tp {} does not divide the shared experts' intermediate size "
-             "n_shared_experts * moe_intermediate_size = {} of model '{}'",
-             tp, shared_ffn, c.name);
     MT_CHECK(c.n_routed_experts == 0 ||
                  (parallel.load != nullptr && parallel.load->size() >= parallel.tp->size()),
              "[model] tensor parallelism over '{}' with routed experts needs ModelParallel::load "
@@ -186,13 +178,13 @@ parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int6
                                                       const MoeSettings& moe,
                                                       int64_t ep_ranks_per_domain) {
     parallel::ExpertDispatchConfig dc;
-    dc.num_experts = c.n_routed_experts;
-    dc.top_k = c.num_experts_per_tok;
-    dc.hidden = c.hidden_size;
-    dc.max_tokens = max_tokens;
+    dc.routing.num_experts = c.n_routed_experts;
+    dc.routing.top_k = c.num_experts_per_tok;
+    dc.routing.hidden = c.hidden_size;
+    dc.routing.max_tokens = max_tokens;
+    dc.routing.domain_size = ep_ranks_per_domain;
     dc.capacity_factor = moe.capacity_factor;
     dc.kind = moe.dispatch;
-    dc.domain_size = ep_ranks_per_domain;
     // Dual overlap runs two half micro-batches, each with its own routing and buffers.
     const bool dual = moe.overlap == MoeOverlap::dual;
     dc.num_buffers = dual ? 2 : 1;
@@ -500,7 +492,7 @@ struct Model::Impl : ActivationSet {
           runtime(r),
           loss_weights(lw),
           parallel(par),
-          tp(par.tp, ops.stream()),
+          tp(par.tp, ops),
           shard(expert_shard_of(c, par)),
           table(sharded_param_specs(c, shard, tp.rank(), tp.size())),
           w(sharded_tree(c, shard)),
@@ -520,7 +512,7 @@ struct Model::Impl : ActivationSet {
         if (c.n_routed_experts > 0) {
             const parallel::ExpertDispatchConfig dc = expert_dispatch_config(
                 c, r.batch_size * r.seq_len, par.moe, ep_ranks_per_domain(par));
-            check_domain_limited_routing(c, par);
+            check_domain_limited_routing(c, dc, par);
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
             groups.rail = par.ep_rail;
@@ -801,8 +793,7 @@ struct Model::Impl : ActivationSet {
 Model::Model(const ModelConfig& config, const ModelRuntime& runtime, const LossWeights& weights,
              const ModelParallel& parallel) {
     check_model_config(config, runtime);
-    check_tensor_parallel(config, runtime, parallel,
-                          parallel.tp != nullptr ? parallel.tp->size() : 1);
+    check_groups_fit_model(config, runtime, parallel);
     impl_ = std::make_unique<Impl>(config, runtime, weights, parallel);
 }
 

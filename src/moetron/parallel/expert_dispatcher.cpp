@@ -22,28 +22,36 @@ std::string_view dispatch_kind_name(DispatchKind kind) {
     return kind == DispatchKind::two_tier ? "two_tier" : "flat";
 }
 
-int64_t pair_rows_for_capacity_factor(const ExpertDispatchConfig& c, int ep_size) {
-    MT_CHECK(c.capacity_factor >= 0 && std::isfinite(c.capacity_factor),
+int64_t pair_rows_for_capacity_factor(const ExpertDispatchConfig& config, int ep_size) {
+    MT_CHECK(config.capacity_factor >= 0 && std::isfinite(config.capacity_factor),
              "[expert_dispatch] the MoE capacity factor must be a finite number >= 0 (0: the "
              "worst case), got {}",
-             c.capacity_factor);
-    if (c.capacity_factor == 0 || ep_size < 1 || c.num_experts % ep_size != 0) return 0;
-    const int64_t El = c.num_experts / ep_size;
+             config.capacity_factor);
+    const DispatchConfig& c = config.routing;
+    if (config.capacity_factor == 0 || ep_size < 1 || c.num_experts % ep_size != 0) return 0;
+    const int64_t El = c.local_experts(ep_size);
     const int64_t one_token = std::min(c.top_k, El);
     const int64_t worst = c.max_tokens * one_token;
     const double balanced = static_cast<double>(c.max_tokens * c.top_k) / ep_size;
-    const double planned = std::ceil(c.capacity_factor * balanced);
+    const double planned = std::ceil(config.capacity_factor * balanced);
     if (planned >= static_cast<double>(worst)) return 0;
     return std::max(one_token, static_cast<int64_t>(planned));
 }
 
+DispatchConfig planned_routing(const ExpertDispatchConfig& config, int ep_size) {
+    DispatchConfig d = config.routing;
+    d.pair_capacity_rows = pair_rows_for_capacity_factor(config, ep_size);
+    return d;
+}
+
 namespace {
 
-void check_config(const ExpertDispatchConfig& c) {
+void check_config(const ExpertDispatchConfig& config) {
+    const DispatchConfig& c = config.routing;
     MT_CHECK(c.num_experts >= 1 && c.top_k >= 1 && c.top_k <= c.num_experts && c.hidden >= 1 &&
-                 c.max_tokens >= 0 && c.num_slots >= 0 && c.num_buffers >= 1,
+                 c.max_tokens >= 0 && config.num_slots >= 0 && config.num_buffers >= 1,
              "[expert_dispatch] bad config: E {} K {} D {} max_tokens {} slots {} buffers {}",
-             c.num_experts, c.top_k, c.hidden, c.max_tokens, c.num_slots, c.num_buffers);
+             c.num_experts, c.top_k, c.hidden, c.max_tokens, config.num_slots, config.num_buffers);
 }
 
 void check_slot(int64_t slot, int64_t num_slots) {
@@ -58,18 +66,20 @@ class LocalDispatcher final : public ExpertDispatcher {
     LocalDispatcher(const ExpertDispatchConfig& c, Backend& backend)
         : config_(c), backend_(backend) {
         check_config(c);
-        num_local_experts_ = c.num_experts;
+        num_local_experts_ = c.routing.num_experts;
         first_local_expert_ = 0;
         description_ = "local (every expert in this process)";
         slots_.resize(static_cast<size_t>(c.num_slots));
         for (Slot& s : slots_) {
-            s.copy_to_row.resize(static_cast<size_t>(c.max_tokens * c.top_k));
-            s.expert_offsets.resize(static_cast<size_t>(c.num_experts + 1));
+            s.copy_to_row.resize(static_cast<size_t>(c.routing.max_tokens * c.routing.top_k));
+            s.expert_offsets.resize(static_cast<size_t>(c.routing.num_experts + 1));
         }
     }
 
     const char* kind() const override { return "local"; }
-    int64_t capacity_rows() const override { return config_.max_tokens * config_.top_k; }
+    int64_t capacity_rows() const override {
+        return config_.routing.max_tokens * config_.routing.top_k;
+    }
     size_t buffer_bytes() const override {
         size_t bytes = 0;
         for (const Slot& s : slots_)
@@ -80,14 +90,14 @@ class LocalDispatcher final : public ExpertDispatcher {
 
     void route(int64_t slot, const int32_t* topk_ids, const float* /*topk_weights*/,
                int64_t num_tokens) override {
-        MT_CHECK(num_tokens >= 0 && num_tokens <= config_.max_tokens,
+        MT_CHECK(num_tokens >= 0 && num_tokens <= config_.routing.max_tokens,
                  "[expert_dispatch] {} tokens, but the dispatcher holds at most {}", num_tokens,
-                 config_.max_tokens);
+                 config_.routing.max_tokens);
         Slot& s = at(slot);
         s.num_tokens = num_tokens;
         s.round_end = num_tokens;
         backend_.moe_permute_layout(s.copy_to_row.data(), s.expert_offsets.data(), topk_ids,
-                                    num_tokens, config_.top_k, config_.num_experts);
+                                    num_tokens, config_.routing.top_k, config_.routing.num_experts);
     }
     // Every copy stays here and the buffers hold them all: one round.
     std::span<const int64_t> plan_rounds(int64_t slot, const int32_t* /*topk_ids*/,
@@ -100,7 +110,7 @@ class LocalDispatcher final : public ExpertDispatcher {
         return {&at(slot).round_end, 1};
     }
     int64_t num_expert_rows(int64_t slot) const override {
-        return at(slot).num_tokens * config_.top_k;
+        return at(slot).num_tokens * config_.routing.top_k;
     }
     std::span<const int64_t> expert_offsets(int64_t slot) const override {
         return at(slot).expert_offsets;
@@ -109,36 +119,36 @@ class LocalDispatcher final : public ExpertDispatcher {
     // Nothing travels: each movement is complete when begun.
     void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) override {
         const Slot& s = at(slot);
-        backend_.permute_forward(expert_inp, inp, s.copy_to_row.data(), s.num_tokens, config_.top_k,
-                                 config_.hidden);
+        backend_.permute_forward(expert_inp, inp, s.copy_to_row.data(), s.num_tokens,
+                                 config_.routing.top_k, config_.routing.hidden);
     }
     void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
                                const float* weights, bool accumulate) override {
         const Slot& s = at(slot);
         if (accumulate)
             backend_.unpermute_add(out, expert_out, weights, s.copy_to_row.data(), s.num_tokens,
-                                   config_.top_k, config_.hidden);
+                                   config_.routing.top_k, config_.routing.hidden);
         else
             backend_.unpermute_forward(out, expert_out, weights, s.copy_to_row.data(), s.num_tokens,
-                                       config_.top_k, config_.hidden);
+                                       config_.routing.top_k, config_.routing.hidden);
     }
     void combine_backward_begin(int64_t slot, float* dexpert_out, float* dweights,
                                 const float* dout, const float* weights,
                                 const float* expert_out) override {
         const Slot& s = at(slot);
         backend_.unpermute_backward(dexpert_out, dweights, dout, expert_out, weights,
-                                    s.copy_to_row.data(), s.num_tokens, config_.top_k,
-                                    config_.hidden);
+                                    s.copy_to_row.data(), s.num_tokens, config_.routing.top_k,
+                                    config_.routing.hidden);
     }
     void dispatch_backward_begin(int64_t slot, float* dinp, const float* dexpert_inp,
                                  bool accumulate) override {
         const Slot& s = at(slot);
         if (accumulate)  // permute's backward, added: unpermute with weight 1
             backend_.unpermute_add(dinp, dexpert_inp, nullptr, s.copy_to_row.data(), s.num_tokens,
-                                   config_.top_k, config_.hidden);
+                                   config_.routing.top_k, config_.routing.hidden);
         else
             backend_.permute_backward(dinp, dexpert_inp, s.copy_to_row.data(), s.num_tokens,
-                                      config_.top_k, config_.hidden);
+                                      config_.routing.top_k, config_.routing.hidden);
     }
     void finish(int64_t slot) override { at(slot); }
     void post_next_hop(int64_t slot) override { at(slot); }
@@ -164,17 +174,6 @@ class LocalDispatcher final : public ExpertDispatcher {
     std::vector<Slot> slots_;
 };
 
-DispatchConfig route_config(const ExpertDispatchConfig& c, int ep_size) {
-    DispatchConfig d;
-    d.num_experts = c.num_experts;
-    d.top_k = c.top_k;
-    d.hidden = c.hidden;
-    d.max_tokens = c.max_tokens;
-    d.pair_capacity_rows = pair_rows_for_capacity_factor(c, ep_size);
-    d.domain_size = c.domain_size;
-    return d;
-}
-
 // Experts split over the EP group; one route (Layout) per slot and one shared buffer (Buffer).
 // Flat and two-tier differ only in their hops and groups (dispatch_stage.h).
 template <class Layout, class Buffer>
@@ -187,7 +186,7 @@ class RoutedDispatcher final : public ExpertDispatcher {
           ep_(ep),
           groups_(std::move(groups)),
           kind_(kind),
-          route_config_(route_config(c, ep.size())),
+          route_config_(planned_routing(c, ep.size())),
           rows_to_rank_(static_cast<size_t>(ep.size())),
           rounds_of_rank_(static_cast<size_t>(ep.size())) {
         check_config(c);
@@ -204,7 +203,7 @@ class RoutedDispatcher final : public ExpertDispatcher {
         num_slots_ = c.num_slots;
         rounds_.resize(static_cast<size_t>(c.num_slots));
         for (Rounds& r : rounds_)
-            r.ends.resize(static_cast<size_t>(std::max<int64_t>(1, c.max_tokens)));
+            r.ends.resize(static_cast<size_t>(std::max<int64_t>(1, c.routing.max_tokens)));
     }
 
     const char* kind() const override { return kind_; }
@@ -346,26 +345,25 @@ namespace {
 
 // Whether an EP group of ep_size ranks routes in two tiers: two_tier asked over several domains.
 bool routes_in_two_tiers(const ExpertDispatchConfig& config, int ep_size) {
-    const int64_t L = config.domain_size == 0 ? ep_size : config.domain_size;
-    const int64_t G = ep_size / std::min<int64_t>(L, ep_size);
-    return config.kind == DispatchKind::two_tier && G > 1;
+    return config.kind == DispatchKind::two_tier && config.routing.num_domains(ep_size) > 1;
 }
 
 }  // namespace
 
 int64_t planned_expert_rows(const ExpertDispatchConfig& config, int ep_size) {
-    if (ep_size <= 1) return config.max_tokens * config.top_k;  // LocalDispatcher
-    return route_config(config, ep_size).capacity_rows(ep_size);
+    if (ep_size <= 1) return config.routing.max_tokens * config.routing.top_k;  // LocalDispatcher
+    return planned_routing(config, ep_size).capacity_rows(ep_size);
 }
 
 size_t planned_buffer_bytes(const ExpertDispatchConfig& config, int ep_size) {
     if (ep_size <= 1) {  // LocalDispatcher's Slot
         const auto per_slot =
-            static_cast<size_t>(config.max_tokens * config.top_k) * sizeof(int32_t) +
-            static_cast<size_t>(config.num_experts + 1) * sizeof(int64_t);
+            static_cast<size_t>(config.routing.max_tokens * config.routing.top_k) *
+                sizeof(int32_t) +
+            static_cast<size_t>(config.routing.num_experts + 1) * sizeof(int64_t);
         return per_slot * static_cast<size_t>(config.num_slots);
     }
-    const DispatchConfig d = route_config(config, ep_size);
+    const DispatchConfig d = planned_routing(config, ep_size);
     const ArenaPlan one = routes_in_two_tiers(config, ep_size) ? TwoTierBuffer::plan(d, ep_size)
                                                                : DispatchBuffer::plan(d, ep_size);
     return one.total_bytes() * static_cast<size_t>(config.num_buffers);
@@ -376,8 +374,8 @@ std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchCon
                                                          Backend& backend) {
     Communicator* ep = groups.ep;
     if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config, backend);
-    const int64_t L = config.domain_size == 0 ? ep->size() : config.domain_size;
-    const int64_t G = ep->size() / std::min<int64_t>(L, ep->size());
+    const int64_t L = config.routing.ranks_per_domain(ep->size());
+    const int64_t G = config.routing.num_domains(ep->size());
     if (!routes_in_two_tiers(config, ep->size())) {
         std::string why =
             config.kind == DispatchKind::flat
@@ -389,7 +387,7 @@ std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchCon
         return std::make_unique<RoutedDispatcher<DispatchLayout, DispatchBuffer>>(
             config, *ep, std::vector<Communicator*>{ep}, "flat", std::move(why), backend);
     }
-    check_two_tier(route_config(config, ep->size()), ep->size());
+    check_two_tier(planned_routing(config, ep->size()), ep->size());
     MT_CHECK(groups.rail != nullptr && groups.domain != nullptr,
              "[expert_dispatch] two_tier over EP group '{}' needs its rail and domain groups",
              ep->name());

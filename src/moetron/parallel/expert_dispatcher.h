@@ -58,11 +58,12 @@ std::string_view dispatch_kind_name(DispatchKind kind);
 inline constexpr double kDefaultMoeCapacityFactor = 4.0;
 
 struct ExpertDispatchConfig {
-    int64_t num_experts = 0;  // E over the whole EP group
-    int64_t top_k = 0;        // K
-    int64_t hidden = 0;       // D
-    int64_t max_tokens = 0;   // N per call, at most
-    int64_t num_slots = 0;    // routing contexts kept at once (MoE layers)
+    // The routing's shape, shared with every stage of the dispatch: E over the whole EP group, K,
+    // D, N per call at most, and the consecutive EP ranks per scale-up domain (0: one domain;
+    // two_tier routes by it, flat splits its byte counts by it). Its pair_capacity_rows is not
+    // read: the dispatcher plans it from capacity_factor (pair_rows_for_capacity_factor).
+    DispatchConfig routing;
+    int64_t num_slots = 0;  // routing contexts kept at once (MoE layers)
     // Exchange buffers (send and staging rows): how many routings may be in flight at once (1;
     // 2 for the dual micro-batch overlap). Each is as large as the one.
     int64_t num_buffers = 1;
@@ -72,10 +73,11 @@ struct ExpertDispatchConfig {
     // routing that exceeds it is split into rounds (plan_rounds): dropless either way.
     double capacity_factor = kDefaultMoeCapacityFactor;
     DispatchKind kind = DispatchKind::flat;
-    // Consecutive EP ranks per scale-up domain (0: one domain): two_tier routes by it, flat
-    // splits its byte counts by it.
-    int64_t domain_size = 0;
 };
+
+// The routing config every stage of an EP group of ep_size ranks works with: config.routing with
+// the pair capacity planned from config.capacity_factor.
+DispatchConfig planned_routing(const ExpertDispatchConfig& config, int ep_size);
 
 // DispatchConfig::pair_capacity_rows for a capacity factor over an EP group of ep_size ranks.
 int64_t pair_rows_for_capacity_factor(const ExpertDispatchConfig& config, int ep_size);

@@ -1,7 +1,6 @@
 #include "moetron/parallel/grad_sync.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
@@ -23,16 +22,16 @@ BucketOptions bucket_options(const GradSyncOptions& options, const Communicator&
 
 GradSync::GradSync(std::span<const ParamSpan> spans, int64_t num_params, float* grads,
                    Communicator& dp, Communicator& edp, const GradSyncOptions& options,
-                   Stream grads_stream)
+                   Backend& backend)
     : options_(options),
       buckets_(spans, num_params, bucket_options(options, dp, edp)),
       grads_(grads),
       dp_(dp),
       edp_(edp),
-      stream_(grads_stream) {
+      backend_(backend),
+      stream_(backend.stream()) {
     MT_CHECK(grads != nullptr || num_params == 0, "[grad_sync] the gradient buffer is null");
     const std::vector<GradBucket>& all = buckets_.buckets();
-    shard_grads_.assign(static_cast<size_t>(buckets_.shard_buffer_numel()), 0.0f);
     staging_offset_.assign(all.size(), -1);
     int64_t staging_numel = 0;
     for (size_t b = 0; b < all.size(); ++b) {
@@ -40,8 +39,16 @@ GradSync::GradSync(std::span<const ParamSpan> spans, int64_t num_params, float* 
         staging_offset_[b] = staging_numel;
         staging_numel += all[b].shard_numel * all[b].group_size;
     }
-    // Zero once: the padding tails are never written, so they add zeros to the shards.
-    staging_.assign(static_cast<size_t>(staging_numel), 0.0f);
+    ArenaPlan plan("grad_sync",
+                   backend.device() == Device::cpu ? kHostAlignmentBytes : kDeviceAlignmentBytes);
+    const size_t shard_grads = plan.add("shard_grads", {buckets_.shard_buffer_numel()});
+    const size_t staging = plan.add("staging", {staging_numel});
+    arena_ = Arena(plan, backend.memory());
+    // Zero once: the padding tails of the staging are never written, so they add zeros to the
+    // shards.
+    arena_.zero();
+    shard_grads_ = arena_.view(shard_grads).f32();
+    staging_ = arena_.view(staging).f32();
     ready_numel_.assign(all.size(), 0);
     posted_.assign(all.size(), 0);
     handles_.resize(all.size());
@@ -90,12 +97,12 @@ void GradSync::post(size_t b) {
     if (bucket.sharded) {
         const float* input = data;
         if (staging_offset_[b] >= 0) {
-            float* staging = staging_.data() + staging_offset_[b];
-            std::memcpy(staging, data, static_cast<size_t>(bucket.numel) * sizeof(float));
+            float* staging = staging_ + staging_offset_[b];
+            backend_.copy(staging, data, static_cast<size_t>(bucket.numel) * sizeof(float));
             input = staging;
         }
-        handles_[b] = comm.reduce_scatter_sum_async(shard_grads_.data() + bucket.shard_offset,
-                                                    input, static_cast<size_t>(bucket.shard_numel),
+        handles_[b] = comm.reduce_scatter_sum_async(shard_grads_ + bucket.shard_offset, input,
+                                                    static_cast<size_t>(bucket.shard_numel),
                                                     DType::f32, stream_);
     } else if (comm.size() > 1) {
         handles_[b] =

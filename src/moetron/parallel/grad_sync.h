@@ -21,6 +21,8 @@
 #include <span>
 #include <vector>
 
+#include "moetron/core/arena.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/grad_buckets.h"
 
@@ -45,10 +47,12 @@ struct GradSyncStats {
 class GradSync {
   public:
     // grads: the flat gradient buffer (num_params floats) the spans describe; it and the
-    // communicators must outlive this object. dp and edp may be the same group. The collectives
-    // carry grads_stream, the ordering context of the backend that writes the gradients.
+    // communicators and backend must outlive this object. dp and edp may be the same group.
+    // backend is the one that writes the gradients: the collectives carry its stream(), its
+    // memory() holds the shards and the staging (one arena, planned here) and it copies into
+    // the staging.
     GradSync(std::span<const ParamSpan> spans, int64_t num_params, float* grads, Communicator& dp,
-             Communicator& edp, const GradSyncOptions& options, Stream grads_stream);
+             Communicator& edp, const GradSyncOptions& options, Backend& backend);
     GradSync(const GradSync&) = delete;
     GradSync& operator=(const GradSync&) = delete;
 
@@ -73,8 +77,8 @@ class GradSync {
 
     // The reduced shards of the sharded buckets (buckets().shard_buffer_numel() floats; bucket
     // b's shard at buckets().buckets()[b].shard_offset, its owned part first).
-    float* shard_grads() { return shard_grads_.data(); }
-    const float* shard_grads() const { return shard_grads_.data(); }
+    float* shard_grads() { return shard_grads_; }
+    const float* shard_grads() const { return shard_grads_; }
     const GradSyncStats& last_stats() const { return stats_; }
 
   private:
@@ -85,9 +89,11 @@ class GradSync {
     float* grads_;
     Communicator& dp_;
     Communicator& edp_;
+    Backend& backend_;
     Stream stream_;
-    std::vector<float> shard_grads_;
-    std::vector<float> staging_;             // padded sharded buckets' inputs, back to back
+    Arena arena_;                            // "shard_grads" and "staging"
+    float* shard_grads_ = nullptr;           // the sharded buckets' reduced shards (shard layout)
+    float* staging_ = nullptr;               // padded sharded buckets' inputs, back to back
     std::vector<int64_t> staging_offset_;    // per bucket, -1 when it needs none
     std::vector<int64_t> ready_numel_;       // per bucket: floats reported final
     std::vector<uint8_t> posted_;            // per bucket

@@ -6,8 +6,8 @@
 
 namespace moetron::parallel {
 
-TensorParallel::TensorParallel(Communicator* group, Stream stream)
-    : group_(group), stream_(stream) {
+TensorParallel::TensorParallel(Communicator* group, Backend& backend)
+    : group_(group), backend_(&backend), stream_(backend.stream()) {
     if (group_ == nullptr) return;
     size_ = group_->size();
     rank_ = group_->rank();
@@ -35,7 +35,7 @@ void TensorParallel::reduce_scatter_rows(float* rows, const float* full, int64_t
     if (enabled()) {
         group_->reduce_scatter_sum(rows, full, static_cast<size_t>(count), DType::f32, stream_);
     } else if (rows != full) {
-        std::copy(full, full + count, rows);
+        backend_->copy(rows, full, static_cast<size_t>(count) * sizeof(float));
     }
 }
 
@@ -55,7 +55,7 @@ void TensorParallel::all_gather(float* out, const float* shard, int64_t count) c
     if (enabled()) {
         group_->all_gather(out, shard, static_cast<size_t>(count), DType::f32, stream_);
     } else if (out != shard) {
-        std::copy(shard, shard + count, out);
+        backend_->copy(out, shard, static_cast<size_t>(count) * sizeof(float));
     }
 }
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
 
 namespace moetron::parallel {
@@ -34,9 +35,10 @@ struct RowRange {
 class TensorParallel {
   public:
     TensorParallel() = default;  // one rank: identity
-    // group must outlive this object; null or one rank means no tensor parallelism. Its
-    // collectives move activations and gradients, ordered by stream (the backend's stream()).
-    TensorParallel(Communicator* group, Stream stream);
+    // group and backend must outlive this object; null or one rank means no tensor parallelism.
+    // Its collectives move activations and gradients, ordered by the backend's stream(); with
+    // one rank the backend copies what a collective would have moved.
+    TensorParallel(Communicator* group, Backend& backend);
 
     int size() const { return size_; }
     int rank() const { return rank_; }
@@ -72,6 +74,7 @@ class TensorParallel {
 
   private:
     Communicator* group_ = nullptr;
+    Backend* backend_ = &cpu_backend();
     Stream stream_ = kHostStream;
     int size_ = 1;
     int rank_ = 0;

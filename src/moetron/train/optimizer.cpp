@@ -20,7 +20,7 @@ AdamW::AdamW(std::span<const parallel::ParamSpan> spans, int64_t num_params, flo
              AdamWGroups groups, const AdamWConfig& config, Backend& backend)
     : backend_(backend),
       sync_(std::make_unique<parallel::GradSync>(spans, num_params, grads, groups.dp, groups.edp,
-                                                 config.grad_sync, backend.stream())),
+                                                 config.grad_sync, backend)),
       world_(groups.world),
       config_(config) {
     const parallel::GradSync& sync = *sync_;
@@ -60,19 +60,29 @@ AdamW::AdamW(std::span<const parallel::ParamSpan> spans, int64_t num_params, flo
             replica_numel += bucket.numel;
         }
     }
-    const auto shard = static_cast<size_t>(sync.buckets().shard_buffer_numel());
-    shard_params_.assign(shard, 0.0f);
-    shard_m_.assign(shard, 0.0f);
-    shard_v_.assign(shard, 0.0f);
-    replica_m_.assign(static_cast<size_t>(replica_numel), 0.0f);
-    replica_v_.assign(static_cast<size_t>(replica_numel), 0.0f);
-    gather_staging_.assign(static_cast<size_t>(staging_numel), 0.0f);
+    shard_numel_ = sync.buckets().shard_buffer_numel();
+    replica_numel_ = replica_numel;
+    ArenaPlan plan("optimizer_state",
+                   backend.device() == Device::cpu ? kHostAlignmentBytes : kDeviceAlignmentBytes);
+    const size_t shard_params = plan.add("shard.params", {shard_numel_});
+    const size_t shard_m = plan.add("shard.m", {shard_numel_});
+    const size_t shard_v = plan.add("shard.v", {shard_numel_});
+    const size_t replica_m = plan.add("replica.m", {replica_numel_});
+    const size_t replica_v = plan.add("replica.v", {replica_numel_});
+    const size_t staging = plan.add("gather_staging", {staging_numel});
+    state_ = Arena(plan, backend.memory());
+    state_.zero();  // the moments start at zero
+    shard_params_ = state_.view(shard_params).f32();
+    shard_m_ = state_.view(shard_m).f32();
+    shard_v_ = state_.view(shard_v).f32();
+    replica_m_ = state_.view(replica_m).f32();
+    replica_v_ = state_.view(replica_v).f32();
+    gather_staging_ = state_.view(staging).f32();
     gathers_.resize(buckets.size());
 }
 
 int64_t AdamW::state_numel() const {
-    return static_cast<int64_t>(shard_params_.size() + shard_m_.size() + shard_v_.size() +
-                                replica_m_.size() + replica_v_.size());
+    return 3 * shard_numel_ + 2 * replica_numel_;
 }
 
 int64_t AdamW::state_numel(ReplicaGroup group) const {
@@ -94,11 +104,11 @@ std::vector<AdamW::MomentRange> AdamW::moment_ranges() {
         const GradBucket& bucket = buckets[b];
         const BucketState& s = states_[b];
         if (s.owned_numel == 0) continue;
-        std::vector<float>& m = bucket.sharded ? shard_m_ : replica_m_;
-        std::vector<float>& v = bucket.sharded ? shard_v_ : replica_v_;
+        float* m = bucket.sharded ? shard_m_ : replica_m_;
+        float* v = bucket.sharded ? shard_v_ : replica_v_;
         ranges.push_back({bucket.offset + s.owned_begin, s.owned_numel, !bucket.sharded,
-                          sync_->group(bucket.group).rank(), m.data() + s.state_offset,
-                          v.data() + s.state_offset});
+                          sync_->group(bucket.group).rank(), m + s.state_offset,
+                          v + s.state_offset});
     }
     return ranges;
 }
@@ -176,21 +186,21 @@ void AdamW::post_step(float* params, const float* grads, double lr) {
             const float* g = grads + bucket.offset;
             for (const DecayRun& r : s.runs) {
                 hp.weight_decay = r.weight_decay ? decay : 0.0f;
-                backend_.adamw_update(p + r.offset, replica_m_.data() + s.state_offset + r.offset,
-                                      replica_v_.data() + s.state_offset + r.offset, g + r.offset,
-                                      r.numel, hp);
+                backend_.adamw_update(p + r.offset, replica_m_ + s.state_offset + r.offset,
+                                      replica_v_ + s.state_offset + r.offset, g + r.offset, r.numel,
+                                      hp);
             }
             continue;
         }
         // The fp32 shard starts from the full buffer each step, so that anything that wrote the
         // parameters since (a checkpoint load) is picked up.
-        float* p = shard_params_.data() + s.state_offset;
+        float* p = shard_params_ + s.state_offset;
         backend_.copy(p, params + bucket.offset + s.owned_begin,
                       static_cast<size_t>(s.owned_numel) * sizeof(float));
         for (const DecayRun& r : s.runs) {
             hp.weight_decay = r.weight_decay ? decay : 0.0f;
-            backend_.adamw_update(p + r.offset, shard_m_.data() + s.state_offset + r.offset,
-                                  shard_v_.data() + s.state_offset + r.offset,
+            backend_.adamw_update(p + r.offset, shard_m_ + s.state_offset + r.offset,
+                                  shard_v_ + s.state_offset + r.offset,
                                   shard_grads + s.state_offset + r.offset, r.numel, hp);
         }
 #ifndef NDEBUG
@@ -198,10 +208,11 @@ void AdamW::post_step(float* params, const float* grads, double lr) {
         // breaking the invariant (optimizer.h) shows up as a non-finite loss, never as a
         // silently stale value. The gather overwrites all of it (finish_param_gathers for padded
         // buckets).
-        std::fill_n(params + bucket.offset, bucket.numel, std::numeric_limits<float>::quiet_NaN());
+        backend_.fill(params + bucket.offset, bucket.numel,
+                      std::numeric_limits<float>::quiet_NaN());
 #endif
-        float* out = s.staging_offset >= 0 ? gather_staging_.data() + s.staging_offset
-                                           : params + bucket.offset;
+        float* out =
+            s.staging_offset >= 0 ? gather_staging_ + s.staging_offset : params + bucket.offset;
         gathers_[b] = sync_->group(bucket.group)
                           .all_gather_async(out, p, static_cast<size_t>(bucket.shard_numel),
                                             DType::f32, backend_.stream());
@@ -216,8 +227,7 @@ void AdamW::finish_param_gathers() {
         gathers_[b].wait();
         const BucketState& s = states_[b];
         if (s.staging_offset >= 0) {
-            backend_.copy(gather_params_ + buckets[b].offset,
-                          gather_staging_.data() + s.staging_offset,
+            backend_.copy(gather_params_ + buckets[b].offset, gather_staging_ + s.staging_offset,
                           static_cast<size_t>(buckets[b].numel) * sizeof(float));
         }
     }

@@ -36,6 +36,7 @@
 #include <span>
 #include <vector>
 
+#include "moetron/core/arena.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/grad_sync.h"
@@ -66,7 +67,8 @@ class AdamW {
   public:
     // spans describe the flat parameter (and gradient) buffer of num_params floats; grads is the
     // gradient buffer, which the synchronization reduces in place. backend runs the math and
-    // must outlive the optimizer. (The optimizer's own state is host memory for now.)
+    // must outlive the optimizer; the optimizer's own state (state_arena()) is one arena from its
+    // memory(), planned and zeroed here.
     AdamW(std::span<const parallel::ParamSpan> spans, int64_t num_params, float* grads,
           AdamWGroups groups, const AdamWConfig& config, Backend& backend = cpu_backend());
 
@@ -114,6 +116,10 @@ class AdamW {
     std::vector<MomentRange> moment_ranges();
     // The bias-correction count a checkpoint saved (with the moments written in place).
     void restore_step_count(int64_t step_count);
+    // The one allocation that holds the state: "shard.params", "shard.m", "shard.v" (the sharded
+    // buckets' shards back to back), "replica.m", "replica.v" (the unsharded buckets' moments back
+    // to back) and "gather_staging" (the padded sharded buckets' gathers).
+    const Arena& state_arena() const { return state_; }
 
   private:
     struct BucketState {
@@ -129,9 +135,16 @@ class AdamW {
     parallel::Communicator& world_;
     AdamWConfig config_;
     std::vector<BucketState> states_;
-    std::vector<float> shard_params_, shard_m_, shard_v_;  // sharded buckets (shard layout)
-    std::vector<float> replica_m_, replica_v_;             // unsharded buckets, back to back
-    std::vector<float> gather_staging_;
+    Arena state_;
+    int64_t shard_numel_ = 0;    // floats of each of shard_params_, shard_m_, shard_v_
+    int64_t replica_numel_ = 0;  // floats of each of replica_m_, replica_v_
+    // Views into state_.
+    float* shard_params_ = nullptr;  // sharded buckets (shard layout)
+    float* shard_m_ = nullptr;
+    float* shard_v_ = nullptr;
+    float* replica_m_ = nullptr;  // unsharded buckets, back to back
+    float* replica_v_ = nullptr;
+    float* gather_staging_ = nullptr;
     std::vector<parallel::CollectiveHandle> gathers_;
     float* gather_params_ = nullptr;  // the buffer the gathers in flight write; null when none
     int64_t step_count_ = 0;
