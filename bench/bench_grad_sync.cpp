@@ -36,6 +36,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/layout_fit.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
@@ -84,9 +85,9 @@ Options parse_options(int argc, char** argv) {
             MT_THROW("[bench] unknown flag '{}'", arg);
         }
     }
-    MT_CHECK(o.steps >= static_cast<int>(bench::kMinRatioPairs),
-             "[bench] --steps {}: the on/off ratio needs at least {} interleaved pairs", o.steps,
-             bench::kMinRatioPairs);
+    MT_USER_CHECK(o.steps >= static_cast<int>(bench::kMinRatioPairs),
+                  "--steps {}: the on/off ratio needs at least {} interleaved pairs", o.steps,
+                  bench::kMinRatioPairs);
     return o;
 }
 
