@@ -18,8 +18,9 @@
 //   bench_grad_sync [--config PATH] [--layout L] [--batch-size B] [--seq-len S] [--steps N]
 //                   [--bucket-mb MB] [--zero1]
 // Defaults: configs/models/small.toml (relative: run from the repository root), layout "" (data
-// parallel over the world), 1 x 128 tokens per rank, 6 steps per mode, 4 MB buckets, all-reduce.
-// Only rank 0 prints.
+// parallel over the world), 1 x 128 tokens per rank, 6 steps per mode (at least 5: the on/off step
+// time ratio is printed as the median and min..max over the interleaved pairs,
+// bench/ratio_spread.h), 4 MB buckets, all-reduce. Only rank 0 prints.
 #include <cstdio>
 
 #if MOETRON_HAVE_MPI
@@ -35,11 +36,13 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/layout_fit.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
 #include "moetron/parallel/topology.h"
 #include "moetron/train/optimizer.h"
+#include "ratio_spread.h"
 
 namespace moetron {
 namespace {
@@ -82,6 +85,9 @@ Options parse_options(int argc, char** argv) {
             MT_THROW("[bench] unknown flag '{}'", arg);
         }
     }
+    MT_USER_CHECK(o.steps >= static_cast<int>(bench::kMinRatioPairs),
+                  "--steps {}: the on/off ratio needs at least {} interleaved pairs", o.steps,
+                  bench::kMinRatioPairs);
     return o;
 }
 
@@ -180,6 +186,7 @@ int run(const Options& o, Communicator& world) {
     step(&overlapped, opt_overlapped);  // warm-up: first touch, MPI connections
     step(&after, opt_after);
     std::vector<double> step_on, step_off, step_none, exposed_on, exposed_off, gather_wait;
+    std::vector<double> on_over_off;  // per interleaved pair
     double posted_early = 0;
     for (int i = 0; i < o.steps; ++i) {
         // Interleaved, so that drift in the machine's load hits every mode alike.
@@ -191,6 +198,7 @@ int run(const Options& o, Communicator& world) {
         step_off.push_back(off.step_s);
         exposed_off.push_back(off.exposed_s);
         step_none.push_back(none.step_s);
+        on_over_off.push_back(on.step_s / off.step_s);
         gather_wait.push_back(on.gather_wait_s);
         posted_early = on.posted_early;
     }
@@ -231,7 +239,9 @@ int run(const Options& o, Communicator& world) {
             median(step_on), median(exposed_on), median(exposed_on) / comm_s,
             (median(step_on) - none_s) / comm_s, posted_early,
             static_cast<long long>(st.num_buckets));
-        std::printf("  step time on / off: %.3f\n", median(step_on) / median(step_off));
+        std::printf("  %s\n", bench::format_ratio_spread("step time on / off",
+                                                         bench::ratio_spread(on_over_off))
+                                  .c_str());
         // Optimizer state per rank (this rank's; ranks differ only by padding), and what the
         // replicated baseline keeps: 2 moments per float of every bucket.
         std::array<double, 2> replicated_mb{};

@@ -1,7 +1,8 @@
 // CPU kernel throughput at training shapes: the linear layer (one GEMM), the grouped linear of the
 // routed experts, and causal attention. Each reports GFLOP/s; the grouped benchmarks also report
 // ratio_vs_plain: their GFLOP/s over that of one plain GEMM with the same total FLOPs (all tokens,
-// one weight), timed in the same iterations, interleaved, so that both see the same machine load.
+// one weight), timed in the same iterations, interleaved, so that both see the same machine load:
+// the median of the per-pair ratios and their spread (ratio_min..ratio_max), over 9 pairs.
 //
 // Run: build/bench/bench_kernels [--benchmark_filter=Grouped]
 //
@@ -14,11 +15,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "moetron/core/timer.h"
 #include "moetron/kernels/cpu/attention.h"
 #include "moetron/kernels/cpu/matmul.h"
+#include "ratio_spread.h"
 
 namespace moetron {
 namespace {
@@ -90,31 +94,45 @@ struct GroupedProblem {
     }
 };
 
-// Times grouped() in the benchmark loop and plain() (same FLOPs) between iterations with the
-// clock paused; the ratio of best times is the figure of merit (best-of resists interference
-// from other processes on a shared machine).
+// Times grouped() in the benchmark loop and plain() (same FLOPs) right after it with the clock
+// paused: one interleaved pair per iteration, so that both see the same machine load. Reports the
+// median of the per-pair ratios plain time / grouped time and their spread (ratio_min..ratio_max),
+// and prints the same as one line after the benchmark (bench/ratio_spread.h).
 template <class Grouped, class Plain>
-void run_grouped_vs_plain(benchmark::State& state, double flops, Grouped grouped, Plain plain) {
-    double best_grouped_s = 1e30, best_plain_s = 1e30;
+void run_grouped_vs_plain(benchmark::State& state, const char* direction, double flops,
+                          Grouped grouped, Plain plain) {
+    std::vector<double> ratios;
+    ratios.reserve(static_cast<size_t>(state.max_iterations));
+    double plain_total_s = 0;
     for (auto _ : state) {
         Timer timer;
         grouped();
-        best_grouped_s = std::min(best_grouped_s, timer.elapsed_s());
+        const double grouped_s = timer.elapsed_s();
         state.PauseTiming();
         timer.reset();
         plain();
-        best_plain_s = std::min(best_plain_s, timer.elapsed_s());
+        const double plain_s = timer.elapsed_s();
+        plain_total_s += plain_s;
+        ratios.push_back(plain_s / grouped_s);
         state.ResumeTiming();
     }
+    const bench::RatioSpread spread = bench::ratio_spread(ratios);
     set_gflops(state, flops);
-    state.counters["plain_GFLOP/s"] = flops * 1e-9 / best_plain_s;
-    state.counters["ratio_vs_plain"] = best_plain_s / best_grouped_s;
+    state.counters["plain_GFLOP/s"] =
+        flops * 1e-9 * static_cast<double>(ratios.size()) / plain_total_s;
+    state.counters["ratio_vs_plain"] = spread.median;
+    state.counters["ratio_min"] = spread.min;
+    state.counters["ratio_max"] = spread.max;
+    const std::string label =
+        fmt::format("grouped / plain GFLOP/s, {}, {} tokens/expert, {} -> {}", direction,
+                    state.range(0), state.range(1), state.range(2));
+    std::printf("%s\n", bench::format_ratio_spread(label, spread).c_str());
 }
 
 void BM_GroupedLinearForward(benchmark::State& state) {
     GroupedProblem p(state);
     run_grouped_vs_plain(
-        state, 2.0 * kGroupedRows * p.in_dim * p.out_dim,
+        state, "forward", 2.0 * kGroupedRows * p.in_dim * p.out_dim,
         [&] {
             cpu::grouped_linear_forward(p.out.data(), p.inp.data(), p.weight.data(),
                                         p.offsets.data(), p.num_experts, p.in_dim, p.out_dim);
@@ -128,7 +146,7 @@ void BM_GroupedLinearForward(benchmark::State& state) {
 void BM_GroupedLinearBackward(benchmark::State& state) {
     GroupedProblem p(state);
     run_grouped_vs_plain(
-        state, 4.0 * kGroupedRows * p.in_dim * p.out_dim,
+        state, "backward", 4.0 * kGroupedRows * p.in_dim * p.out_dim,
         [&] {
             cpu::grouped_linear_backward(p.dinp.data(), p.dweight.data(), p.dout.data(),
                                          p.inp.data(), p.weight.data(), p.offsets.data(),
@@ -215,9 +233,16 @@ MOETRON_BENCH(BM_LinearBackward)
     ->Args({4096, 512, 1536})
     ->Args({4096, 1024, 2816});
 
+// Grouped: a fixed number of interleaved grouped/plain pairs (above bench::kMinRatioPairs), so
+// that each ratio is a median over as many pairs whatever the shape's speed.
+constexpr int kGroupedPairs = 9;
+static_assert(kGroupedPairs >= static_cast<int>(bench::kMinRatioPairs));
 // Grouped: 16, 64 and 256 tokens per expert (small.toml averages 4096 x top-4 / 32 = 512) for the
 // wide expert projection (1024 -> 704) and the small one (512 -> 256).
-MOETRON_BENCH(BM_GroupedLinearForward)
+BENCHMARK(BM_GroupedLinearForward)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(kGroupedPairs)
     ->ArgNames({"tokens_per_expert", "in", "out"})
     ->Args({16, 1024, 704})
     ->Args({64, 1024, 704})
@@ -225,7 +250,10 @@ MOETRON_BENCH(BM_GroupedLinearForward)
     ->Args({16, 512, 256})
     ->Args({64, 512, 256})
     ->Args({256, 512, 256});
-MOETRON_BENCH(BM_GroupedLinearBackward)
+BENCHMARK(BM_GroupedLinearBackward)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(kGroupedPairs)
     ->ArgNames({"tokens_per_expert", "in", "out"})
     ->Args({16, 1024, 704})
     ->Args({64, 1024, 704})

@@ -5,8 +5,12 @@
 // (the format of bench/pytorch_step.py) for bench/compare_pytorch.sh.
 //
 //   build/bench/bench_train_step [--config PATH] [--batch-size B] [--seq-len S] [--threads T]
-//                                [--steps N] [--no-mtp] [--no-balance] [benchmark flags]
+//                                [--steps N] [--no-mtp] [--no-balance] [--profile-ops]
+//                                [benchmark flags]
 //
+// --profile-ops runs the steps through a ProfilingBackend (kernels/profiling_backend.h) and
+// prints, after them, where a step's time goes: per category and per op, ms per step, % of the
+// step and calls per step.
 // --no-mtp drops the MTP module and --no-balance the balance loss and the router bias update, to
 // match Hugging Face's DeepseekV3ForCausalLM, which has neither.
 #include <benchmark/benchmark.h>
@@ -24,6 +28,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/metrics.h"
@@ -42,6 +47,7 @@ struct BenchOptions {
     int64_t steps = 5;
     bool mtp = true;
     bool balance = true;
+    bool profile_ops = false;
 };
 
 // Our flags; everything else is left for Google Benchmark.
@@ -68,6 +74,8 @@ BenchOptions parse_options(int& argc, char** argv) {
             o.mtp = false;
         } else if (arg == "--no-balance") {
             o.balance = false;
+        } else if (arg == "--profile-ops") {
+            o.profile_ops = true;
         } else {
             argv[kept++] = argv[i];
         }
@@ -105,7 +113,9 @@ int run(int argc, char** argv) {
     RngStream rng(c.seed, /*stream_id=*/0xBE7C);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_below(model.vocab_size));
     DataLoader loader(std::move(tokens), "random", model.vocab_size, c.seq_len, 0.1, c.seed);
-    Trainer trainer(model, c, std::move(loader));
+    ProfilingBackend profiling(cpu_backend());
+    Trainer trainer(model, c, std::move(loader), TrainParallel{},
+                    o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend());
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
     const int threads = omp_get_max_threads();
@@ -119,6 +129,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
 
     trainer.step();  // warm-up: first touch of activations, thread pools
+    profiling.reset();
     Result result;
     result.step_s.reserve(static_cast<size_t>(o.steps) + 64);
     const double tokens_per_step = static_cast<double>(c.tokens_per_step());
@@ -162,6 +173,11 @@ int run(int argc, char** argv) {
                     c.batch_size, c.seq_len, threads, model.name, trainer.model().num_params(),
                     1e3 * sorted[sorted.size() / 2], result.step_s.size(), o.mtp, o.balance)
             .c_str());
+    if (o.profile_ops) {
+        std::printf(
+            "%s", format_op_profile(profiling, static_cast<int64_t>(result.step_s.size()), total_s)
+                      .c_str());
+    }
     return 0;
 }
 

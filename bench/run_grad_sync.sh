@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Gradient-sync overlap on vs off in the same run, under mpirun (bench/bench_grad_sync.cpp).
+# Gradient-sync overlap on vs off in the same run, under mpirun (bench/bench_grad_sync.cpp): the
+# steps of the two modes interleave (--steps pairs, default 6, at least 5) and the step time ratio
+# on / off is printed as the median and min..max over the pairs.
 #   bench/run_grad_sync.sh [build_dir] [ranks] [bench flags...]
 # e.g. bench/run_grad_sync.sh build 4 --zero1 --bucket-mb 2
 set -euo pipefail

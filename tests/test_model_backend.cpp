@@ -1,5 +1,5 @@
 // The op seam on the model side: a Model runs all of its math through the Backend it was built
-// for (a counting wrapper around cpu_backend() sees every op of initialization, a training step
+// for (a ProfilingBackend around cpu_backend() sees every op of initialization, a training step
 // and the router bias update, with the same numbers as a model on cpu_backend()), and model/'s
 // sources call no CPU kernel and hold no OpenMP loop of their own.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "counting_backend.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/model.h"
 #include "tiny_model_config.h"
 
@@ -47,9 +47,9 @@ bool same_floats(const float* a, const float* b, int64_t n) {
 }
 
 TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
-    testing::CountingBackend counting;
-    Model model(tiny_model_config(), ModelRuntime{kBatch, kSeqLen, &counting}, LossWeights{});
-    EXPECT_EQ(&model.backend(), &counting);
+    ProfilingBackend profiling;
+    Model model(tiny_model_config(), ModelRuntime{kBatch, kSeqLen, &profiling}, LossWeights{});
+    EXPECT_EQ(&model.backend(), &profiling);
     const Step step;
     const MicroBatchLosses got = run_step(model, step);
 
@@ -89,7 +89,7 @@ TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
                            "add",
                            "add_inplace",
                            "copy_from_host"})
-        EXPECT_GT(counting.calls(op), 0) << op;
+        EXPECT_GT(profiling.calls(op), 0) << op;
 
     // The wrapper changes nothing: the same numbers as a model on the default backend.
     Model reference(tiny_model_config(), ModelRuntime{kBatch, kSeqLen}, LossWeights{});
@@ -106,8 +106,8 @@ TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
 // The loads a step counts live in the backend's memory; expert_load() reads them back, and the
 // bias update consumes them.
 TEST(ModelBackend, ExpertLoadsAreReadBackAndResetByTheBiasUpdate) {
-    testing::CountingBackend counting;
-    Model model(tiny_model_config(), ModelRuntime{kBatch, kSeqLen, &counting}, LossWeights{});
+    ProfilingBackend profiling;
+    Model model(tiny_model_config(), ModelRuntime{kBatch, kSeqLen, &profiling}, LossWeights{});
     model.init_parameters(7);
     const Step step;
     model.forward_backward(step.tokens.data(), step.targets.data(), kBatch, kSeqLen, 1.0f);
@@ -118,7 +118,7 @@ TEST(ModelBackend, ExpertLoadsAreReadBackAndResetByTheBiasUpdate) {
         for (int64_t x : layer) total += x;
         EXPECT_EQ(total, kBatch * kSeqLen * 2);  // N tokens x K experts each
     }
-    EXPECT_GT(counting.calls("copy_to_host"), 0);
+    EXPECT_GT(profiling.calls("copy_to_host"), 0);
     model.update_router_bias(0.001f);
     for (const std::vector<int64_t>& layer : model.expert_load().tokens_per_expert)
         EXPECT_EQ(layer, std::vector<int64_t>(8, 0));

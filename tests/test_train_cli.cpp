@@ -94,6 +94,24 @@ TEST_F(TrainCli, BadInputEndsWithAClearError) {
     EXPECT_CONTAINS(no_text.text, "does not exist");
 }
 
+// --profile-ops prints, after the run, where a step's time went: categories, the ops under them,
+// and the step's total; without the flag there is no table.
+TEST_F(TrainCli, ProfileOpsPrintsWhereAStepsTimeGoes) {
+    const std::string config = std::string(MOETRON_SOURCE_DIR) + "/configs/models/tiny.toml";
+    const std::string run =
+        "train --config " + config + " --steps 2 --batch-size 2 --seq-len 16 --threads 1";
+    Output profiled = run_cli(run + " --profile-ops");
+    ASSERT_EQ(profiled.exit_code, 0) << profiled.text;
+    for (const char* line : {"ops     per step", "grouped GEMMs", "  grouped_linear_forward",
+                             "attention", "  attention_backward", "optimizer", "  adamw_update",
+                             "outside the backend's ops", "step "})
+        EXPECT_CONTAINS(profiled.text, line);
+
+    Output plain = run_cli(run);
+    ASSERT_EQ(plain.exit_code, 0) << plain.text;
+    EXPECT_EQ(plain.text.find("adamw_update"), std::string::npos) << plain.text;
+}
+
 // moetron info --layout plans one rank's memory by category; at DeepSeek-V3 scale the expert side
 // is planned from the capacity factor (4 x the balanced 32,768 rows), not the worst case.
 TEST_F(TrainCli, InfoPlansTheMemoryOfOneRank) {

@@ -26,6 +26,7 @@
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/backend.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/parallel/communicator.h"
@@ -72,6 +73,7 @@ struct TrainOptions {
     double bucket_mb = 4.0;
     bool no_zero1 = false;
     bool no_overlap_dp_grad = false;
+    bool profile_ops = false;
     CLI::Option* layout_opt = nullptr;
     // Overrides of the preset's [train] table; applied only when given (count() > 0).
     int64_t steps = 0, batch_size = 0, seq_len = 0, grad_accum = 0, eval_every = 0;
@@ -239,7 +241,9 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
-    Trainer trainer(model_config, config, std::move(loader), parallel);
+    ProfilingBackend profiling(cpu_backend());  // used with --profile-ops
+    Trainer trainer(model_config, config, std::move(loader), parallel,
+                    o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend());
     trainer.set_max_skipped_steps(o.max_skipped_steps);
     if (!o.trace_path.empty())
         trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
@@ -351,7 +355,10 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     MetricsLog log(config.steps, print_every, root ? o.log_jsonl_path : std::string(),
                    // mpirun forwards stdout through a pseudo-terminal: plain lines read better
                    world == nullptr && isatty(fileno(stdout)) == 1, out);
+    profiling.reset();  // the initialization's and the first validation's ops are not the run's
+    const Timer run_wall;
     const TrainSummary s = trainer.run(log);
+    const double run_s = run_wall.elapsed_s();
     if (s.skipped_steps > 0)
         std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm\n",
                      static_cast<long long>(s.skipped_steps));
@@ -378,6 +385,12 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  to_mib(static_cast<double>(peak_rss_bytes())),
                  to_mib(static_cast<double>(trainer.model().planned_bytes())),
                  to_mib(moments_bytes));
+    if (o.profile_ops && s.steps > 0) {
+        std::fprintf(out,
+                     "ops     per step of this rank, over the run's wall time (its validations "
+                     "included):\n%s",
+                     format_op_profile(profiling, s.steps, run_s).c_str());
+    }
     save_final();
     MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
              detail::errno_message());
@@ -501,6 +514,9 @@ void register_train(CLI::App& app) {
     cmd->add_flag("--no-overlap-dp-grad", o->no_overlap_dp_grad,
                   "post the data-parallel gradient sync after the backward instead of during it");
     add_renamed_flag(*cmd, "--no-overlap", "--no-overlap-dp-grad");
+    cmd->add_flag("--profile-ops", o->profile_ops,
+                  "time every op of the run and print, at the end, where a step's time goes (per "
+                  "category and per op)");
     cmd->add_option("--trace", o->trace_path,
                     "write the timeline of one step (every rank: compute, communication, waiting) "
                     "as a Chrome/Perfetto trace JSON file here");

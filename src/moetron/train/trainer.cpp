@@ -37,7 +37,8 @@ ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communi
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainConfig& config,
-                                  int64_t rank_rows, const ModelParallel& parallel) {
+                                  int64_t rank_rows, const ModelParallel& parallel,
+                                  Backend& backend) {
     validate_train_config(config);
     MT_CHECK(config.seq_len <= model_config.max_position_embeddings,
              "[train] seq_len {} is longer than the model's max_position_embeddings {}",
@@ -45,7 +46,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainCo
     ModelRuntime runtime;
     runtime.batch_size = rank_rows;
     runtime.seq_len = config.seq_len;
-    runtime.backend = &cpu_backend();  // the only backend the trainer's other ops run on, for now
+    runtime.backend = &backend;
     LossWeights weights;
     weights.mtp_lambda = static_cast<float>(config.mtp_lambda);
     weights.balance_alpha = static_cast<float>(config.balance_loss_alpha);
@@ -122,7 +123,7 @@ std::unique_ptr<parallel::Communicator> own_world_unless_given(const TrainParall
 }  // namespace
 
 Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader,
-                 const TrainParallel& parallel)
+                 const TrainParallel& parallel, Backend& backend)
     : config_(config),
       own_world_(own_world_unless_given(parallel)),
       world_(parallel.world != nullptr ? parallel.world : own_world_.get()),
@@ -130,7 +131,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
       groups_(make_traced_groups(*world_, topology_, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
-                        model_parallel(groups_, *world_, parallel))),
+                        model_parallel(groups_, *world_, parallel), backend)),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {
@@ -142,7 +143,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     const std::vector<parallel::ParamSpan> spans = model_->param_spans();
     optimizer_ = std::make_unique<AdamW>(spans, model_->num_params(), model_->grads(),
                                          AdamWGroups{*world_, *groups_.dp, *groups_.edp},
-                                         adamw_config(config, parallel, topology_));
+                                         adamw_config(config, parallel, topology_), backend);
     model_->set_grad_ready_callback([sync = &optimizer_->grad_sync()](int64_t begin, int64_t end) {
         sync->grads_ready(begin, end);
     });

@@ -74,9 +74,10 @@ class Trainer {
   public:
     // Builds and initializes the model (seed from config), the optimizer and the buffers; with a
     // world, also the parallel groups (a collective over it). Throws for a layout that does not
-    // fit the world or the model, or a batch_size that does not split over dp.
+    // fit the world or the model, or a batch_size that does not split over dp. The model and the
+    // optimizer run their ops on `backend` (a ProfilingBackend over cpu_backend() to profile).
     Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader,
-            const TrainParallel& parallel = {});
+            const TrainParallel& parallel = {}, Backend& backend = cpu_backend());
 
     // One optimizer step; returns its record (val_loss NaN).
     StepRecord step();
