@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "counting_backend.h"
 #include "moetron/core/error.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/parallel/dispatch_flat.h"
 #include "moetron/parallel/dispatch_two_tier.h"
 #include "moetron/parallel/expert_dispatcher.h"
@@ -316,7 +316,7 @@ TEST(MoeCapacity, OneRankRoutesInOneRound) {
 // Without tensor parallelism the operators that move rows between buffers still move them, through
 // the backend (which owns the memory, host or device), not a host loop.
 TEST(TensorParallelOneRank, CopiesThroughTheBackend) {
-    testing::CountingBackend backend;
+    ProfilingBackend backend;
     const TensorParallel tp(nullptr, backend);
     const std::vector<float> rows = {1, 2, 3};
     std::vector<float> full(3, 0.0f);

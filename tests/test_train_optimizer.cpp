@@ -6,9 +6,9 @@
 #include <cmath>
 #include <vector>
 
-#include "counting_backend.h"
 #include "moetron/core/error.h"
 #include "moetron/kernels/cpu/adamw.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/parallel/local_communicator.h"
 #include "moetron/train/optimizer.h"
 
@@ -139,7 +139,7 @@ TEST(AdamW, RefusesANegativeStepCount) {
 TEST(AdamW, KeepsItsStateInOneArenaFromTheBackendsMemory) {
     for (const bool zero1 : {false, true}) {
         OneProcess p;
-        testing::CountingBackend backend;
+        ProfilingBackend backend;
         AdamWConfig cfg;
         cfg.grad_sync.zero1 = zero1;
         AdamW opt(spans(), 12, p.grads.data(), {p.world, p.dp, p.edp}, cfg, backend);
