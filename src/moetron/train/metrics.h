@@ -55,7 +55,8 @@ struct StepRecord {
 };
 
 // Best sustained single-precision GEMM rate of this machine in GFLOP/s, with the threads now
-// configured: square n x n x n sgemm through the CPU backend's matmul, repeated for about `seconds`.
+// configured: square n x n x n sgemm through the CPU backend's matmul, repeated for about
+// `seconds`.
 double measure_gemm_peak_gflops(int64_t n = 1024, double seconds = 0.3);
 
 class MetricsLog {
