@@ -12,8 +12,10 @@ if [ "${1:-}" = "--sanitize" ]; then
   build_dir=build-asan
   ctest_args=(-LE slow)  # real training runs are covered by the Release pass
   # The sanitizer build checks host code; the CUDA backend is compiled by the Release build.
-  cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOETRON_SANITIZE=ON -DMOETRON_CUDA=OFF
-              -DMOETRON_BUILD_BENCH=OFF)
+  # -O1 -g1 (line tables for the reports): it compiles in half the time of -O2 -g with the
+  # sanitizers on, which is most of CI's time budget.
+  cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+              -DMOETRON_SANITIZE=ON -DMOETRON_CUDA=OFF -DMOETRON_BUILD_BENCH=OFF)
 fi
 
 tools/install-deps.sh
