@@ -4,6 +4,7 @@
 // offloading, and the cheapest change an over-budget configuration is told about.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -243,6 +244,43 @@ TEST(SimMemory, InterleavingHoldsMoreMicroBatchesThanOneFOneB) {
                          plain.memory_per_stage[0].activations_bytes;
     EXPECT_GT(ratio, 1.1);
     EXPECT_LT(ratio, 1.0 + 3.0 / 16 + 0.15);
+}
+
+// A zero-bubble schedule defers W: after B frees a micro-batch's activations, its wgrad GEMMs'
+// inputs (the forward's GEMM inputs and B's output gradients) wait for W. ZB-H1 (event
+// simulated) therefore holds more than 1F1B on stage 0, by less than the W inputs of p - 1
+// micro-batches. DualPipe's cool-down defers min(s, pp-1-s) + 1 W's on rank s (DeepSeek's
+// dualpipe.py, steps 6-8): with full recompute, where a micro-batch keeps only its layer
+// inputs, the W inputs of rank 1's two deferred W's outweigh its pp + 1 micro-batches.
+TEST(SimMemory, DeferredWeightGradientsHoldTheirInputs) {
+    Gb300 f;
+    const parallel::Layout l = parallel::parse_layout("tp1.pp4.ep32", 256);
+    const StepResult one_f_one_b = simulate_step_unchecked(f.dsv3, f.gb300, l, f.options());
+    SimOptions o = f.options();
+    o.pipeline_schedule = PipelineSchedule::zero_bubble_h1;
+    const StepResult zb = simulate_step_unchecked(f.dsv3, f.gb300, l, o);
+    const double plain_bytes = one_f_one_b.memory_per_stage[0].activations_bytes;
+    const double zb_bytes = zb.memory_per_stage[0].activations_bytes;
+    std::printf("  stage 0 activations: 1F1B %.1f GB, ZB-H1 %.1f GB\n", plain_bytes / 1e9,
+                zb_bytes / 1e9);
+    EXPECT_GT(zb_bytes, 1.02 * plain_bytes);
+    EXPECT_LT(zb_bytes, 1.0 * (1 + 3.0 / 4) * plain_bytes);
+
+    SimOptions d = f.options();
+    d.precision = Precision::fp8;
+    d.global_batch = 15360;
+    d.overlap_ep = true;
+    d.pipeline_schedule = PipelineSchedule::dualpipe;
+    d.recompute = parse_recompute("full");
+    const StepResult dualpipe =
+        simulate_step_unchecked(f.dsv3, f.h100, parallel::parse_layout("tp1.pp16.ep64", 2048), d);
+    // Stage 1 holds 4 MoE layers of each direction; full recompute keeps each layer's bf16 input.
+    const double layer_inputs = 4 * 4096.0 * 7168 * 2;
+    const double in_flight_only = 17 * layer_inputs;
+    const double stage1 = dualpipe.memory_per_stage[1].activations_bytes;
+    std::printf("  DualPipe stage 1, full recompute: %.1f GB (17 layer inputs: %.1f GB)\n",
+                stage1 / 1e9, in_flight_only / 1e9);
+    EXPECT_GT(stage1, 2 * in_flight_only);
 }
 
 TEST(SimMemory, OverBudgetNamesTheCheapestChangeThatFits) {
