@@ -213,6 +213,42 @@ TEST(SimMemory, OffloadingMovesActivationsToTheHost) {
     EXPECT_EQ(simulate_step_unchecked(f.dsv3, f.gb300, l, o).memory.offloaded_bytes, 0);
 }
 
+// Offloading's copies run on a copy engine beside the compute: GB300's NVLink-C2C (225 GB/s per
+// GPU) hides the MoE activations' round trip behind the forward and backward; a B200 on PCIe 5.0
+// (55 GB/s) computes as fast but copies at a quarter of the speed, so its step waits, and says
+// how long. A GPU without a host link figure refuses the option.
+TEST(SimMemory, OffloadingCostsTheCopyTimeItCannotHide) {
+    Gb300 f;
+    const ClusterSpec b200 = load_cluster_spec(kRoot + "/configs/clusters/b200-hgx.toml");
+    const parallel::Layout l = parallel::parse_layout("tp1.pp8.ep8", 256);  // EP inside an HGX node
+    SimOptions o = f.options();
+    o.cuda_graphs = CudaGraphs::full;  // the compute, not the host, sets the pace
+    const StepResult gb300_kept = simulate_step_unchecked(f.dsv3, f.gb300, l, o);
+    const StepResult b200_kept = simulate_step_unchecked(f.dsv3, b200, l, o);
+    o.memory.offload = parse_recompute("moe");
+    const StepResult gb300_offloaded = simulate_step_unchecked(f.dsv3, f.gb300, l, o);
+    const StepResult b200_offloaded = simulate_step_unchecked(f.dsv3, b200, l, o);
+    std::printf(
+        "  offloading moe: GB300 step %.2f -> %.2f s, B200 %.2f -> %.2f s (%.2f s exposed)\n",
+        gb300_kept.step_time_s, gb300_offloaded.step_time_s, b200_kept.step_time_s,
+        b200_offloaded.step_time_s, b200_offloaded.breakdown.offload_exposed_s);
+    EXPECT_LT(gb300_offloaded.step_time_s, 1.01 * gb300_kept.step_time_s);
+    EXPECT_GT(b200_offloaded.breakdown.offload_exposed_s, 0.0);
+    EXPECT_GT(b200_offloaded.step_time_s, 1.05 * b200_kept.step_time_s);
+    EXPECT_NEAR(b200_offloaded.breakdown.total_s(), b200_offloaded.step_time_s,
+                1e-9 * b200_offloaded.step_time_s);
+
+    ClusterSpec no_link = b200;
+    no_link.gpu.host_link_bytes_per_s = 0;
+    try {
+        (void)simulate_step_unchecked(f.dsv3, no_link, l, o);
+        ADD_FAILURE() << "offloading without a host link was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("host_link_gbytes_per_s"), std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(SimMemory, Fp8SwigluInputCacheShrinksTheExpertActivations) {
     // DeepSeek-V3 (sec. 3.3.2) keeps the MoE SwiGLU input in FP8 and recomputes its output:
     // fc1's output, 8 rows x 2 x 2048 per token, costs 1 byte per element instead of 2.

@@ -251,7 +251,8 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
 
     const auto& gpu = need_table(t, "gpu", where);
     check_keys(gpu, where + " [gpu]",
-               {"name", "peak_dense_tflops", "hbm_gib", "hbm_gbytes_per_s", "exp_per_s"});
+               {"name", "peak_dense_tflops", "hbm_gib", "hbm_gbytes_per_s", "exp_per_s",
+                "host_link_gbytes_per_s"});
     c.gpu.name = gpu["name"].value_or(std::string("gpu"));
     const auto* peaks = gpu["peak_dense_tflops"].as_table();
     MT_CHECK(peaks != nullptr, "[sim] {} [gpu]: missing peak_dense_tflops = {{ bf16 = ... }}",
@@ -264,6 +265,9 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
     c.gpu.exp_per_s = need_number(gpu, "exp_per_s", where);
     MT_CHECK(c.gpu.hbm_bytes > 0 && c.gpu.hbm_bytes_per_s > 0 && c.gpu.exp_per_s > 0,
              "[sim] {}: GPU memory size, bandwidth and exp rate must be positive", where);
+    c.gpu.host_link_bytes_per_s = gpu["host_link_gbytes_per_s"].value_or(0.0) * 1e9;
+    MT_CHECK(c.gpu.host_link_bytes_per_s >= 0,
+             "[sim] {}: host_link_gbytes_per_s must not be negative", where);
 
     const auto& up = need_table(t, "scale_up", where);
     check_keys(up, where + " [scale_up]",

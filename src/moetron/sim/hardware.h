@@ -99,6 +99,9 @@ struct GpuSpec {
     double hbm_bytes = 0;
     double hbm_bytes_per_s = 0;
     double exp_per_s = 0;  // special-function unit exponentials per second (softmax)
+    // Copy bandwidth to host memory per direction, as a copy engine reaches it (PCIe or
+    // NVLink-C2C); what activation offloading moves. 0: not given (offloading is refused).
+    double host_link_bytes_per_s = 0;
 };
 
 struct ScaleUpSpec {

@@ -1,6 +1,7 @@
 #include "moetron/sim/step.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 
 #include "moetron/core/error.h"
@@ -23,6 +24,27 @@ constexpr int kOptimizerKernels = 100;  // multi-tensor Adam, grad norm and clip
 // gradients and parameters and bf16 moments).
 double optimizer_bytes_per_param(const OptimizerPrecision& p) {
     return 2 * p.main_grad_bytes + 2 * p.state_bytes();
+}
+
+// Activation offloading copies a chunk's offloaded activations to host memory on a copy engine
+// while its forward computes, and back while its backward computes (Megatron-LM's fine-grained
+// offloading prefetches each layer's during the layer after it). The copy hides behind the
+// compute unless it takes longer; then the task waits for it.
+void add_offload_copies(const ClusterSpec& c, double offloaded_bytes,
+                        std::initializer_list<WalkResult*> tasks) {
+    if (offloaded_bytes <= 0) return;
+    if (c.gpu.host_link_bytes_per_s <= 0) {
+        MT_USER_THROW(
+            "--offload-activations needs the GPU's host link bandwidth: {} has no "
+            "host_link_gbytes_per_s under [gpu]",
+            c.name);
+    }
+    const double copy_s = offloaded_bytes / c.gpu.host_link_bytes_per_s;
+    for (WalkResult* t : tasks) {
+        const double exposed = std::max(0.0, copy_s - t->time_s);
+        t->time_s += exposed;
+        t->parts.offload_exposed_s += exposed;
+    }
 }
 
 void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const parallel::Layout& l,
@@ -261,6 +283,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         cc[g].bwd = walk_ops(cluster, b, wo, false, false);
         cc[g].fwd_deferred = walk_ops(cluster, f, wo, true, false);
         cc[g].bwd_deferred = walk_ops(cluster, b, wo, true, false);
+        add_offload_copies(
+            cluster, cc[g].offloaded_bytes,
+            {&cc[g].fwd, &cc[g].fwd_deferred, &cc[g].bwd, &cc[g].bwd_deferred, &cc[g].bwd_input});
     }
     auto merged = [&](int64_t gf, int64_t gb) {
         const double compute = cc[gf].fwd_deferred.time_s + cc[gb].bwd_deferred.time_s;
