@@ -123,12 +123,17 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
     e.arch = *arch;
 
     const auto& gemm = need_table(t, "gemm", where);
-    check_keys(gemm, fmt::format("{} [gemm]", where), {"max_efficiency", "half_saturation_dim"});
+    check_keys(gemm, fmt::format("{} [gemm]", where),
+               {"max_efficiency", "half_saturation_dim", "serial_below_flops", "threads"});
     const auto* maxe = gemm["max_efficiency"].as_table();
     MT_CHECK(maxe != nullptr, "[sim] {} [gemm]: missing max_efficiency = {{ bf16 = ..., ... }}",
              where);
     e.gemm_max = read_per_precision(*maxe, fmt::format("{} gemm.max_efficiency", where), true);
     e.gemm_half_dim = need_number(gemm, "half_saturation_dim", where);
+    e.serial_gemm_below_flops = gemm["serial_below_flops"].value_or(0.0);
+    e.threads = gemm["threads"].value_or(int64_t{1});
+    MT_CHECK(e.serial_gemm_below_flops >= 0 && e.threads >= 1,
+             "[sim] {} [gemm]: serial_below_flops must be >= 0 and threads >= 1", where);
 
     const auto& grouped = need_table(t, "grouped_gemm", where);
     check_keys(grouped, fmt::format("{} [grouped_gemm]", where),
