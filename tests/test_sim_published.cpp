@@ -211,7 +211,8 @@ TEST_F(Published, PlannerWithDualPipeFindsDeepSeeksLayout) {
 // README): warm-started checkpoint, C4, seq 4,096, global batch >= 15,360, evaluation of the
 // first 1,024 validation sequences after every step, target validation loss 3.60. The number of
 // steps comes from the reference convergence points (mlcommons/logging,
-// rcp_checker/training_6.1.0/rcps_deepseekv3_671b.json): six reference runs at global batch
+// rcp_checker/training_6.1.0/rcps_deepseekv3_671b.json, "Reference RCPs before 6.0
+// submission"): six reference runs at global batch
 // 15,360 converged after 721,920, 721,920, 721,920, 737,280, 691,200 and 737,280 samples, a
 // mean of 719,360 = 46.83 steps (at 16,384 and 18,432 also ~47 steps). Published (CoreWeave,
 // GB300 NVL72 on Spectrum-X, MXFP8): 5.54, 3.09 and 2.02 minutes on 2,048, 4,096 and 8,192
