@@ -31,7 +31,7 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(SimHardware, EveryCatalogClusterLoads) {
     for (const char* name : {"h100-hgx", "h200-hgx", "h800-hgx", "b200-hgx", "b300-hgx",
-                             "gb200-nvl72", "gb300-nvl72"}) {
+                             "gb200-nvl72", "gb300-nvl72", "gb300-nvl72-spectrum-x"}) {
         const ClusterSpec c = load_cluster_spec(kClusters + name + ".toml");
         EXPECT_EQ(c.name, name);
         EXPECT_GT(c.gpu.hbm_bytes, 70e9) << name;

@@ -4,6 +4,7 @@
 // offloading, and the cheapest change an over-budget configuration is told about.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -212,6 +213,42 @@ TEST(SimMemory, OffloadingMovesActivationsToTheHost) {
     EXPECT_EQ(simulate_step_unchecked(f.dsv3, f.gb300, l, o).memory.offloaded_bytes, 0);
 }
 
+// Offloading's copies run on a copy engine beside the compute: GB300's NVLink-C2C (225 GB/s per
+// GPU) hides the MoE activations' round trip behind the forward and backward; a B200 on PCIe 5.0
+// (55 GB/s) computes as fast but copies at a quarter of the speed, so its step waits, and says
+// how long. A GPU without a host link figure refuses the option.
+TEST(SimMemory, OffloadingCostsTheCopyTimeItCannotHide) {
+    Gb300 f;
+    const ClusterSpec b200 = load_cluster_spec(kRoot + "/configs/clusters/b200-hgx.toml");
+    const parallel::Layout l = parallel::parse_layout("tp1.pp8.ep8", 256);  // EP inside an HGX node
+    SimOptions o = f.options();
+    o.cuda_graphs = CudaGraphs::full;  // the compute, not the host, sets the pace
+    const StepResult gb300_kept = simulate_step_unchecked(f.dsv3, f.gb300, l, o);
+    const StepResult b200_kept = simulate_step_unchecked(f.dsv3, b200, l, o);
+    o.memory.offload = parse_recompute("moe");
+    const StepResult gb300_offloaded = simulate_step_unchecked(f.dsv3, f.gb300, l, o);
+    const StepResult b200_offloaded = simulate_step_unchecked(f.dsv3, b200, l, o);
+    std::printf(
+        "  offloading moe: GB300 step %.2f -> %.2f s, B200 %.2f -> %.2f s (%.2f s exposed)\n",
+        gb300_kept.step_time_s, gb300_offloaded.step_time_s, b200_kept.step_time_s,
+        b200_offloaded.step_time_s, b200_offloaded.breakdown.offload_exposed_s);
+    EXPECT_LT(gb300_offloaded.step_time_s, 1.01 * gb300_kept.step_time_s);
+    EXPECT_GT(b200_offloaded.breakdown.offload_exposed_s, 0.0);
+    EXPECT_GT(b200_offloaded.step_time_s, 1.05 * b200_kept.step_time_s);
+    EXPECT_NEAR(b200_offloaded.breakdown.total_s(), b200_offloaded.step_time_s,
+                1e-9 * b200_offloaded.step_time_s);
+
+    ClusterSpec no_link = b200;
+    no_link.gpu.host_link_bytes_per_s = 0;
+    try {
+        (void)simulate_step_unchecked(f.dsv3, no_link, l, o);
+        ADD_FAILURE() << "offloading without a host link was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("host_link_gbytes_per_s"), std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(SimMemory, Fp8SwigluInputCacheShrinksTheExpertActivations) {
     // DeepSeek-V3 (sec. 3.3.2) keeps the MoE SwiGLU input in FP8 and recomputes its output:
     // fc1's output, 8 rows x 2 x 2048 per token, costs 1 byte per element instead of 2.
@@ -243,6 +280,43 @@ TEST(SimMemory, InterleavingHoldsMoreMicroBatchesThanOneFOneB) {
                          plain.memory_per_stage[0].activations_bytes;
     EXPECT_GT(ratio, 1.1);
     EXPECT_LT(ratio, 1.0 + 3.0 / 16 + 0.15);
+}
+
+// A zero-bubble schedule defers W: after B frees a micro-batch's activations, its wgrad GEMMs'
+// inputs (the forward's GEMM inputs and B's output gradients) wait for W. ZB-H1 (event
+// simulated) therefore holds more than 1F1B on stage 0, by less than the W inputs of p - 1
+// micro-batches. DualPipe's cool-down defers min(s, pp-1-s) + 1 W's on rank s (DeepSeek's
+// dualpipe.py, steps 6-8): with full recompute, where a micro-batch keeps only its layer
+// inputs, the W inputs of rank 1's two deferred W's outweigh its pp + 1 micro-batches.
+TEST(SimMemory, DeferredWeightGradientsHoldTheirInputs) {
+    Gb300 f;
+    const parallel::Layout l = parallel::parse_layout("tp1.pp4.ep32", 256);
+    const StepResult one_f_one_b = simulate_step_unchecked(f.dsv3, f.gb300, l, f.options());
+    SimOptions o = f.options();
+    o.pipeline_schedule = PipelineSchedule::zero_bubble_h1;
+    const StepResult zb = simulate_step_unchecked(f.dsv3, f.gb300, l, o);
+    const double plain_bytes = one_f_one_b.memory_per_stage[0].activations_bytes;
+    const double zb_bytes = zb.memory_per_stage[0].activations_bytes;
+    std::printf("  stage 0 activations: 1F1B %.1f GB, ZB-H1 %.1f GB\n", plain_bytes / 1e9,
+                zb_bytes / 1e9);
+    EXPECT_GT(zb_bytes, 1.02 * plain_bytes);
+    EXPECT_LT(zb_bytes, 1.0 * (1 + 3.0 / 4) * plain_bytes);
+
+    SimOptions d = f.options();
+    d.precision = Precision::fp8;
+    d.global_batch = 15360;
+    d.overlap_ep = true;
+    d.pipeline_schedule = PipelineSchedule::dualpipe;
+    d.recompute = parse_recompute("full");
+    const StepResult dualpipe =
+        simulate_step_unchecked(f.dsv3, f.h100, parallel::parse_layout("tp1.pp16.ep64", 2048), d);
+    // Stage 1 holds 4 MoE layers of each direction; full recompute keeps each layer's bf16 input.
+    const double layer_inputs = 4 * 4096.0 * 7168 * 2;
+    const double in_flight_only = 17 * layer_inputs;
+    const double stage1 = dualpipe.memory_per_stage[1].activations_bytes;
+    std::printf("  DualPipe stage 1, full recompute: %.1f GB (17 layer inputs: %.1f GB)\n",
+                stage1 / 1e9, in_flight_only / 1e9);
+    EXPECT_GT(stage1, 2 * in_flight_only);
 }
 
 TEST(SimMemory, OverBudgetNamesTheCheapestChangeThatFits) {

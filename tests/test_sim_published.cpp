@@ -13,6 +13,7 @@
 //  - GB300 1,648 (later software): full CUDA graphs (sync-free MoE), EP overlap, MXFP8
 //    dispatch; layout, micro-batch and recompute are the planner's best.
 //  - 256 -> 1,024 GB300: the later software and the planner's layout, global batch x4.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "moetron/sim/planner.h"
 #include "moetron/sim/report.h"
 #include "moetron/sim/step.h"
+#include "moetron/sim/time_to_train.h"
 
 namespace moetron::sim {
 namespace {
@@ -55,9 +57,9 @@ class Published : public ::testing::Test {
         static std::vector<Row> r;
         return r;
     }
-    static void record(const Row& r) {
+    static void record(const Row& r, double tolerance = 0.10) {
         rows().push_back(r);
-        EXPECT_LT(std::fabs(r.error()), 0.10) << r.what << " " << r.unit;
+        EXPECT_LT(std::fabs(r.error()), tolerance) << r.what << " " << r.unit;
     }
 
     ModelConfig dsv3 = load_model_config(kRoot + "/configs/models/dsv3-671b.toml");
@@ -205,38 +207,56 @@ TEST_F(Published, PlannerWithDualPipeFindsDeepSeeksLayout) {
     EXPECT_EQ(plan_layouts(dsv3, h800, 2048, o, space).considered, 0);
 }
 
-// MLPerf Training 6.0, DeepSeek-V3 671B (mlcommons/training, deepseek_v3 reference README):
-// warm-started checkpoint, C4, seq 4,096, global batch >= 15,360 (LR given for 16,384),
-// evaluation of 1,024 sequences after every step, target validation loss 3.60. The rules give
-// no token count; the reference run (256 GB300, tp1 pp4, "approximately 1 hour 30 minutes")
-// fixes it: steps = 5,400 s / its simulated step (+ evaluation). Published: 2.02 minutes on
-// 8,192 GB300 (CoreWeave, Spectrum-X). A sanity bound, not an accuracy claim: see the doc.
-TEST_F(Published, MlperfDeepSeekV3On8192Gb300) {
+// MLPerf Training 6.0, DeepSeek-V3 671B. The rules (mlcommons/training, deepseek_v3 reference
+// README): warm-started checkpoint, C4, seq 4,096, global batch >= 15,360, evaluation of the
+// first 1,024 validation sequences after every step, target validation loss 3.60. The number of
+// steps comes from the reference convergence points (mlcommons/logging,
+// rcp_checker/training_6.1.0/rcps_deepseekv3_671b.json, "Reference RCPs before 6.0
+// submission"): six reference runs at global batch
+// 15,360 converged after 721,920, 721,920, 721,920, 737,280, 691,200 and 737,280 samples, a
+// mean of 719,360 = 46.83 steps (at 16,384 and 18,432 also ~47 steps). Published (CoreWeave,
+// GB300 NVL72 on Spectrum-X, MXFP8): 5.54, 3.09 and 2.02 minutes on 2,048, 4,096 and 8,192
+// GPUs. Held out: nothing was fitted to these points. Assumed: the minimum global batch
+// 15,360, MTP trained (the benchmark's 2-token objective), the later software of the 1,648 point,
+// and the planner's best layout (restricted to the space the winners come from, for speed).
+TEST_F(Published, MlperfDeepSeekV3StrongScaling) {
+    const ClusterSpec cluster =
+        load_cluster_spec(kRoot + "/configs/clusters/gb300-nvl72-spectrum-x.toml");
+    const double steps = 719360.0 / 15360.0;
     SimOptions o = later_software();
-    o.global_batch = 16384;
-    o.count_mtp = true;  // the benchmark trains with MTP
-    // Evaluation: 1,024 sequences forward only, against 16,384 forward and backward.
-    const double eval = 1024.0 / (3.0 * 16384.0);
-    const StepResult ref =
-        simulate_step(dsv3, gb300, parallel::parse_layout("tp1.pp4.vpp4.ep64", 256), o);
-    const double steps = 5400 / (ref.step_time_s * (1 + eval));
+    o.global_batch = 15360;
+    o.count_mtp = true;
     PlanSpace space;
-    space.tp = {1};
+    space.tp = {1, 2, 4};
     space.pp = {1, 2, 4};
+    space.vpp = {1, 4};
     space.ep = {64, 128};
     space.micro_batch = {1};
     space.recompute = {"none"};
-    const PlanResult plan = plan_layouts(dsv3, gb300, 8192, o, space);
-    ASSERT_FALSE(plan.ranked.empty());
-    const StepResult& best = plan.ranked.front().result;
-    const double minutes = steps * best.step_time_s * (1 + eval) / 60;
-    std::printf(
-        "  MLPerf DeepSeek-V3: %.0f steps (%.1fB tokens) from the reference's %.1f s step; "
-        "8,192 GB300 %s step %.2f s: %.2f min (published 2.02)\n",
-        steps, steps * 16384 * 4096 / 1e9, ref.step_time_s, best.layout.str().c_str(),
-        best.step_time_s, minutes);
-    EXPECT_GT(minutes, 2.02 / 2.5);
-    EXPECT_LT(minutes, 2.02 * 2.5);
+    struct Point {
+        int64_t gpus;
+        double published_minutes;
+    };
+    std::vector<double> minutes;
+    for (const Point& p : {Point{2048, 5.54}, Point{4096, 3.09}, Point{8192, 2.02}}) {
+        const PlanResult plan = plan_layouts(dsv3, cluster, p.gpus, o, space);
+        ASSERT_FALSE(plan.ranked.empty());
+        const StepResult& best = plan.ranked.front().result;
+        const TimeToTrain t = time_to_train(best, steps, 1024);
+        std::printf(
+            "  MLPerf DeepSeek-V3 on %lld GB300: %s, %.1f steps x (step %.2f s + evaluation "
+            "%.2f s) = %.2f min (published %.2f)\n",
+            static_cast<long long>(p.gpus), best.layout.str().c_str(), t.steps, t.step_s,
+            t.evaluation_s, t.total_s() / 60, p.published_minutes);
+        minutes.push_back(t.total_s() / 60);
+        record({fmt::format("MLPerf 6.0 {} GB300 gbs15360, 47 steps (RCP)", p.gpus), "min to train",
+                t.total_s() / 60, p.published_minutes},
+               0.25);
+    }
+    // More GPUs train faster, but less than in proportion (strong scaling).
+    EXPECT_LT(minutes[1], minutes[0]);
+    EXPECT_LT(minutes[2], minutes[1]);
+    EXPECT_GT(minutes[2], minutes[0] / 4);
 }
 
 // The planner ranks, not rejects, the layouts the published runs used: restricted to each

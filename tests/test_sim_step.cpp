@@ -4,14 +4,17 @@
 // reports render.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
 #include "moetron/sim/report.h"
 #include "moetron/sim/step.h"
 #include "moetron/sim/svg.h"
+#include "moetron/sim/time_to_train.h"
 
 namespace moetron::sim {
 namespace {
@@ -188,6 +191,27 @@ TEST(SimStep, EpOverlapWithAPipelineNeedsInterleaving) {
     (void)simulate_step_unchecked(f.dsv3, f.gb300, parallel::parse_layout("tp1.pp4.vpp2.ep32", 256),
                                   o);
     (void)simulate_step_unchecked(f.dsv3, f.gb300, parallel::parse_layout("tp1.pp1.ep32", 256), o);
+}
+
+// An evaluation is forward only: one micro-batch per replica crosses the pipeline once (the sum
+// of the stages' forwards), each further micro-batch adds the slowest stage's forward, and it
+// never costs as much as a training step of the same sequences.
+TEST(SimStep, EvaluationIsAForwardThroughThePipeline) {
+    Fixture f;
+    const StepResult r = simulate_step(
+        f.dsv3, f.gb300, parallel::parse_layout("tp1.pp2.vpp4.ep32", 256), f.gb300_options());
+    std::vector<double> stage_s(2, 0);
+    for (size_t g = 0; g < r.chunk_block_times.size(); ++g) {
+        for (const auto& block : r.chunk_block_times[g]) stage_s[g % 2] += block.first;
+    }
+    const int64_t replicas = r.layout.dp;  // 128, micro-batch 1
+    EXPECT_NEAR(evaluation_time_s(r, 1), stage_s[0] + stage_s[1], 1e-12);
+    EXPECT_NEAR(evaluation_time_s(r, replicas), stage_s[0] + stage_s[1], 1e-12);
+    EXPECT_NEAR(evaluation_time_s(r, 3 * replicas),
+                stage_s[0] + stage_s[1] + 2 * std::max(stage_s[0], stage_s[1]), 1e-12);
+    EXPECT_LT(evaluation_time_s(r, 4096), r.step_time_s / 2);
+    const TimeToTrain t = time_to_train(r, 10, replicas);
+    EXPECT_NEAR(t.total_s(), 10 * (r.step_time_s + stage_s[0] + stage_s[1]), 1e-9);
 }
 
 TEST(SimStep, ReportsRender) {

@@ -71,6 +71,9 @@ struct CollectiveMeasurements {
 struct CalibrationFit {
     double peak_gflops = 0;  // the sgemm asymptote of the fit (the file's fp32 peak)
     double gemm_half_dim = 0;
+    // GEMMs under this many FLOPs ran on one of the threads (fitted: the split point that
+    // explains the measurements best; 0 with one thread or when every GEMM was split).
+    double serial_gemm_below_flops = 0;
     double grouped_ratio = 0;
     double grouped_half_tokens = 0;
     double attention_fwd = 0;  // fractions of peak_gflops

@@ -57,38 +57,54 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     MT_CHECK(!c.gemm.empty() && !c.grouped.empty() && !c.attention.empty(),
              "[calibrate] nothing measured to fit");
     CalibrationFit f;
-    // GEMM: log y = log peak + sum log s(dim; h), weighted by each shape's time per call (m n k /
-    // rate): a step's time is dominated by its big GEMMs, so their rate matters most. For each h
-    // the best log peak is the weighted mean residual; keep the h with the smallest weighted
-    // squared log error.
+    // GEMM: log y = log peak + sum log s(dim; h) + log share, weighted by each shape's time per
+    // call (m n k / rate): a step's time is dominated by its big GEMMs, so their rate matters
+    // most. share is 1/threads for a GEMM the engine runs on one thread and 1 for one it splits
+    // over all of them: a single curve over both (the fit before issue 17) put the small shapes
+    // on the all-threads curve and, with two threads, bent h up to ~1,000 to pull them down,
+    // under-rating every mid-sized GEMM. The split point is fitted too (one of the measured
+    // FLOP counts, or none), so the fit needs no copy of the engine's constant. For each h and
+    // split, the best log peak is the weighted mean residual; keep the smallest weighted squared
+    // log error.
     double best_err = 1e300;
     std::vector<double> weights;
     double weight_sum = 0;
+    std::vector<double> split_candidates = {0};
     for (const auto& p : c.gemm) {
         weights.push_back(static_cast<double>(p.m) * static_cast<double>(p.n) *
                           static_cast<double>(p.k) / p.gflops);
         weight_sum += weights.back();
+        if (c.threads > 1) {
+            split_candidates.push_back(2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
+                                       static_cast<double>(p.k));
+        }
     }
-    auto log_curve = [](const GemmPoint& p, double h) {
+    auto log_curve = [&](const GemmPoint& p, double h, double serial_below) {
+        const double flops =
+            2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+        const double share = flops < serial_below ? 1.0 / static_cast<double>(c.threads) : 1.0;
         return std::log(saturation(static_cast<double>(p.m), h) *
                         saturation(static_cast<double>(p.n), h) *
-                        saturation(static_cast<double>(p.k), h));
+                        saturation(static_cast<double>(p.k), h) * share);
     };
-    for (double h : half_candidates()) {
-        double mean = 0;
-        for (size_t i = 0; i < c.gemm.size(); ++i) {
-            mean += weights[i] * (std::log(c.gemm[i].gflops) - log_curve(c.gemm[i], h));
-        }
-        mean /= weight_sum;
-        double err = 0;
-        for (size_t i = 0; i < c.gemm.size(); ++i) {
-            const double r = std::log(c.gemm[i].gflops) - mean - log_curve(c.gemm[i], h);
-            err += weights[i] * r * r;
-        }
-        if (err < best_err) {
-            best_err = err;
-            f.gemm_half_dim = h;
-            f.peak_gflops = std::exp(mean);
+    for (double split : split_candidates) {
+        for (double h : half_candidates()) {
+            double mean = 0;
+            for (size_t i = 0; i < c.gemm.size(); ++i) {
+                mean += weights[i] * (std::log(c.gemm[i].gflops) - log_curve(c.gemm[i], h, split));
+            }
+            mean /= weight_sum;
+            double err = 0;
+            for (size_t i = 0; i < c.gemm.size(); ++i) {
+                const double r = std::log(c.gemm[i].gflops) - mean - log_curve(c.gemm[i], h, split);
+                err += weights[i] * r * r;
+            }
+            if (err < best_err) {
+                best_err = err;
+                f.gemm_half_dim = h;
+                f.peak_gflops = std::exp(mean);
+                f.serial_gemm_below_flops = split;
+            }
         }
     }
     best_err /= weight_sum;
@@ -218,6 +234,11 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         "#   fit eff = s(m) s(n) s(k), s(x) = x / (x + {:.0f}), asymptote {:.1f} GFLOP/s, "
         "time-weighted rms log error {:.2f}",
         f.gemm_half_dim, f.peak_gflops, f.gemm_fit_rms_rel_error));
+    if (c.threads > 1) {
+        line(fmt::format(
+            "#   GEMMs under {:.3g} FLOPs ran on one of the {} threads (1/{} of the asymptote)",
+            f.serial_gemm_below_flops, c.threads, c.threads));
+    }
     row = "#   grouped GEMM fwd+bwd (8 experts), tokens/expert: GFLOP/s:";
     for (const auto& p : c.grouped) {
         row += fmt::format(" {}: {:.1f}", p.tokens_per_expert, p.gflops);
@@ -295,6 +316,9 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         "max_efficiency = { fp32 = 1.0, bf16 = 1.0, tf32 = 1.0 }  # the peak is the fit's "
         "asymptote");
     line(fmt::format("half_saturation_dim = {:.4g}", f.gemm_half_dim));
+    line(fmt::format("threads = {}", c.threads));
+    line(fmt::format("serial_below_flops = {:.6g}  # smaller GEMMs run on one thread",
+                     f.serial_gemm_below_flops));
     line("");
     line("[efficiency.grouped_gemm]");
     line(fmt::format("ratio_to_dense = {:.4g}", f.grouped_ratio));

@@ -12,11 +12,19 @@ double saturation(double x, double half) {
     return x <= 0 ? 0 : x / (x + half);
 }
 
+// The share of the device one GEMM of these dimensions uses: all of it, or one thread of a CPU
+// rank when the engine leaves a GEMM that small unsplit.
+double thread_share(const EfficiencyParams& e, double m, double n, double k) {
+    const bool serial = e.threads > 1 && 2 * m * n * k < e.serial_gemm_below_flops;
+    return serial ? 1.0 / static_cast<double>(e.threads) : 1.0;
+}
+
 }  // namespace
 
 double gemm_efficiency(const EfficiencyParams& e, Precision p, double m, double n, double k) {
     const double h = e.gemm_half_dim;
-    return e.gemm_max.at(p) * saturation(m, h) * saturation(n, h) * saturation(k, h);
+    return e.gemm_max.at(p) * saturation(m, h) * saturation(n, h) * saturation(k, h) *
+           thread_share(e, m, n, k);
 }
 
 double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double tokens_per_expert,

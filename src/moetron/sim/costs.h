@@ -1,7 +1,9 @@
 // Compute time of one op: a roofline (the slower of FLOPs at an efficient fraction of the
 // tensor-core peak and bytes at a fraction of the HBM bandwidth) plus a fixed cost per kernel.
 // The efficiency curves (EfficiencyParams) depend on the op:
-//   GEMM          gemm_max[precision] * s(m) s(n) s(k),  s(x) = x / (x + half_dim)
+//   GEMM          gemm_max[precision] * s(m) s(n) s(k),  s(x) = x / (x + half_dim), times
+//                 1/threads for a GEMM a calibrated CPU runs on one thread (below
+//                 serial_gemm_below_flops; the grouped GEMM hands whole experts to threads)
 //   grouped GEMM  the same with grouped_ratio, and m = tokens per expert with its own half point
 //   attention     bf16 peak * attention_fwd|bwd, or the SFU exponentials, whichever is slower
 //   memory-bound  HBM bandwidth * memory_bw

@@ -123,12 +123,17 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
     e.arch = *arch;
 
     const auto& gemm = need_table(t, "gemm", where);
-    check_keys(gemm, fmt::format("{} [gemm]", where), {"max_efficiency", "half_saturation_dim"});
+    check_keys(gemm, fmt::format("{} [gemm]", where),
+               {"max_efficiency", "half_saturation_dim", "serial_below_flops", "threads"});
     const auto* maxe = gemm["max_efficiency"].as_table();
     MT_CHECK(maxe != nullptr, "[sim] {} [gemm]: missing max_efficiency = {{ bf16 = ..., ... }}",
              where);
     e.gemm_max = read_per_precision(*maxe, fmt::format("{} gemm.max_efficiency", where), true);
     e.gemm_half_dim = need_number(gemm, "half_saturation_dim", where);
+    e.serial_gemm_below_flops = gemm["serial_below_flops"].value_or(0.0);
+    e.threads = gemm["threads"].value_or(int64_t{1});
+    MT_CHECK(e.serial_gemm_below_flops >= 0 && e.threads >= 1,
+             "[sim] {} [gemm]: serial_below_flops must be >= 0 and threads >= 1", where);
 
     const auto& grouped = need_table(t, "grouped_gemm", where);
     check_keys(grouped, fmt::format("{} [grouped_gemm]", where),
@@ -251,7 +256,8 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
 
     const auto& gpu = need_table(t, "gpu", where);
     check_keys(gpu, where + " [gpu]",
-               {"name", "peak_dense_tflops", "hbm_gib", "hbm_gbytes_per_s", "exp_per_s"});
+               {"name", "peak_dense_tflops", "hbm_gib", "hbm_gbytes_per_s", "exp_per_s",
+                "host_link_gbytes_per_s"});
     c.gpu.name = gpu["name"].value_or(std::string("gpu"));
     const auto* peaks = gpu["peak_dense_tflops"].as_table();
     MT_CHECK(peaks != nullptr, "[sim] {} [gpu]: missing peak_dense_tflops = {{ bf16 = ... }}",
@@ -264,6 +270,9 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
     c.gpu.exp_per_s = need_number(gpu, "exp_per_s", where);
     MT_CHECK(c.gpu.hbm_bytes > 0 && c.gpu.hbm_bytes_per_s > 0 && c.gpu.exp_per_s > 0,
              "[sim] {}: GPU memory size, bandwidth and exp rate must be positive", where);
+    c.gpu.host_link_bytes_per_s = gpu["host_link_gbytes_per_s"].value_or(0.0) * 1e9;
+    MT_CHECK(c.gpu.host_link_bytes_per_s >= 0,
+             "[sim] {}: host_link_gbytes_per_s must not be negative", where);
 
     const auto& up = need_table(t, "scale_up", where);
     check_keys(up, where + " [scale_up]",

@@ -66,6 +66,11 @@ struct EfficiencyParams {
     // small dimensions waste tiles (wave quantization, pipeline fill).
     PerPrecision gemm_max;
     double gemm_half_dim = 64;
+    // A calibrated CPU rank: a GEMM of fewer FLOPs than serial_gemm_below_flops runs on one of
+    // its `threads` threads (the engine splits only larger ones, kernels/cpu/matmul.cpp), so it
+    // gets 1/threads of the all-threads peak; 0 (GPUs): every GEMM uses the whole device.
+    double serial_gemm_below_flops = 0;
+    int64_t threads = 1;
     // Grouped GEMM (one GEMM per local expert): the dense curve times grouped_ratio, and the
     // per-expert token count plays the role of m with its own half-saturation point.
     double grouped_ratio = 0.9;
@@ -99,6 +104,9 @@ struct GpuSpec {
     double hbm_bytes = 0;
     double hbm_bytes_per_s = 0;
     double exp_per_s = 0;  // special-function unit exponentials per second (softmax)
+    // Copy bandwidth to host memory per direction, as a copy engine reaches it (PCIe or
+    // NVLink-C2C); what activation offloading moves. 0: not given (offloading is refused).
+    double host_link_bytes_per_s = 0;
 };
 
 struct ScaleUpSpec {

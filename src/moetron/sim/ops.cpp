@@ -156,6 +156,7 @@ class Builder {
         wgrad.bytes = (m * n + m * k) * in_b + n * k * 8;
         wgrad.saved_bytes = 0;
         wgrad.weight_gradient = true;
+        wgrad.weight_gradient_input_bytes = (m * n + m * k) * in_b;
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -200,6 +201,7 @@ class Builder {
         wgrad.bytes = rows * (n + k) * in_b + groups * k * n * 8;
         wgrad.saved_bytes = 0;
         wgrad.weight_gradient = true;
+        wgrad.weight_gradient_input_bytes = rows * (n + k) * in_b;
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -587,6 +589,8 @@ RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc,
     }
     out.backward = std::move(rerun);
     out.backward.insert(out.backward.end(), block.backward.begin(), block.backward.end());
+    for (const Op& op : block.backward)
+        out.weight_gradient_input_bytes += op.weight_gradient_input_bytes;
     return out;
 }
 

@@ -65,6 +65,9 @@ struct Op {
     bool graphable = true;         // static shapes: a partial CUDA graph can capture it
     bool is_recompute = false;     // a forward op rerun in backward
     bool weight_gradient = false;  // a wgrad GEMM: the W pass of zero-bubble schedules
+    // A wgrad GEMM's inputs (the forward's GEMM input and the output gradient B computed), which
+    // stay in memory until the W pass runs when a zero-bubble schedule defers it.
+    double weight_gradient_input_bytes = 0;
 
     double flops = 0;                        // executed
     double model_flops = 0;                  // counted by the Megatron-LM convention
@@ -124,6 +127,9 @@ struct RecomputedBlock {
     std::vector<Op> backward;
     double saved_bytes = 0;
     double offloaded_bytes = 0;
+    // What a deferred W pass holds after B freed the saved activations (sum of its wgrad
+    // GEMMs' inputs).
+    double weight_gradient_input_bytes = 0;
 };
 RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& recompute,
                                 const Recompute& offload = Recompute{});

@@ -64,6 +64,9 @@ std::string format_step_report(const StepResult& r) {
     s += line("exposed TP communication", b.tp_exposed_s, step);
     s += line("exposed EP communication", b.ep_exposed_s, step);
     if (b.cp_exposed_s > 0) s += line("exposed CP communication", b.cp_exposed_s, step);
+    if (b.offload_exposed_s > 0) {
+        s += line("exposed activation offloading", b.offload_exposed_s, step);
+    }
     s += line("exposed DP communication", b.dp_exposed_s, step);
     s += line("pipeline bubble", b.pp_bubble_s, step);
     s += line("optimizer", b.optimizer_s, step);

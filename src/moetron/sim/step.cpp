@@ -1,6 +1,7 @@
 #include "moetron/sim/step.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <map>
 
 #include "moetron/core/error.h"
@@ -23,6 +24,27 @@ constexpr int kOptimizerKernels = 100;  // multi-tensor Adam, grad norm and clip
 // gradients and parameters and bf16 moments).
 double optimizer_bytes_per_param(const OptimizerPrecision& p) {
     return 2 * p.main_grad_bytes + 2 * p.state_bytes();
+}
+
+// Activation offloading copies a chunk's offloaded activations to host memory on a copy engine
+// while its forward computes, and back while its backward computes (Megatron-LM's fine-grained
+// offloading prefetches each layer's during the layer after it). The copy hides behind the
+// compute unless it takes longer; then the task waits for it.
+void add_offload_copies(const ClusterSpec& c, double offloaded_bytes,
+                        std::initializer_list<WalkResult*> tasks) {
+    if (offloaded_bytes <= 0) return;
+    if (c.gpu.host_link_bytes_per_s <= 0) {
+        MT_USER_THROW(
+            "--offload-activations needs the GPU's host link bandwidth: {} has no "
+            "host_link_gbytes_per_s under [gpu]",
+            c.name);
+    }
+    const double copy_s = offloaded_bytes / c.gpu.host_link_bytes_per_s;
+    for (WalkResult* t : tasks) {
+        const double exposed = std::max(0.0, copy_s - t->time_s);
+        t->time_s += exposed;
+        t->parts.offload_exposed_s += exposed;
+    }
 }
 
 void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const parallel::Layout& l,
@@ -228,6 +250,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         double saved_bytes = 0;
         double offloaded_bytes = 0;
         double largest_offloaded_block_bytes = 0;
+        double weight_gradient_input_bytes = 0;  // held by a deferred W pass
         BlockParams params;
     };
     std::vector<ChunkCost> cc(chunks);
@@ -239,6 +262,7 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
             f.append(blocks[it.kind].forward);
             cc[g].saved_bytes += recomputed[it.kind].saved_bytes;
             cc[g].offloaded_bytes += recomputed[it.kind].offloaded_bytes;
+            cc[g].weight_gradient_input_bytes += recomputed[it.kind].weight_gradient_input_bytes;
             cc[g].largest_offloaded_block_bytes =
                 std::max(cc[g].largest_offloaded_block_bytes, recomputed[it.kind].offloaded_bytes);
             const BlockParams bp = block_params_per_gpu(model, it.kind, layout);
@@ -259,6 +283,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         cc[g].bwd = walk_ops(cluster, b, wo, false, false);
         cc[g].fwd_deferred = walk_ops(cluster, f, wo, true, false);
         cc[g].bwd_deferred = walk_ops(cluster, b, wo, true, false);
+        add_offload_copies(
+            cluster, cc[g].offloaded_bytes,
+            {&cc[g].fwd, &cc[g].fwd_deferred, &cc[g].bwd, &cc[g].bwd_deferred, &cc[g].bwd_input});
     }
     auto merged = [&](int64_t gf, int64_t gb) {
         const double compute = cc[gf].fwd_deferred.time_s + cc[gb].bwd_deferred.time_s;
@@ -449,27 +476,43 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         // host memory, but two blocks' worth is on the GPU at a time (one being copied out
         // behind the forward, one copied back ahead of its backward).
         double cur = 0, peak = 0, offloaded = 0, offloaded_at_peak = 0, staging = 0;
-        // (With zero bubble, B frees them; W keeps only its GEMM inputs, not counted.)
+        // With zero bubble, B frees them but a deferred W keeps its GEMM inputs and the output
+        // gradients until it runs.
         for (const ScheduledTask& t : r.schedule.stages[s]) {
             if (t.kind == TaskKind::forward || t.kind == TaskKind::forward_backward) {
                 cur += cc[t.chunk_f].saved_bytes;
                 offloaded += cc[t.chunk_f].offloaded_bytes;
                 staging = std::max(staging, 2 * cc[t.chunk_f].largest_offloaded_block_bytes);
-                if (cur >= peak) {
-                    peak = cur;
-                    offloaded_at_peak = offloaded;
-                }
+            }
+            if (cur >= peak) {
+                peak = cur;
+                offloaded_at_peak = offloaded;
             }
             if (t.kind == TaskKind::backward || t.kind == TaskKind::forward_backward) {
                 cur -= cc[t.chunk_b].saved_bytes;
                 offloaded -= cc[t.chunk_b].offloaded_bytes;
+                if (zero_bubble) cur += cc[t.chunk_b].weight_gradient_input_bytes;
+            }
+            if (t.kind == TaskKind::weight_gradient) {
+                cur -= cc[t.chunk_b].weight_gradient_input_bytes;
             }
         }
         if (dualpipe) {
             // pp + 1 micro-batches of one stage in flight on every rank (the report's Table 2),
             // half of each direction's chunk.
             const double per_micro = (cc[s].saved_bytes + cc[pp - 1 - s].saved_bytes) / 2;
-            peak = static_cast<double>(pp + 1) * per_micro;
+            // Its cool-down defers W (DeepSeek's reference dualpipe.py, steps 6-8): from the
+            // middle of step 6, with pp/2 micro-batches' chunks still to go backward, each B
+            // runs without W, until h + 1 W's are pending (h = min(s, pp-1-s); step 8 runs
+            // them); step 7 runs one W per B. Each deferred B trades a micro-batch's
+            // activations for its W inputs, so the cool-down peaks at either end of step 6.
+            const double pending_w =
+                (cc[s].weight_gradient_input_bytes + cc[pp - 1 - s].weight_gradient_input_bytes) /
+                2;
+            const double deferred = static_cast<double>(std::min(s, pp - 1 - s) + 1);
+            const double half = static_cast<double>(pp / 2);
+            peak = std::max(static_cast<double>(pp + 1) * per_micro,
+                            (half - deferred) * per_micro + deferred * pending_w);
         }
         mb.activations_bytes = peak + staging;
         mb.offloaded_bytes = offloaded_at_peak;

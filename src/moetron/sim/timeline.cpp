@@ -27,8 +27,9 @@ std::string_view cuda_graphs_name(CudaGraphs g) {
 }
 
 double TimeBreakdown::total_s() const {
-    return compute_s() + host_idle_s + tp_exposed_s + ep_exposed_s + cp_exposed_s + pp_bubble_s +
-           dp_exposed_s + optimizer_s + ep_jitter_s + dp_jitter_s + straggler_s;
+    return compute_s() + host_idle_s + tp_exposed_s + ep_exposed_s + cp_exposed_s +
+           offload_exposed_s + pp_bubble_s + dp_exposed_s + optimizer_s + ep_jitter_s +
+           dp_jitter_s + straggler_s;
 }
 
 void TimeBreakdown::add(const TimeBreakdown& o, double s) {
@@ -40,6 +41,7 @@ void TimeBreakdown::add(const TimeBreakdown& o, double s) {
     tp_exposed_s += s * o.tp_exposed_s;
     ep_exposed_s += s * o.ep_exposed_s;
     cp_exposed_s += s * o.cp_exposed_s;
+    offload_exposed_s += s * o.offload_exposed_s;
     pp_bubble_s += s * o.pp_bubble_s;
     dp_exposed_s += s * o.dp_exposed_s;
     optimizer_s += s * o.optimizer_s;

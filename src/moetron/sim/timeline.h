@@ -33,6 +33,8 @@ struct TimeBreakdown {
     double tp_exposed_s = 0;
     double ep_exposed_s = 0;
     double cp_exposed_s = 0;
+    // Activation offloading's copies to and from host memory beyond the compute they run beside.
+    double offload_exposed_s = 0;
     double pp_bubble_s = 0;   // idle in the pipeline schedule (incl. waiting for p2p)
     double dp_exposed_s = 0;  // gradient reduce-scatter and parameter all-gather not hidden
     double optimizer_s = 0;
