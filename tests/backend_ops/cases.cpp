@@ -275,7 +275,11 @@ void register_attention(Registry& r) {
         int64_t batch, seq_len, heads, qk_dim, v_dim;
     };
     for (const AttentionShape s :
-         {AttentionShape{1, 4, 2, 5, 3}, {2, 3, 1, 4, 4}, {2, 17, 3, 24, 16}, {0, 4, 2, 4, 4}}) {
+         {AttentionShape{1, 4, 2, 5, 3},
+          {2, 3, 1, 4, 4},
+          {2, 17, 3, 24, 16},
+          {0, 4, 2, 4, 4},
+          {1, 131, 2, 192, 128}}) {  // MLA head dims over three of the CPU kernel's blocks
         const int64_t tokens = s.batch * s.seq_len;
         const int64_t qk = tokens * s.heads * s.qk_dim, v = tokens * s.heads * s.v_dim;
         const float scale = 1.0f / std::sqrt(static_cast<float>(s.qk_dim));

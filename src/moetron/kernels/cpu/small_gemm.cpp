@@ -31,6 +31,10 @@ void small_linear_backward_weight(float* dweight, const float* dout, const float
     kernels().backward_weight(dweight, dout, inp, num_rows, in_dim, out_dim);
 }
 
+void small_gemm(const StridedGemm& g) {
+    kernels().gemm(g);
+}
+
 const char* small_gemm_isa() {
     return kernels().isa;
 }

@@ -25,6 +25,23 @@ void small_linear_backward_input(float* dinp, const float* dout, const float* we
 void small_linear_backward_weight(float* dweight, const float* dout, const float* inp,
                                   int64_t num_rows, int64_t in_dim, int64_t out_dim);
 
+// C (m, n) = op(A) B, or C += op(A) B when accumulate, for operands laid out with strides:
+// op(A)[r][k] = a[r * a_row_stride + k * a_k_stride] (so op(A) may be a transposed view), row k
+// of B starts at b + k * ldb and row r of C at c + r * ldc, both contiguous along n. For blocks
+// of a few hundred rows and columns at most (attention's tiles): B's rows are read in place, a
+// panel of them reused from cache by every tile of C's rows.
+struct StridedGemm {
+    float* c;
+    int64_t ldc;
+    bool accumulate;
+    const float* a;
+    int64_t a_row_stride, a_k_stride;
+    const float* b;
+    int64_t ldb;
+    int64_t m, n, k;
+};
+void small_gemm(const StridedGemm& g);
+
 // The vector code the kernels above run on this CPU: "avx512" or "avx2".
 const char* small_gemm_isa();
 

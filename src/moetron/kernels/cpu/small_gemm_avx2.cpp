@@ -28,7 +28,7 @@ struct Vec {
 #include "moetron/kernels/cpu/small_gemm_kernels.inc"
 
 SmallGemmKernels small_gemm_kernels_avx2() {
-    return {&forward, &backward_input, &backward_weight, "avx2"};
+    return {&forward, &backward_input, &backward_weight, &strided_gemm, "avx2"};
 }
 
 }  // namespace moetron::cpu

@@ -28,7 +28,7 @@ struct Vec {
 #include "moetron/kernels/cpu/small_gemm_kernels.inc"
 
 SmallGemmKernels small_gemm_kernels_avx512() {
-    return {&forward, &backward_input, &backward_weight, "avx512"};
+    return {&forward, &backward_input, &backward_weight, &strided_gemm, "avx512"};
 }
 
 }  // namespace moetron::cpu

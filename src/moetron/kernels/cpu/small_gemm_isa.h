@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "moetron/kernels/cpu/small_gemm.h"
+
 namespace moetron::cpu {
 
 struct SmallGemmKernels {
@@ -13,6 +15,7 @@ struct SmallGemmKernels {
                            int64_t in_dim, int64_t out_dim);
     void (*backward_weight)(float* dweight, const float* dout, const float* inp, int64_t num_rows,
                             int64_t in_dim, int64_t out_dim);
+    void (*gemm)(const StridedGemm& g);
     const char* isa;
 };
 
