@@ -75,6 +75,29 @@ TEST(SmallGemm, EveryRunnableBuildMatchesFloat64TripleLoops) {
     }
 }
 
+// The strided form attention uses: op(A) a transposed view (a_row_stride 1), rows of B and C
+// longer than the product (ldb, ldc > n), C accumulated.
+TEST(SmallGemm, StridedTransposedViewAccumulatesIntoCBlock) {
+    const int64_t m = 13, n = 37, k = 11, ldb = 50, ldc = 45;
+    const auto a_t = random_floats(k * m, 8);  // op(A)[r][kk] = a_t[kk * m + r]
+    const auto b = random_floats(k * ldb, 9), c_before = random_floats(m * ldc, 10);
+    std::vector<double> expected(c_before.begin(), c_before.end());
+    for (int64_t r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < n; ++j) {
+            for (int64_t kk = 0; kk < k; ++kk) {
+                expected[r * ldc + j] += double(a_t[kk * m + r]) * b[kk * ldb + j];
+            }
+        }
+    }
+    for (const cpu::SmallGemmKernels& kernels : runnable_kernels()) {
+        std::vector<float> c = c_before;
+        kernels.gemm({c.data(), ldc, true, a_t.data(), 1, m, b.data(), ldb, m, n, k});
+        // Columns n..ldc of each row are outside the block and must be untouched.
+        expect_close(kernels.isa, "strided gemm",
+                     compare(c.data(), expected.data(), c.size(), kFloor), 1e-5);
+    }
+}
+
 TEST(SmallGemm, UsesAvx512ExactlyWhenTheCpuHasIt) {
     EXPECT_EQ(std::string(cpu::small_gemm_isa()), cpu::cpu_has_avx512() ? "avx512" : "avx2");
 }
