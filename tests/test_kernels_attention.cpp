@@ -202,10 +202,11 @@ void attention_backward_reference(std::vector<double>& dq, std::vector<double>& 
     }
 }
 
-// MLA's head dims (192 / 128) over 131 tokens: three query and key blocks of the kernel, the last
-// partial, and whole vectors plus tails in every product; two heads so that rows are strided.
-TEST(Attention, MlaHeadDimsOverSeveralBlocksMatchFloat64) {
-    const Shape s{1, 131, 2, 192, 128};
+// Forward and backward against float64 on shapes too large for finite differences.
+class AttentionLargeShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttentionLargeShapes, ForwardAndBackwardMatchFloat64) {
+    const Shape s = GetParam();
     const Inputs in(s, 90);
     std::vector<float> out, lse;
     run_forward(out, lse, s, in);
@@ -233,6 +234,12 @@ TEST(Attention, MlaHeadDimsOverSeveralBlocksMatchFloat64) {
     expect_close("attention", label("dv", s).c_str(),
                  compare(dv.data(), dv_ref.data(), dv.size(), 1.0), 1e-4);
 }
+
+// MLA's head dims (192 / 128) over 131 tokens: three query and key blocks of the kernel, the last
+// partial, and whole vectors plus tails in every product; two heads so that rows are strided.
+// Head dims above the kernel's 256 (packed a chunk at a time) over two blocks.
+INSTANTIATE_TEST_SUITE_P(Large, AttentionLargeShapes,
+                         ::testing::Values(Shape{1, 131, 2, 192, 128}, Shape{1, 70, 1, 300, 260}));
 
 TEST(Attention, FutureTokensDoNotChangeEarlierOutputs) {
     const Shape s{2, 9, 2, 6, 4};

@@ -12,8 +12,8 @@
 // Work is done in tiles of kBlock queries x kBlock keys, each product of a tile a small GEMM on
 // the register-tiled kernels of small_gemm.h (AVX2 or AVX-512). Tiles are held transposed, keys
 // by queries (S^T, P^T, dS^T), so that their products read the strided q, k, v, dout rows in
-// place and only a kBlock x kHeadChunk slice of q (or dout) is packed per tile; the softmax's
-// per-query steps then run along the tile's contiguous rows. Exponentials use
+// place and only a query block's q (and dout) is packed, transposed, once per block; the
+// softmax's per-query steps then run along the tile's contiguous rows. Exponentials use
 // exp_vectorizable (vector_exp.h). One OpenMP task per (batch, head) pair: each owns its rows of
 // out/lse and of dq/dk/dv, so there are no races and nothing to reduce.
 #include "moetron/kernels/cpu/attention.h"
@@ -35,8 +35,10 @@ namespace {
 // Dqk = 192, Dv = 128) are reused from L2 by every tile of queries. Query and key blocks are
 // aligned, so only the diagonal tile needs the causal mask.
 constexpr int64_t kBlock = 64;
-// The head dimension is packed (transposed) kHeadChunk elements at a time: a fixed stack buffer
-// whatever the model's head dims.
+// A block's query rows (q, or dout) are packed transposed (head dim x kBlock) once per query
+// block when the head dim is at most kMaxPackedHeadDim (64 KiB on the stack); larger head dims
+// are packed kHeadChunk dims at a time for every tile instead, so any head dim works.
+constexpr int64_t kMaxPackedHeadDim = 256;
 constexpr int64_t kHeadChunk = 64;
 
 const float kNegInf = -std::numeric_limits<float>::infinity();
@@ -52,21 +54,46 @@ inline HeadRows head_rows(int64_t b, int64_t h, int64_t seq_len, int64_t num_hea
     return {num_heads * head_dim, (b * seq_len * num_heads + h) * head_dim};
 }
 
-// tile_t (num_keys x num_queries, rows kBlock apart) = keys . queries^T over head_dim: the
-// transposed dot products of a block of key rows (k or v) with a block of query rows (q or dout),
-// both strided by their heads' stride. The query rows are packed kHeadChunk dims at a time.
-void transposed_dots(float* tile_t, const float* keys, int64_t key_stride, int64_t num_keys,
-                     const float* queries, int64_t query_stride, int64_t num_queries,
-                     int64_t head_dim) {
-    alignas(64) float packed[kHeadChunk * kBlock];
-    for (int64_t d0 = 0; d0 < head_dim; d0 += kHeadChunk) {
-        const int64_t chunk = std::min(kHeadChunk, head_dim - d0);
+// A block of query rows (q or dout, strided by their heads' stride) as the packed operand of
+// transposed_dots: packed[d * kBlock + q] = row q's element d, for the whole head when it fits.
+struct QueryBlock {
+    alignas(64) float packed[kMaxPackedHeadDim * kBlock];
+    const float* rows = nullptr;
+    int64_t stride = 0, num_queries = 0, head_dim = 0;
+    bool fits = false;
+
+    void set(const float* first_row, int64_t row_stride, int64_t count, int64_t dim) {
+        rows = first_row;
+        stride = row_stride;
+        num_queries = count;
+        head_dim = dim;
+        fits = dim <= kMaxPackedHeadDim;
+        if (fits) pack(packed, 0, dim);
+    }
+    // Dims [d0, d0 + chunk) of every row into out (chunk x kBlock).
+    void pack(float* out, int64_t d0, int64_t chunk) const {
         for (int64_t q = 0; q < num_queries; ++q) {
-            const float* row = queries + q * query_stride + d0;
-            for (int64_t d = 0; d < chunk; ++d) packed[d * kBlock + q] = row[d];
+            const float* row = rows + q * stride + d0;
+            for (int64_t d = 0; d < chunk; ++d) out[d * kBlock + q] = row[d];
         }
-        small_gemm({tile_t, kBlock, d0 > 0, keys + d0, key_stride, 1, packed, kBlock, num_keys,
-                    num_queries, chunk});
+    }
+};
+
+// tile_t (num_keys x num_queries, rows kBlock apart) = keys . queries^T over the head dim: the
+// transposed dot products of a block of key rows (k or v, strided) with a block of query rows.
+void transposed_dots(float* tile_t, const float* keys, int64_t key_stride, int64_t num_keys,
+                     const QueryBlock& queries) {
+    if (queries.fits) {
+        small_gemm({tile_t, kBlock, false, keys, key_stride, 1, queries.packed, kBlock, num_keys,
+                    queries.num_queries, queries.head_dim});
+        return;
+    }
+    alignas(64) float chunk_packed[kHeadChunk * kBlock];
+    for (int64_t d0 = 0; d0 < queries.head_dim; d0 += kHeadChunk) {
+        const int64_t chunk = std::min(kHeadChunk, queries.head_dim - d0);
+        queries.pack(chunk_packed, d0, chunk);
+        small_gemm({tile_t, kBlock, d0 > 0, keys + d0, key_stride, 1, chunk_packed, kBlock,
+                    num_keys, queries.num_queries, chunk});
     }
 }
 
@@ -118,13 +145,14 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             for (int64_t qi = 0; qi < num_queries; ++qi) {
                 std::fill_n(out_bh + (q0 + qi) * vo.stride, v_head_dim, 0.0f);
             }
-            alignas(
-                64) float probs_t[kBlock * kBlock];  // scores, then probabilities (keys x queries)
-            for (int64_t k0 = 0; k0 <= q0;
-                 k0 += kBlock) {  // causal: no query here sees past q0 + kBlock
+            QueryBlock queries;
+            queries.set(q_bh + q0 * qk.stride, qk.stride, num_queries, qk_head_dim);
+            // Scores, then probabilities, keys x queries.
+            alignas(64) float probs_t[kBlock * kBlock];
+            // Causal: no query of this block sees a key past its last, so k0 <= q0.
+            for (int64_t k0 = 0; k0 <= q0; k0 += kBlock) {
                 const int64_t num_keys = std::min(kBlock, seq_len - k0);
-                transposed_dots(probs_t, k_bh + k0 * qk.stride, qk.stride, num_keys,
-                                q_bh + q0 * qk.stride, qk.stride, num_queries, qk_head_dim);
+                transposed_dots(probs_t, k_bh + k0 * qk.stride, qk.stride, num_keys, queries);
                 mask_future_keys(probs_t, q0, k0, num_keys, num_queries);
                 // A new maximum rescales what was summed so far (exp(-inf) = 0 the first time);
                 // every query sees key k0, so each block has a finite maximum.
@@ -201,33 +229,34 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             std::fill_n(dv_bh + s * vo.stride, v_head_dim, 0.0f);
         }
 
-        // FlashAttention-2's order: a block of keys (and its dk, dv rows) stays hot while the
-        // query blocks that can see it (q0 >= k0) pass over it.
+        // Query blocks outside, so that each block's q and dout are packed and its D_i computed
+        // once; the key blocks it sees (k0 <= q0) inside. dk, dv and dq all accumulate in place.
+        QueryBlock queries, douts;
         alignas(64) float probs_t[kBlock * kBlock];   // P^T (keys x queries)
         alignas(64) float dscore_t[kBlock * kBlock];  // dP^T, then dS^T (scale folded in)
-        for (int64_t k0 = 0; k0 < seq_len; k0 += kBlock) {
-            const int64_t num_keys = std::min(kBlock, seq_len - k0);
-            const float* k_block = k_bh + k0 * qk.stride;
-            const float* v_block = v_bh + k0 * vo.stride;
-            for (int64_t q0 = k0; q0 < seq_len; q0 += kBlock) {
-                const int64_t num_queries = std::min(kBlock, seq_len - q0);
-                const float* q_tile = q_bh + q0 * qk.stride;
-                const float* dout_tile = dout_bh + q0 * vo.stride;
-                float d_row[kBlock], lse_row[kBlock];
-                for (int64_t qi = 0; qi < num_queries; ++qi) {
-                    const float* dout_i = dout_tile + qi * vo.stride;
-                    const float* out_i = out_bh + (q0 + qi) * vo.stride;
-                    float sum = 0.0f;
+        for (int64_t q0 = 0; q0 < seq_len; q0 += kBlock) {
+            const int64_t num_queries = std::min(kBlock, seq_len - q0);
+            const float* q_tile = q_bh + q0 * qk.stride;
+            const float* dout_tile = dout_bh + q0 * vo.stride;
+            float d_row[kBlock], lse_row[kBlock];
+            for (int64_t qi = 0; qi < num_queries; ++qi) {
+                const float* dout_i = dout_tile + qi * vo.stride;
+                const float* out_i = out_bh + (q0 + qi) * vo.stride;
+                float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-                    for (int64_t d = 0; d < v_head_dim; ++d) sum += dout_i[d] * out_i[d];
-                    d_row[qi] = sum;
-                    lse_row[qi] = lse_bh[q0 + qi];
-                }
-                transposed_dots(probs_t, k_block, qk.stride, num_keys, q_tile, qk.stride,
-                                num_queries, qk_head_dim);
+                for (int64_t d = 0; d < v_head_dim; ++d) sum += dout_i[d] * out_i[d];
+                d_row[qi] = sum;
+                lse_row[qi] = lse_bh[q0 + qi];
+            }
+            queries.set(q_tile, qk.stride, num_queries, qk_head_dim);
+            douts.set(dout_tile, vo.stride, num_queries, v_head_dim);
+            for (int64_t k0 = 0; k0 <= q0; k0 += kBlock) {
+                const int64_t num_keys = std::min(kBlock, seq_len - k0);
+                const float* k_block = k_bh + k0 * qk.stride;
+                const float* v_block = v_bh + k0 * vo.stride;
+                transposed_dots(probs_t, k_block, qk.stride, num_keys, queries);
                 mask_future_keys(probs_t, q0, k0, num_keys, num_queries);
-                transposed_dots(dscore_t, v_block, vo.stride, num_keys, dout_tile, vo.stride,
-                                num_queries, v_head_dim);
+                transposed_dots(dscore_t, v_block, vo.stride, num_keys, douts);
                 for (int64_t kk = 0; kk < num_keys; ++kk) {
                     float* p = probs_t + kk * kBlock;
                     float* ds = dscore_t + kk * kBlock;
