@@ -4,11 +4,12 @@
 // (O x I floats, 2.9 MB at 1024 -> 704) costs about as much as a fifth of the arithmetic, and the
 // grouped GEMM of many small experts pays it once per expert and per call. These kernels keep a
 // tile of results in vector registers and stream the weight's rows straight from memory instead,
-// each weight element loaded once per tile of tokens; only the tokens' side is reused from cache.
+// each weight element loaded once per tile of tokens; only the tokens' side is reused from cache
+// (the forward packs it, the small side, transposed).
 //
 // Each runs on the calling thread (the grouped GEMM hands whole experts to threads) with the
-// widest vectors the CPU has: AVX-512 when it has AVX-512F, else AVX2 (the build's baseline,
-// x86-64-v3), chosen once at run time, so one binary runs on both.
+// widest vectors the CPU has: AVX-512 when it has AVX-512 F/BW/DQ/VL, else AVX2 (the build's
+// baseline, x86-64-v3), chosen once at run time, so one binary runs on both.
 #pragma once
 
 #include <cstdint>
