@@ -1,10 +1,11 @@
 // CPU kernel throughput at training shapes: the linear layer (one GEMM), the grouped linear of the
-// routed experts, and causal attention. Each reports GFLOP/s; the grouped benchmarks also report
-// ratio_vs_plain: their GFLOP/s over that of one plain GEMM with the same total FLOPs (all tokens,
-// one weight), timed in the same iterations, interleaved, so that both see the same machine load:
-// the median of the per-pair ratios and their spread (ratio_min..ratio_max), over 9 pairs.
+// routed experts, and causal attention. Each reports GFLOP/s; the grouped and attention benchmarks
+// also report ratio_vs_plain: their GFLOP/s over that of a plain GEMM (for the grouped one with the
+// same total FLOPs: all tokens, one weight; for attention the wide MLP's up projection), timed in
+// the same iterations, interleaved, so that both see the same machine load: the median of the
+// per-pair ratios and their spread (ratio_min..ratio_max), over 9 pairs.
 //
-// Run: build/bench/bench_kernels [--benchmark_filter=Grouped]
+// Run: build/bench/bench_kernels [--benchmark_filter=Grouped|Attention]
 //
 // Shapes: `small` is configs/models/small.toml (hidden 512, dense F 1536, expert F 256, 8 heads of
 // Dqk 96 / Dv 64, seq 512, 4096 tokens in a micro-batch of 8 sequences); `wide` is the larger
@@ -94,39 +95,46 @@ struct GroupedProblem {
     }
 };
 
-// Times grouped() in the benchmark loop and plain() (same FLOPs) right after it with the clock
-// paused: one interleaved pair per iteration, so that both see the same machine load. Reports the
-// median of the per-pair ratios plain time / grouped time and their spread (ratio_min..ratio_max),
+// Times kernel() in the benchmark loop and plain() right after it with the clock paused: one
+// interleaved pair per iteration, so that both see the same machine load. Reports the median of
+// the per-pair ratios kernel GFLOP/s / plain GFLOP/s and their spread (ratio_min..ratio_max),
 // and prints the same as one line after the benchmark (bench/ratio_spread.h).
-template <class Grouped, class Plain>
-void run_grouped_vs_plain(benchmark::State& state, const char* direction, double flops,
-                          Grouped grouped, Plain plain) {
+template <class Kernel, class Plain>
+void run_interleaved_vs_plain(benchmark::State& state, const std::string& label, double flops,
+                              double plain_flops, Kernel kernel, Plain plain) {
     std::vector<double> ratios;
     ratios.reserve(static_cast<size_t>(state.max_iterations));
     double plain_total_s = 0;
     for (auto _ : state) {
         Timer timer;
-        grouped();
-        const double grouped_s = timer.elapsed_s();
+        kernel();
+        const double kernel_s = timer.elapsed_s();
         state.PauseTiming();
         timer.reset();
         plain();
         const double plain_s = timer.elapsed_s();
         plain_total_s += plain_s;
-        ratios.push_back(plain_s / grouped_s);
+        ratios.push_back((flops / kernel_s) / (plain_flops / plain_s));
         state.ResumeTiming();
     }
     const bench::RatioSpread spread = bench::ratio_spread(ratios);
     set_gflops(state, flops);
     state.counters["plain_GFLOP/s"] =
-        flops * 1e-9 * static_cast<double>(ratios.size()) / plain_total_s;
+        plain_flops * 1e-9 * static_cast<double>(ratios.size()) / plain_total_s;
     state.counters["ratio_vs_plain"] = spread.median;
     state.counters["ratio_min"] = spread.min;
     state.counters["ratio_max"] = spread.max;
+    std::printf("%s\n", bench::format_ratio_spread(label, spread).c_str());
+}
+
+// The grouped linear against one plain GEMM of the same FLOPs (all tokens, one weight).
+template <class Grouped, class Plain>
+void run_grouped_vs_plain(benchmark::State& state, const char* direction, double flops,
+                          Grouped grouped, Plain plain) {
     const std::string label =
         fmt::format("grouped / plain GFLOP/s, {}, {} tokens/expert, {} -> {}", direction,
                     state.range(0), state.range(1), state.range(2));
-    std::printf("%s\n", bench::format_ratio_spread(label, spread).c_str());
+    run_interleaved_vs_plain(state, label, flops, flops, grouped, plain);
 }
 
 void BM_GroupedLinearForward(benchmark::State& state) {
@@ -197,25 +205,55 @@ struct AttentionProblem {
     }
 };
 
+// Attention's rate is compared with the plain GEMM of the wide dense MLP's up projection
+// (4096 x 1024 -> 2816; forward, or its backward for the backward), interleaved.
+constexpr int64_t kPlainRows = 4096, kPlainIn = 1024, kPlainOut = 2816;
+
+struct PlainGemm {
+    std::vector<float> inp = filled(kPlainRows * kPlainIn, 5),
+                       weight = filled(kPlainOut * kPlainIn, 6),
+                       dout = filled(kPlainRows * kPlainOut, 7),
+                       out = std::vector<float>(static_cast<size_t>(kPlainRows * kPlainOut)),
+                       dinp = std::vector<float>(static_cast<size_t>(kPlainRows * kPlainIn)),
+                       dweight = std::vector<float>(weight.size(), 0.0f);
+    static constexpr double kForwardFlops = 2.0 * kPlainRows * kPlainIn * kPlainOut;
+
+    void forward() {
+        cpu::linear_forward(out.data(), inp.data(), weight.data(), kPlainRows, kPlainIn, kPlainOut);
+    }
+    void backward() {
+        cpu::linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
+                             kPlainRows, kPlainIn, kPlainOut);
+    }
+};
+
+std::string attention_label(const benchmark::State& state, const char* direction) {
+    return fmt::format("attention / plain GEMM GFLOP/s, {}, B={} S={} H={} Dqk={} Dv={}", direction,
+                       state.range(0), state.range(1), state.range(2), state.range(3),
+                       state.range(4));
+}
+
 void BM_AttentionForward(benchmark::State& state) {
     AttentionProblem p(state);
-    for (auto _ : state) {
-        p.forward();
-        benchmark::DoNotOptimize(p.out.data());
-    }
-    set_gflops(state, attention_forward_flops(state));
+    PlainGemm plain;
+    run_interleaved_vs_plain(
+        state, attention_label(state, "forward"), attention_forward_flops(state),
+        PlainGemm::kForwardFlops, [&] { p.forward(); }, [&] { plain.forward(); });
 }
 
 void BM_AttentionBackward(benchmark::State& state) {
     AttentionProblem p(state);
+    PlainGemm plain;
     p.forward();
-    for (auto _ : state) {
-        cpu::attention_backward(p.dq.data(), p.dk.data(), p.dv.data(), p.dout.data(), p.q.data(),
-                                p.k.data(), p.v.data(), p.out.data(), p.lse.data(), p.batch,
-                                p.seq_len, p.heads, p.qk_dim, p.v_dim, p.scale);
-        benchmark::DoNotOptimize(p.dq.data());
-    }
-    set_gflops(state, 2.0 * attention_forward_flops(state));
+    run_interleaved_vs_plain(
+        state, attention_label(state, "backward"), 2.0 * attention_forward_flops(state),
+        2.0 * PlainGemm::kForwardFlops,
+        [&] {
+            cpu::attention_backward(p.dq.data(), p.dk.data(), p.dv.data(), p.dout.data(),
+                                    p.q.data(), p.k.data(), p.v.data(), p.out.data(), p.lse.data(),
+                                    p.batch, p.seq_len, p.heads, p.qk_dim, p.v_dim, p.scale);
+        },
+        [&] { plain.backward(); });
 }
 
 // Real time: the kernels use every core, so the main thread's CPU time would mislead.
@@ -263,11 +301,18 @@ BENCHMARK(BM_GroupedLinearBackward)
 
 // Attention: small (8 x 512 tokens, 8 heads of 96 / 64) and DeepSeek-V3 head dims (2 x 1024
 // tokens, 8 heads of 192 / 128).
-MOETRON_BENCH(BM_AttentionForward)
+// Interleaved with the plain GEMM, kGroupedPairs pairs each.
+BENCHMARK(BM_AttentionForward)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(kGroupedPairs)
     ->ArgNames({"B", "S", "H", "Dqk", "Dv"})
     ->Args({8, 512, 8, 96, 64})
     ->Args({2, 1024, 8, 192, 128});
-MOETRON_BENCH(BM_AttentionBackward)
+BENCHMARK(BM_AttentionBackward)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(kGroupedPairs)
     ->ArgNames({"B", "S", "H", "Dqk", "Dv"})
     ->Args({8, 512, 8, 96, 64})
     ->Args({2, 1024, 8, 192, 128});

@@ -152,11 +152,94 @@ TEST_P(AttentionShapes, BackwardMatchesFiniteDifferences) {
                  1e-4);
 }
 
-// The brief's shape; a single token; Dqk == Dv; and S = 70, which spans three of the kernel's
-// 32-wide query and key blocks with a partial last one.
+// The brief's shape; a single token; Dqk == Dv; and S = 70, which spans two of the kernel's
+// 64-wide query and key blocks with a partial last one.
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes,
                          ::testing::Values(Shape{2, 5, 3, 6, 4}, Shape{2, 1, 2, 5, 3},
                                            Shape{1, 4, 2, 4, 4}, Shape{1, 70, 1, 8, 4}));
+
+// The backward in double from the probabilities (see attention.cpp for the formulas), for shapes
+// too large for finite differences.
+void attention_backward_reference(std::vector<double>& dq, std::vector<double>& dk,
+                                  std::vector<double>& dv, const Shape& s,
+                                  const std::vector<double>& q, const std::vector<double>& k,
+                                  const std::vector<double>& v, const std::vector<double>& dout,
+                                  double scale) {
+    std::vector<double> out, lse;
+    attention_reference(out, lse, s, q, k, v, scale);
+    dq.assign(s.qk_size(), 0.0);
+    dk.assign(s.qk_size(), 0.0);
+    dv.assign(s.v_size(), 0.0);
+    auto qk_row = [&](int64_t b, int64_t t, int64_t h) {
+        return ((b * s.seq_len + t) * s.num_heads + h) * s.qk_dim;
+    };
+    auto v_row = [&](int64_t b, int64_t t, int64_t h) {
+        return ((b * s.seq_len + t) * s.num_heads + h) * s.v_dim;
+    };
+    for (int64_t b = 0; b < s.batch; ++b) {
+        for (int64_t h = 0; h < s.num_heads; ++h) {
+            for (int64_t i = 0; i < s.seq_len; ++i) {
+                double d_i = 0;
+                for (int64_t d = 0; d < s.v_dim; ++d) {
+                    d_i += dout[v_row(b, i, h) + d] * out[v_row(b, i, h) + d];
+                }
+                const double lse_i = lse[(b * s.num_heads + h) * s.seq_len + i];
+                for (int64_t j = 0; j <= i; ++j) {
+                    const double p = std::exp(score(s, q, k, b, h, i, j, scale) - lse_i);
+                    double dp = 0;
+                    for (int64_t d = 0; d < s.v_dim; ++d) {
+                        dp += dout[v_row(b, i, h) + d] * v[v_row(b, j, h) + d];
+                        dv[v_row(b, j, h) + d] += p * dout[v_row(b, i, h) + d];
+                    }
+                    const double ds = p * (dp - d_i) * scale;
+                    for (int64_t d = 0; d < s.qk_dim; ++d) {
+                        dq[qk_row(b, i, h) + d] += ds * k[qk_row(b, j, h) + d];
+                        dk[qk_row(b, j, h) + d] += ds * q[qk_row(b, i, h) + d];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Forward and backward against float64 on shapes too large for finite differences.
+class AttentionLargeShapes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(AttentionLargeShapes, ForwardAndBackwardMatchFloat64) {
+    const Shape s = GetParam();
+    const Inputs in(s, 90);
+    std::vector<float> out, lse;
+    run_forward(out, lse, s, in);
+    std::vector<double> out_ref, lse_ref;
+    attention_reference(out_ref, lse_ref, s, to_double(in.q), to_double(in.k), to_double(in.v),
+                        s.scale());
+    expect_close("attention", label("out", s).c_str(),
+                 compare(out.data(), out_ref.data(), out.size()), 1e-4);
+    expect_close("attention", label("lse", s).c_str(),
+                 compare(lse.data(), lse_ref.data(), lse.size()), 1e-5);
+
+    const auto dout = random_floats(s.v_size(), 93);
+    std::vector<float> dq(s.qk_size()), dk(s.qk_size()), dv(s.v_size());
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), in.q.data(), in.k.data(),
+                            in.v.data(), out.data(), lse.data(), s.batch, s.seq_len, s.num_heads,
+                            s.qk_dim, s.v_dim, s.scale());
+    std::vector<double> dq_ref, dk_ref, dv_ref;
+    attention_backward_reference(dq_ref, dk_ref, dv_ref, s, to_double(in.q), to_double(in.k),
+                                 to_double(in.v), to_double(dout), s.scale());
+    // Gradients are sums over up to 131 keys or queries: errors relative to at least 1.
+    expect_close("attention", label("dq", s).c_str(),
+                 compare(dq.data(), dq_ref.data(), dq.size(), 1.0), 1e-4);
+    expect_close("attention", label("dk", s).c_str(),
+                 compare(dk.data(), dk_ref.data(), dk.size(), 1.0), 1e-4);
+    expect_close("attention", label("dv", s).c_str(),
+                 compare(dv.data(), dv_ref.data(), dv.size(), 1.0), 1e-4);
+}
+
+// MLA's head dims (192 / 128) over 131 tokens: three query and key blocks of the kernel, the last
+// partial, and whole vectors plus tails in every product; two heads so that rows are strided.
+// Head dims above the kernel's 256 (packed a chunk at a time) over two blocks.
+INSTANTIATE_TEST_SUITE_P(Large, AttentionLargeShapes,
+                         ::testing::Values(Shape{1, 131, 2, 192, 128}, Shape{1, 70, 1, 300, 260}));
 
 TEST(Attention, FutureTokensDoNotChangeEarlierOutputs) {
     const Shape s{2, 9, 2, 6, 4};

@@ -386,17 +386,22 @@ TEST_P(GroupedLinearTwoThreads, MatchesFloat64Reference) {
 }
 
 // Many small experts: whole experts per thread. Few large experts (> 4 MFLOP each): every
-// expert's GEMMs split over both threads.
-INSTANTIATE_TEST_SUITE_P(BothPaths, GroupedLinearTwoThreads,
-                         ::testing::Values(GroupedCase{"many-experts",
-                                                       {0, 7, 4, 1, 8, 5, 2, 9, 6, 3,
-                                                        0, 7, 4, 1, 8, 5, 2, 9, 0, 0},
-                                                       16,
-                                                       12},
-                                           GroupedCase{"few-experts", {150, 0, 90}, 96, 160}),
-                         [](const auto& info) {
-                             return std::string(info.param.name) == "many-experts" ? "Many" : "Few";
-                         });
+// expert's GEMMs split over both threads. Ragged: many experts of 0 to 70 tokens with dimensions
+// that leave vector tails (the small-GEMM kernels' remainders).
+INSTANTIATE_TEST_SUITE_P(
+    BothPaths, GroupedLinearTwoThreads,
+    ::testing::Values(
+        GroupedCase{
+            "many-experts", {0, 7, 4, 1, 8, 5, 2, 9, 6, 3, 0, 7, 4, 1, 8, 5, 2, 9, 0, 0}, 16, 12},
+        GroupedCase{"few-experts", {150, 0, 90}, 96, 160},
+        GroupedCase{"ragged-experts",
+                    {5, 0, 64, 1, 70, 3, 0, 17, 64, 2, 9, 33, 0, 64, 7, 1, 40, 64, 11, 6},
+                    37,
+                    29}),
+    [](const auto& info) {
+        const std::string name = info.param.name;
+        return name == "many-experts" ? "Many" : name == "few-experts" ? "Few" : "Ragged";
+    });
 
 TEST(GroupedLinear, BadOffsetsThrow) {
     const int64_t in_dim = 2, out_dim = 2, num_experts = 2;

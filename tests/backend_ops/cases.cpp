@@ -118,10 +118,16 @@ void register_gemms(Registry& r) {
         std::vector<double> offsets;  // E + 1 segment boundaries; an empty segment in most
         int64_t in, out;
     };
-    for (const GroupedShape& s : {GroupedShape{{0, 2, 2, 5}, 4, 3},
-                                  {{0, 40, 40, 97, 130}, 48, 40},
-                                  {{0, 0, 0}, 3, 2},
-                                  {{0}, 3, 2}}) {
+    for (const GroupedShape& s :
+         {GroupedShape{{0, 2, 2, 5}, 4, 3},
+          {{0, 40, 40, 97, 130}, 48, 40},
+          {{0, 0, 0}, 3, 2},
+          {{0}, 3, 2},
+          // Ten small ragged experts: enough that threads own whole
+          // experts (the small-GEMM kernels), small enough for finite
+          // differences; then a dozen of up to 70 tokens.
+          {{0, 1, 3, 3, 6, 10, 11, 13, 16, 17, 20}, 5, 3},
+          {{0, 64, 65, 65, 135, 138, 202, 219, 226, 290, 291, 324, 388}, 40, 21}}) {
         const auto experts = static_cast<int64_t>(s.offsets.size()) - 1;
         const auto rows = static_cast<int64_t>(s.offsets.back());
         const int64_t in = s.in, out = s.out;
@@ -269,7 +275,11 @@ void register_attention(Registry& r) {
         int64_t batch, seq_len, heads, qk_dim, v_dim;
     };
     for (const AttentionShape s :
-         {AttentionShape{1, 4, 2, 5, 3}, {2, 3, 1, 4, 4}, {2, 17, 3, 24, 16}, {0, 4, 2, 4, 4}}) {
+         {AttentionShape{1, 4, 2, 5, 3},
+          {2, 3, 1, 4, 4},
+          {2, 17, 3, 24, 16},
+          {0, 4, 2, 4, 4},
+          {1, 131, 2, 192, 128}}) {  // MLA head dims over three of the CPU kernel's blocks
         const int64_t tokens = s.batch * s.seq_len;
         const int64_t qk = tokens * s.heads * s.qk_dim, v = tokens * s.heads * s.v_dim;
         const float scale = 1.0f / std::sqrt(static_cast<float>(s.qk_dim));

@@ -9,9 +9,13 @@
 //   dP_ij = dout_i . v_j,   dS_ij = P_ij (dP_ij - D_i),
 //   dv_j = sum_i P_ij dout_i,   dq_i = scale sum_j dS_ij k_j,   dk_j = scale sum_i dS_ij q_i.
 //
-// One OpenMP task per (batch, head) pair: each owns its rows of out/lse and of dq/dk/dv, so there
-// are no races and nothing to reduce. Inner loops are contiguous over Dqk and Dv, which the
-// compiler vectorizes, and handle four keys (dot products) or four rows (accumulations) per pass.
+// Work is done in tiles of kBlock queries x kBlock keys, each product of a tile a small GEMM on
+// the register-tiled kernels of small_gemm.h (AVX2 or AVX-512). Tiles are held transposed, keys
+// by queries (S^T, P^T, dS^T), so that their products read the strided q, k, v, dout rows in
+// place and only a query block's q (and dout) is packed, transposed, once per block; the
+// softmax's per-query steps then run along the tile's contiguous rows. Exponentials use
+// exp_vectorizable (vector_exp.h). One OpenMP task per (batch, head) pair: each owns its rows of
+// out/lse and of dq/dk/dv, so there are no races and nothing to reduce.
 #include "moetron/kernels/cpu/attention.h"
 
 #include <algorithm>
@@ -19,78 +23,25 @@
 #include <limits>
 
 #include "moetron/core/error.h"
+#include "moetron/kernels/cpu/small_gemm.h"
+#include "moetron/kernels/cpu/vector_exp.h"
 
 namespace moetron::cpu {
 
 namespace {
 
-// Tiles of kQueryBlock queries x kKeyBlock keys: a key block's k and v rows (40 KiB at Dqk = 192,
-// Dv = 128) stay in L1/L2 while the queries of a block pass over it, and the backward's
-// probability and dS tiles (2 x 4 KiB) live on the stack.
-constexpr int64_t kKeyBlock = 32;
-constexpr int64_t kQueryBlock = 32;
+// Queries and keys per tile: the (keys x queries) tiles of scores, probabilities and their
+// gradients (16 KiB each) stay in L1/L2 while the k and v rows of a key block (80 KiB at
+// Dqk = 192, Dv = 128) are reused from L2 by every tile of queries. Query and key blocks are
+// aligned, so only the diagonal tile needs the causal mask.
+constexpr int64_t kBlock = 64;
+// A block's query rows (q, or dout) are packed transposed (head dim x kBlock) once per query
+// block when the head dim is at most kMaxPackedHeadDim (64 KiB on the stack); larger head dims
+// are packed kHeadChunk dims at a time for every tile instead, so any head dim works.
+constexpr int64_t kMaxPackedHeadDim = 256;
+constexpr int64_t kHeadChunk = 64;
 
-inline float dot(const float* a, const float* b, int64_t n) {
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
-    return sum;
-}
-
-// out[r] = scale * (a . rows[r]) for num_rows rows spaced row_stride apart. Four rows at a time
-// share each load of a: 1.25 loads per multiply-add instead of a plain dot product's 2.
-inline void dot_rows(float* out, const float* a, const float* rows, int64_t row_stride,
-                     int64_t num_rows, int64_t n, float scale) {
-    int64_t r = 0;
-    for (; r + 4 <= num_rows; r += 4) {
-        const float* b0 = rows + r * row_stride;
-        const float* b1 = b0 + row_stride;
-        const float* b2 = b1 + row_stride;
-        const float* b3 = b2 + row_stride;
-        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-#pragma omp simd reduction(+ : s0, s1, s2, s3)
-        for (int64_t i = 0; i < n; ++i) {
-            s0 += a[i] * b0[i];
-            s1 += a[i] * b1[i];
-            s2 += a[i] * b2[i];
-            s3 += a[i] * b3[i];
-        }
-        out[r] = scale * s0;
-        out[r + 1] = scale * s1;
-        out[r + 2] = scale * s2;
-        out[r + 3] = scale * s3;
-    }
-    for (; r < num_rows; ++r) out[r] = scale * dot(a, rows + r * row_stride, n);
-}
-
-// y += sum_r coeff[r * coeff_stride] * rows[r * row_stride, 0..n): a small matrix-vector product.
-// Four rows per pass over y: one load and store of y per four multiply-adds, where a plain axpy
-// per row pays a load and a store of y for each.
-inline void accumulate_rows(float* y, const float* coeff, int64_t coeff_stride, const float* rows,
-                            int64_t row_stride, int64_t num_rows, int64_t n) {
-    int64_t r = 0;
-    for (; r + 4 <= num_rows; r += 4) {
-        const float c0 = coeff[r * coeff_stride], c1 = coeff[(r + 1) * coeff_stride];
-        const float c2 = coeff[(r + 2) * coeff_stride], c3 = coeff[(r + 3) * coeff_stride];
-        const float* x0 = rows + r * row_stride;
-        const float* x1 = x0 + row_stride;
-        const float* x2 = x1 + row_stride;
-        const float* x3 = x2 + row_stride;
-#pragma omp simd
-        for (int64_t d = 0; d < n; ++d) y[d] += c0 * x0[d] + c1 * x1[d] + c2 * x2[d] + c3 * x3[d];
-    }
-    for (; r < num_rows; ++r) {
-        const float c = coeff[r * coeff_stride];
-        const float* x = rows + r * row_stride;
-#pragma omp simd
-        for (int64_t d = 0; d < n; ++d) y[d] += c * x[d];
-    }
-}
-
-inline void scale_inplace(float* y, float alpha, int64_t n) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] *= alpha;
-}
+const float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The strided rows of one (batch, head) pair: token s of that head starts at offset + s * stride.
 struct HeadRows {
@@ -101,6 +52,59 @@ struct HeadRows {
 inline HeadRows head_rows(int64_t b, int64_t h, int64_t seq_len, int64_t num_heads,
                           int64_t head_dim) {
     return {num_heads * head_dim, (b * seq_len * num_heads + h) * head_dim};
+}
+
+// A block of query rows (q or dout, strided by their heads' stride) as the packed operand of
+// transposed_dots: packed[d * kBlock + q] = row q's element d, for the whole head when it fits.
+struct QueryBlock {
+    alignas(64) float packed[kMaxPackedHeadDim * kBlock];
+    const float* rows = nullptr;
+    int64_t stride = 0, num_queries = 0, head_dim = 0;
+    bool fits = false;
+
+    void set(const float* first_row, int64_t row_stride, int64_t count, int64_t dim) {
+        rows = first_row;
+        stride = row_stride;
+        num_queries = count;
+        head_dim = dim;
+        fits = dim <= kMaxPackedHeadDim;
+        if (fits) pack(packed, 0, dim);
+    }
+    // Dims [d0, d0 + chunk) of every row into out (chunk x kBlock).
+    void pack(float* out, int64_t d0, int64_t chunk) const {
+        for (int64_t q = 0; q < num_queries; ++q) {
+            const float* row = rows + q * stride + d0;
+            for (int64_t d = 0; d < chunk; ++d) out[d * kBlock + q] = row[d];
+        }
+    }
+};
+
+// tile_t (num_keys x num_queries, rows kBlock apart) = keys . queries^T over the head dim: the
+// transposed dot products of a block of key rows (k or v, strided) with a block of query rows.
+void transposed_dots(float* tile_t, const float* keys, int64_t key_stride, int64_t num_keys,
+                     const QueryBlock& queries) {
+    if (queries.fits) {
+        small_gemm({tile_t, kBlock, false, keys, key_stride, 1, queries.packed, kBlock, num_keys,
+                    queries.num_queries, queries.head_dim});
+        return;
+    }
+    alignas(64) float chunk_packed[kHeadChunk * kBlock];
+    for (int64_t d0 = 0; d0 < queries.head_dim; d0 += kHeadChunk) {
+        const int64_t chunk = std::min(kHeadChunk, queries.head_dim - d0);
+        queries.pack(chunk_packed, d0, chunk);
+        small_gemm({tile_t, kBlock, d0 > 0, keys + d0, key_stride, 1, chunk_packed, kBlock,
+                    num_keys, queries.num_queries, chunk});
+    }
+}
+
+// Scores of the keys a query may not see become -inf: in row kk (key k0 + kk) of a transposed
+// tile, the queries q0 + q < k0 + kk. With aligned blocks only the diagonal tile has any.
+void mask_future_keys(float* scores_t, int64_t q0, int64_t k0, int64_t num_keys,
+                      int64_t num_queries) {
+    for (int64_t kk = 0; kk < num_keys; ++kk) {
+        const int64_t num_hidden = std::clamp<int64_t>(k0 + kk - q0, 0, num_queries);
+        std::fill_n(scores_t + kk * kBlock, num_hidden, kNegInf);
+    }
 }
 
 void check_attention_args(const char* op, int64_t batch, int64_t seq_len, int64_t num_heads,
@@ -121,7 +125,6 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        int64_t v_head_dim, float scale) {
     check_attention_args("attention_forward", batch, seq_len, num_heads, qk_head_dim, v_head_dim,
                          scale);
-    const float neg_inf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for schedule(static)
     for (int64_t pair = 0; pair < batch * num_heads; ++pair) {
         const int64_t b = pair / num_heads, h = pair % num_heads;
@@ -133,48 +136,66 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
         float* out_bh = out + vo.offset;
         float* lse_bh = lse + pair * seq_len;  // lse is (B, H, S) and pair = b * H + h
 
-        for (int64_t q_start = 0; q_start < seq_len; q_start += kQueryBlock) {
-            const int64_t num_queries = std::min(kQueryBlock, seq_len - q_start);
-            // Online softmax state per query; the output row itself is the accumulator.
-            float row_max[kQueryBlock], row_sum[kQueryBlock];
+        for (int64_t q0 = 0; q0 < seq_len; q0 += kBlock) {
+            const int64_t num_queries = std::min(kBlock, seq_len - q0);
+            // Online softmax state per query; the output rows themselves are the accumulator.
+            float row_max[kBlock], row_sum[kBlock], correction[kBlock];
+            std::fill_n(row_max, kBlock, kNegInf);
+            std::fill_n(row_sum, kBlock, 0.0f);
             for (int64_t qi = 0; qi < num_queries; ++qi) {
-                row_max[qi] = neg_inf;
-                row_sum[qi] = 0.0f;
-                std::fill_n(out_bh + (q_start + qi) * vo.stride, v_head_dim, 0.0f);
+                std::fill_n(out_bh + (q0 + qi) * vo.stride, v_head_dim, 0.0f);
             }
-            const int64_t key_end = q_start + num_queries;  // causal: no query here sees past it
-            for (int64_t k_start = 0; k_start < key_end; k_start += kKeyBlock) {
-                const int64_t block_keys = std::min(kKeyBlock, key_end - k_start);
-                const float* k_block = k_bh + k_start * qk.stride;
-                const float* v_block = v_bh + k_start * vo.stride;
-                for (int64_t qi = 0; qi < num_queries; ++qi) {
-                    const int64_t i = q_start + qi;
-                    const int64_t num_keys = std::min(block_keys, i - k_start + 1);
-                    if (num_keys <= 0) continue;
-                    float* out_i = out_bh + i * vo.stride;
-
-                    float probs[kKeyBlock];  // scores first, then exp(score - running max)
-                    dot_rows(probs, q_bh + i * qk.stride, k_block, qk.stride, num_keys, qk_head_dim,
-                             scale);
-                    const float block_max = *std::max_element(probs, probs + num_keys);
-                    // A new maximum rescales what was summed so far (exp(-inf) = 0 the first time).
-                    if (block_max > row_max[qi]) {
-                        const float correction = std::exp(row_max[qi] - block_max);
-                        row_sum[qi] *= correction;
-                        scale_inplace(out_i, correction, v_head_dim);
-                        row_max[qi] = block_max;
+            QueryBlock queries;
+            queries.set(q_bh + q0 * qk.stride, qk.stride, num_queries, qk_head_dim);
+            // Scores, then probabilities, keys x queries.
+            alignas(64) float probs_t[kBlock * kBlock];
+            // Causal: no query of this block sees a key past its last, so k0 <= q0.
+            for (int64_t k0 = 0; k0 <= q0; k0 += kBlock) {
+                const int64_t num_keys = std::min(kBlock, seq_len - k0);
+                transposed_dots(probs_t, k_bh + k0 * qk.stride, qk.stride, num_keys, queries);
+                mask_future_keys(probs_t, q0, k0, num_keys, num_queries);
+                // A new maximum rescales what was summed so far (exp(-inf) = 0 the first time);
+                // every query sees key k0, so each block has a finite maximum.
+                float block_max[kBlock];
+                std::fill_n(block_max, kBlock, kNegInf);
+                for (int64_t kk = 0; kk < num_keys; ++kk) {
+                    const float* row = probs_t + kk * kBlock;
+#pragma omp simd
+                    for (int64_t qi = 0; qi < num_queries; ++qi) {
+                        block_max[qi] = std::max(block_max[qi], scale * row[qi]);
                     }
-                    for (int64_t kj = 0; kj < num_keys; ++kj) {
-                        probs[kj] = std::exp(probs[kj] - row_max[qi]);
-                        row_sum[qi] += probs[kj];
-                    }
-                    accumulate_rows(out_i, probs, 1, v_block, vo.stride, num_keys, v_head_dim);
                 }
+#pragma omp simd
+                for (int64_t qi = 0; qi < num_queries; ++qi) {
+                    const float new_max = std::max(row_max[qi], block_max[qi]);
+                    correction[qi] = exp_vectorizable(row_max[qi] - new_max);
+                    row_max[qi] = new_max;
+                    row_sum[qi] *= correction[qi];
+                }
+                for (int64_t kk = 0; kk < num_keys; ++kk) {
+                    float* row = probs_t + kk * kBlock;
+#pragma omp simd
+                    for (int64_t qi = 0; qi < num_queries; ++qi) {
+                        row[qi] = exp_vectorizable(scale * row[qi] - row_max[qi]);
+                        row_sum[qi] += row[qi];
+                    }
+                }
+                for (int64_t qi = 0; qi < num_queries; ++qi) {
+                    if (correction[qi] == 1.0f) continue;
+                    float* out_i = out_bh + (q0 + qi) * vo.stride;
+#pragma omp simd
+                    for (int64_t d = 0; d < v_head_dim; ++d) out_i[d] *= correction[qi];
+                }
+                // out_i += sum_kk P[qi][kk] v_kk: op(A) = P, read from P^T.
+                small_gemm({out_bh + q0 * vo.stride, vo.stride, true, probs_t, 1, kBlock,
+                            v_bh + k0 * vo.stride, vo.stride, num_queries, v_head_dim, num_keys});
             }
             for (int64_t qi = 0; qi < num_queries; ++qi) {
-                const int64_t i = q_start + qi;
-                scale_inplace(out_bh + i * vo.stride, 1.0f / row_sum[qi], v_head_dim);
-                lse_bh[i] = row_max[qi] + std::log(row_sum[qi]);
+                float* out_i = out_bh + (q0 + qi) * vo.stride;
+                const float inv_sum = 1.0f / row_sum[qi];
+#pragma omp simd
+                for (int64_t d = 0; d < v_head_dim; ++d) out_i[d] *= inv_sum;
+                lse_bh[q0 + qi] = row_max[qi] + std::log(row_sum[qi]);
             }
         }
     }
@@ -208,46 +229,51 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
             std::fill_n(dv_bh + s * vo.stride, v_head_dim, 0.0f);
         }
 
-        // FlashAttention-2's order: a block of keys (and its dk, dv rows) stays hot while the
-        // queries that can see it (i >= k_start) pass over it, one tile of queries at a time.
-        for (int64_t k_start = 0; k_start < seq_len; k_start += kKeyBlock) {
-            const int64_t block_keys = std::min(kKeyBlock, seq_len - k_start);
-            const float* k_block = k_bh + k_start * qk.stride;
-            const float* v_block = v_bh + k_start * vo.stride;
-            for (int64_t q_start = k_start; q_start < seq_len; q_start += kQueryBlock) {
-                const int64_t num_queries = std::min(kQueryBlock, seq_len - q_start);
-                // P and dS for this tile; entries above the causal diagonal stay 0.
-                float p_tile[kQueryBlock][kKeyBlock] = {};
-                float ds_tile[kQueryBlock][kKeyBlock] = {};
-                for (int64_t qi = 0; qi < num_queries; ++qi) {
-                    const int64_t i = q_start + qi;
-                    const int64_t num_keys = std::min(block_keys, i - k_start + 1);
-                    const float* dout_i = dout_bh + i * vo.stride;
-                    float* p = p_tile[qi];
-                    float* ds = ds_tile[qi];
-                    dot_rows(p, q_bh + i * qk.stride, k_block, qk.stride, num_keys, qk_head_dim,
-                             scale);
-                    dot_rows(ds, dout_i, v_block, vo.stride, num_keys, v_head_dim, 1.0f);  // dP
-                    // D_i is recomputed per key block: Dv flops against ~5 (Dqk + Dv) per key.
-                    const float d_i = dot(dout_i, out_bh + i * vo.stride, v_head_dim);
-                    for (int64_t kj = 0; kj < num_keys; ++kj) {
-                        p[kj] = std::exp(p[kj] - lse_bh[i]);
-                        ds[kj] = p[kj] * (ds[kj] - d_i) * scale;  // scale folded in for dq, dk
+        // Query blocks outside, so that each block's q and dout are packed and its D_i computed
+        // once; the key blocks it sees (k0 <= q0) inside. dk, dv and dq all accumulate in place.
+        QueryBlock queries, douts;
+        alignas(64) float probs_t[kBlock * kBlock];   // P^T (keys x queries)
+        alignas(64) float dscore_t[kBlock * kBlock];  // dP^T, then dS^T (scale folded in)
+        for (int64_t q0 = 0; q0 < seq_len; q0 += kBlock) {
+            const int64_t num_queries = std::min(kBlock, seq_len - q0);
+            const float* q_tile = q_bh + q0 * qk.stride;
+            const float* dout_tile = dout_bh + q0 * vo.stride;
+            float d_row[kBlock], lse_row[kBlock];
+            for (int64_t qi = 0; qi < num_queries; ++qi) {
+                const float* dout_i = dout_tile + qi * vo.stride;
+                const float* out_i = out_bh + (q0 + qi) * vo.stride;
+                float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                for (int64_t d = 0; d < v_head_dim; ++d) sum += dout_i[d] * out_i[d];
+                d_row[qi] = sum;
+                lse_row[qi] = lse_bh[q0 + qi];
+            }
+            queries.set(q_tile, qk.stride, num_queries, qk_head_dim);
+            douts.set(dout_tile, vo.stride, num_queries, v_head_dim);
+            for (int64_t k0 = 0; k0 <= q0; k0 += kBlock) {
+                const int64_t num_keys = std::min(kBlock, seq_len - k0);
+                const float* k_block = k_bh + k0 * qk.stride;
+                const float* v_block = v_bh + k0 * vo.stride;
+                transposed_dots(probs_t, k_block, qk.stride, num_keys, queries);
+                mask_future_keys(probs_t, q0, k0, num_keys, num_queries);
+                transposed_dots(dscore_t, v_block, vo.stride, num_keys, douts);
+                for (int64_t kk = 0; kk < num_keys; ++kk) {
+                    float* p = probs_t + kk * kBlock;
+                    float* ds = dscore_t + kk * kBlock;
+#pragma omp simd
+                    for (int64_t qi = 0; qi < num_queries; ++qi) {
+                        p[qi] = exp_vectorizable(scale * p[qi] - lse_row[qi]);
+                        ds[qi] = p[qi] * (ds[qi] - d_row[qi]) * scale;  // scale folded in
                     }
-                    // dq_i += sum_j dS_ij k_j
-                    accumulate_rows(dq_bh + i * qk.stride, ds, 1, k_block, qk.stride, num_keys,
-                                    qk_head_dim);
                 }
-                const float* q_tile = q_bh + q_start * qk.stride;
-                const float* dout_tile = dout_bh + q_start * vo.stride;
-                for (int64_t kj = 0; kj < block_keys; ++kj) {
-                    const int64_t j = k_start + kj;
-                    // dv_j += sum_i P_ij dout_i,  dk_j += sum_i dS_ij q_i  (a column of each tile)
-                    accumulate_rows(dv_bh + j * vo.stride, &p_tile[0][kj], kKeyBlock, dout_tile,
-                                    vo.stride, num_queries, v_head_dim);
-                    accumulate_rows(dk_bh + j * qk.stride, &ds_tile[0][kj], kKeyBlock, q_tile,
-                                    qk.stride, num_queries, qk_head_dim);
-                }
+                // dv_j += sum_i P_ij dout_i;  dk_j += sum_i dS_ij q_i  (op(A) = P^T, dS^T)
+                small_gemm({dv_bh + k0 * vo.stride, vo.stride, true, probs_t, kBlock, 1, dout_tile,
+                            vo.stride, num_keys, v_head_dim, num_queries});
+                small_gemm({dk_bh + k0 * qk.stride, qk.stride, true, dscore_t, kBlock, 1, q_tile,
+                            qk.stride, num_keys, qk_head_dim, num_queries});
+                // dq_i += sum_j dS_ij k_j  (op(A) = dS, read from dS^T)
+                small_gemm({dq_bh + q0 * qk.stride, qk.stride, true, dscore_t, 1, kBlock, k_block,
+                            qk.stride, num_queries, qk_head_dim, num_keys});
             }
         }
     }
