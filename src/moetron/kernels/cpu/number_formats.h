@@ -14,36 +14,39 @@ namespace moetron::cpu {
 
 // ---- E4M3: 1 sign, 4 exponent (bias 7), 3 mantissa bits ----
 
-inline constexpr float kE4m3Max = 448.0f;     // 1.75 * 2^8, bit pattern 0x7E
-inline constexpr uint8_t kE4m3NaN = 0x7F;     // S.1111.111; E4M3 has no infinity
-inline constexpr int kE4m3MinNormalExp = -6;  // smallest normal 2^-6; subnormals step by 2^-9
+inline constexpr float kE4m3Max = 448.0f;  // 1.75 * 2^8, bit pattern 0x7E
+inline constexpr uint8_t kE4m3NaN = 0x7F;  // S.1111.111; E4M3 has no infinity
 
 // Rounds to nearest even and saturates: anything beyond +-448 (infinities included) becomes
 // +-448, the behaviour of the GPU's cvt.rn.satfinite that the recipes quantize with. NaN becomes
-// 0x7F whatever its sign.
+// 0x7F whatever its sign. Bit arithmetic (no libm calls): this runs once per GEMM input element.
 inline uint8_t encode_e4m3(float x) {
-    if (std::isnan(x)) return kE4m3NaN;
-    const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-    const float magnitude = std::fabs(x);
-    if (magnitude >= kE4m3Max) return sign | 0x7E;
-    int exponent = std::ilogb(magnitude);  // floor(log2 |x|); very negative for 0 and subnormals
-    if (magnitude == 0.0f || exponent < kE4m3MinNormalExp) exponent = kE4m3MinNormalExp;
-    // |x| in units of this binade's spacing 2^(exponent - 3): exact (a power-of-two scaling), and
-    // the rounding to an integer is the only rounding. A carry to 16 lands on the next binade's
-    // first code, which the sum below encodes correctly.
-    const auto units = static_cast<int>(std::nearbyint(std::ldexp(magnitude, 3 - exponent)));
-    // Below 2^-6 exponent is -6 and units < 8: the sum is the subnormal code `units` itself.
-    const int code = ((exponent + 7) << 3) + (units - 8);
-    return static_cast<uint8_t>(sign | code);
+    const uint32_t bits = std::bit_cast<uint32_t>(x);
+    const uint32_t magnitude_bits = bits & 0x7FFFFFFFu;
+    if (magnitude_bits > 0x7F800000u) return kE4m3NaN;
+    const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+    if (magnitude_bits >= 0x43E00000u) return sign | 0x7E;  // >= 448
+    if (magnitude_bits >= 0x3C800000u) {                    // >= 2^-6: an E4M3 normal
+        // Round the 23-bit mantissa to 3 bits, ties to even; a carry moves into the exponent.
+        const uint32_t rounded = magnitude_bits + 0x7FFFFu + ((magnitude_bits >> 20) & 1u);
+        // float32 exponent and 3 mantissa bits, rebiased from 127 to 7.
+        return sign | static_cast<uint8_t>((rounded >> 20) - ((127u - 7u) << 3));
+    }
+    // Subnormal: |x| in units of 2^-9 (exact), rounded to an integer by the float adder
+    // (round to nearest even, the default mode: adding 2^23 leaves no fraction bits).
+    const float units = (std::bit_cast<float>(magnitude_bits) * 512.0f + 0x1p23f) - 0x1p23f;
+    return sign | static_cast<uint8_t>(units);
 }
 
 inline float decode_e4m3(uint8_t bits) {
-    const int exponent = (bits >> 3) & 0xF, mantissa = bits & 0x7;
-    if (exponent == 0xF && mantissa == 0x7) return std::numeric_limits<float>::quiet_NaN();
-    const float magnitude = exponent == 0
-                                ? std::ldexp(static_cast<float>(mantissa), -9)
-                                : std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
-    return (bits & 0x80) ? -magnitude : magnitude;
+    const uint32_t sign = static_cast<uint32_t>(bits & 0x80u) << 24;
+    const uint32_t code = bits & 0x7Fu;
+    if (code == 0x7F) return std::numeric_limits<float>::quiet_NaN();
+    if (code < 8) {  // subnormal (or zero): code x 2^-9, exact
+        const float magnitude = static_cast<float>(code) * 0x1p-9f;
+        return std::bit_cast<float>(std::bit_cast<uint32_t>(magnitude) | sign);
+    }
+    return std::bit_cast<float>(((code + ((127u - 7u) << 3)) << 20) | sign);
 }
 
 // ---- E8M0: an unsigned 8-bit exponent, 2^(bits - 127); 0xFF is NaN ----
@@ -69,7 +72,8 @@ inline uint8_t encode_e8m0_round_up(float x) {
 
 inline float decode_e8m0(uint8_t bits) {
     if (bits == kE8m0NaN) return std::numeric_limits<float>::quiet_NaN();
-    return std::ldexp(1.0f, static_cast<int>(bits) - 127);
+    if (bits == 0) return 0x1p-127f;  // a float32 subnormal
+    return std::bit_cast<float>(static_cast<uint32_t>(bits) << 23);
 }
 
 // ---- bfloat16: the upper half of a float32 ----

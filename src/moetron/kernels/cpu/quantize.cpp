@@ -17,6 +17,7 @@
 #include "moetron/kernels/cpu/quantize.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "moetron/core/error.h"
@@ -35,10 +36,13 @@ struct Mxfp8Scale {
         constexpr float kInverseMax = 1.0f / kE4m3Max;  // TE multiplies by max_norm_rcp
         return encode_e8m0_round_up(amax * kInverseMax);
     }
-    static float to_units(float x, Scale scale) {
-        const float inverse = scale == 0 ? 1.0f : std::ldexp(1.0f, 127 - static_cast<int>(scale));
-        return x * inverse;
+    // What the tile's elements are multiplied by: 2^-e (TE's exp2f_rcp, 1 for e8m0 = 0).
+    static float encoding_factor(Scale scale) {
+        if (scale == 0) return 1.0f;
+        if (scale == 254) return 0x1p-127f;  // a float32 subnormal
+        return std::bit_cast<float>(static_cast<uint32_t>(254 - scale) << 23);
     }
+    static float to_units(float x, float factor) { return x * factor; }
     static float from_units(float units, Scale scale) { return units * decode_e8m0(scale); }
 };
 
@@ -48,7 +52,8 @@ struct DeepSeekScale {
         const float scale = amax / kE4m3Max;
         return scale > 0.0f ? scale : 1.0f;
     }
-    static float to_units(float x, Scale scale) { return x / scale; }
+    static float encoding_factor(Scale scale) { return scale; }
+    static float to_units(float x, float divisor) { return x / divisor; }
     static float from_units(float units, Scale scale) { return units * scale; }
 };
 
@@ -87,16 +92,16 @@ void quantize_tiles(uint8_t* elements, typename Rule::Scale* scales, const float
                     if (magnitude > tile_max) tile_max = magnitude;  // NaN never compares greater
                 }
             }
-            typename Rule::Scale tile_scale[kChunkColumns];
+            float factor[kChunkColumns];
             for (int64_t tile = 0; tile < blocks_covering(c1 - c0, t.block_cols); ++tile) {
-                tile_scale[tile] = Rule::from_amax(amax[tile]);
-                scales[band * t.scale_cols() + c0 / t.block_cols + tile] = tile_scale[tile];
+                const typename Rule::Scale scale = Rule::from_amax(amax[tile]);
+                factor[tile] = Rule::encoding_factor(scale);
+                scales[band * t.scale_cols() + c0 / t.block_cols + tile] = scale;
             }
             for (int64_t r = r0; r < r1; ++r) {
                 for (int64_t c = c0; c < c1; ++c) {
-                    const auto scale = tile_scale[(c - c0) / t.block_cols];
-                    elements[r * t.cols + c] =
-                        encode_e4m3(Rule::to_units(x[r * t.cols + c], scale));
+                    const float f = factor[(c - c0) / t.block_cols];
+                    elements[r * t.cols + c] = encode_e4m3(Rule::to_units(x[r * t.cols + c], f));
                 }
             }
         }
