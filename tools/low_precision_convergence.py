@@ -10,13 +10,12 @@ schedule; validation every 100 steps) logged as JSONL, then the validation curve
 in one SVG and a Markdown table of the final validation losses. The CPU cost per step comes from
 separate short runs, interleaved (fp32, bf16, mxfp8, fp8-blockwise, fp32, ...) so that a load
 change on a shared machine hits every recipe alike; the table gives each recipe's median ms per
-step and its ratio to fp32. Exits 0 with a message when the text file is missing.
+step (the median over rounds of each run's median step time) and its ratio to fp32. Exits 0 with a message when the text file is missing.
 Standard library only.
 """
 import argparse
 import json
 import pathlib
-import re
 import statistics
 import subprocess
 import sys
@@ -32,11 +31,10 @@ def train(binary, text, precision, steps, extra):
     return done
 
 
-def compute_ms_per_step(log_text, steps):
-    found = re.search(r"done\s+\d+ steps in ([0-9.]+) s of compute", log_text)
-    if not found:
-        raise SystemExit("no 'done' line in:\n" + log_text)
-    return 1e3 * float(found.group(1)) / steps
+def median_step_ms(jsonl):
+    """The median of a run's per-step times, its first step (warm-up) left out."""
+    rows = [json.loads(line) for line in pathlib.Path(jsonl).read_text().splitlines() if line]
+    return statistics.median(r["step_ms"] for r in rows[1:])
 
 
 def svg(curves, out, steps):
@@ -87,6 +85,8 @@ def main():
     ap.add_argument("--svg", default="docs/low_precision_convergence.svg")
     ap.add_argument("--timing-rounds", type=int, default=3)
     ap.add_argument("--timing-steps", type=int, default=20)
+    ap.add_argument("--reuse-logs", action="store_true",
+                    help="take the curves from --out-dir's logs of an earlier run; time only")
     args = ap.parse_args()
     if not pathlib.Path(args.text).exists():
         print(f"skipped: {args.text} not found (pass --text)")
@@ -97,8 +97,9 @@ def main():
     curves, final = {}, {}
     for precision in PRECISIONS:
         log = out_dir / f"{precision}.jsonl"
-        train(args.binary, args.text, precision, args.steps,
-              ["--eval-every", "100", "--log-jsonl", str(log)])
+        if not args.reuse_logs:
+            train(args.binary, args.text, precision, args.steps,
+                  ["--eval-every", "100", "--log-jsonl", str(log)])
         rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         curves[precision] = [(r["step"], r["val_loss"]) for r in rows
                              if r.get("val_loss") is not None]
@@ -108,9 +109,11 @@ def main():
     times = {p: [] for p in PRECISIONS}
     for _ in range(args.timing_rounds):
         for precision in PRECISIONS:
-            text = train(args.binary, args.text, precision, args.timing_steps,
-                         ["--eval-every", str(args.timing_steps)])
-            times[precision].append(compute_ms_per_step(text, args.timing_steps))
+            timing_log = out_dir / f"timing-{precision}.jsonl"
+            timing_log.unlink(missing_ok=True)
+            train(args.binary, args.text, precision, args.timing_steps,
+                  ["--eval-every", str(args.timing_steps), "--log-jsonl", str(timing_log)])
+            times[precision].append(median_step_ms(timing_log))
     median = {p: statistics.median(t) for p, t in times.items()}
 
     svg(curves, args.svg, args.steps)
