@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "moetron/kernels/cpu/quantize.h"
 #include "moetron/parallel/dispatch_traffic.h"
 #include "moetron/sim/routing.h"
 
@@ -57,6 +58,20 @@ TEST(DispatchTraffic, SimExpectationIsTheMeanOverAllRoutings) {
     EXPECT_NEAR(expected.other_domain_ranks, sum.other_domain_ranks / cases, 1e-12);
     EXPECT_NEAR(expected.other_domains, sum.other_domains / cases, 1e-12);
     EXPECT_NEAR(expected.other_domain_landings, sum.other_domain_landings / cases, 1e-12);
+}
+
+// The bytes per element the engine and the cluster model count are the sizes of what the
+// quantizers write for one DeepSeek-V3 token row (7168 wide): elements plus scales.
+TEST(DispatchTraffic, PayloadBytesAreTheQuantizersOutput) {
+    const int64_t hidden = 7168;
+    const double mxfp8_row = static_cast<double>(hidden) + static_cast<double>(cpu::blocks_covering(
+                                                               hidden, cpu::kMxfp8BlockSize));
+    const double fp8_row = static_cast<double>(hidden) +
+                           static_cast<double>(cpu::blocks_covering(hidden, 128) * sizeof(float));
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::mxfp8) * hidden, mxfp8_row);
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::fp8_blockwise) * hidden, fp8_row);
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::bf16), 2.0);
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::fp32), 4.0);
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ constexpr uint64_t kSeed = 20261201;
 constexpr double kUnwritten = -987654;
 
 bool is_integer(DType dtype) {
-    return dtype == DType::i32 || dtype == DType::i64;
+    return dtype == DType::i32 || dtype == DType::i64 || dtype == DType::u8;
 }
 
 bool generated(Role role) {
@@ -50,6 +50,11 @@ std::vector<std::byte> to_bytes(const std::vector<double>& values, DType dtype) 
         } else if (dtype == DType::i64) {
             const auto v = static_cast<int64_t>(values[i]);
             std::memcpy(at, &v, sizeof v);
+        } else if (dtype == DType::u8) {
+            // A byte cannot hold kUnwritten: an unwritten u8 output starts at 0 (and goes
+            // undetected).
+            const auto v = static_cast<uint8_t>(values[i] == kUnwritten ? 0 : values[i]);
+            std::memcpy(at, &v, sizeof v);
         } else {
             MT_THROW("[backend_ops] dtype {} is not supported", dtype_name(dtype));
         }
@@ -71,6 +76,8 @@ std::vector<double> from_bytes(const std::vector<std::byte>& bytes, DType dtype)
             int32_t v;
             std::memcpy(&v, at, sizeof v);
             values[i] = v;
+        } else if (dtype == DType::u8) {
+            values[i] = static_cast<double>(std::to_integer<uint8_t>(*at));
         } else {
             int64_t v;
             std::memcpy(&v, at, sizeof v);

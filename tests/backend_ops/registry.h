@@ -92,6 +92,9 @@ class Args {
     int64_t* i64(const std::string& name) const {
         return static_cast<int64_t*>(get(name, DType::i64));
     }
+    uint8_t* u8(const std::string& name) const {
+        return static_cast<uint8_t*>(get(name, DType::u8));
+    }
     // The host double a host_result names.
     double& result(const std::string& name) const { return *f64(name); }
 

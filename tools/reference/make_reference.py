@@ -13,7 +13,6 @@ few activations for debugging to one binary file. Format and conventions: tools/
 import argparse
 import math
 import pathlib
-import struct
 import sys
 import tomllib
 
@@ -21,11 +20,9 @@ import numpy as np
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-MAGIC = b"MTREF\0\0\0"
-VERSION = 1
-DTYPE_CODES = {np.dtype("<f4"): 0, np.dtype("<i4"): 1, np.dtype("<f8"): 2}
+from mtref import write_reference
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
 BATCH = 2
 SEQ = 16
 TOKEN_SEED = 20240601
@@ -272,15 +269,6 @@ def plain_forward(w: dict, p: dict, inputs: torch.Tensor) -> torch.Tensor:
     return x @ w["lm_head.weight"].t()
 
 
-def tensor_record(name: str, array: np.ndarray) -> bytes:
-    array = np.ascontiguousarray(array)
-    code = DTYPE_CODES[array.dtype]
-    encoded = name.encode("utf-8")
-    head = struct.pack("<I", len(encoded)) + encoded + struct.pack("<BB", code, array.ndim)
-    head += struct.pack(f"<{array.ndim}q", *array.shape)
-    return head + array.tobytes(order="C")
-
-
 def f32(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy().astype("<f4")
 
@@ -345,11 +333,7 @@ def main() -> None:
         records.append((f"route.layers.{idx}.topk_weights", f32(weights)))
 
     out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as f:
-        f.write(MAGIC + struct.pack("<II", VERSION, len(records)))
-        for name, array in records:
-            f.write(tensor_record(name, array))
+    write_reference(out, records)
     print(f"{out}: {len(records)} tensors, {out.stat().st_size} bytes, loss {loss.item():.6f}, "
           f"weight seed {weight_seed}, min routing margin {margin:.2e}, "
           f"{moved} token-layers routed differently than without the bias, "

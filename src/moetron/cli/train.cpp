@@ -26,6 +26,7 @@
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/backend.h"
+#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
@@ -74,6 +75,7 @@ struct TrainOptions {
     bool no_zero1 = false;
     bool no_overlap_dp_grad = false;
     bool profile_ops = false;
+    std::string precision = "fp32";
     CLI::Option* layout_opt = nullptr;
     // Overrides of the preset's [train] table; applied only when given (count() > 0).
     int64_t steps = 0, batch_size = 0, seq_len = 0, grad_accum = 0, eval_every = 0;
@@ -242,8 +244,13 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
     ProfilingBackend profiling(cpu_backend());  // used with --profile-ops
+    Backend& compute = o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend();
+    // Outermost, so that --profile-ops times the quantization and the GEMMs apart.
+    std::optional<LowPrecisionBackend> low_precision;
+    if (const Precision p = parse_precision(o.precision); p != Precision::fp32)
+        low_precision.emplace(compute, p);
     Trainer trainer(model_config, config, std::move(loader), parallel,
-                    o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend());
+                    low_precision ? static_cast<Backend&>(*low_precision) : compute);
     trainer.set_max_skipped_steps(o.max_skipped_steps);
     if (!o.trace_path.empty())
         trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
@@ -488,6 +495,12 @@ void register_train(CLI::App& app) {
                         "how the MoE all-to-all crosses scale-up domains: flat (once per "
                         "destination rank) or two_tier (once per destination domain over the "
                         "rail, then inside the domain; needs ep a multiple of --domain-size)");
+    cmd->add_option("--precision", o->precision,
+                    "number format of the linear layers' and experts' GEMM inputs: fp32 "
+                    "(default), bf16, mxfp8 (E4M3 in 32-element blocks with E8M0 scales, the "
+                    "MXFP8 recipe) or fp8-blockwise (DeepSeek-V3's 1x128 / 128x128 FP8); router, "
+                    "attention core, embedding, head, norms and optimizer stay float32")
+        ->check(CLI::IsMember({"fp32", "bf16", "mxfp8", "fp8-blockwise"}));
     cmd->add_option("--moe-overlap", o->moe_overlap,
                     "how each MoE layer hides its all-to-all: off, shared (the shared experts "
                     "compute while the dispatch flies) or dual (also two half micro-batches, one "

@@ -254,6 +254,19 @@ class Backend {
     virtual void stream_triad(float* a, const float* b, const float* c, float s, int64_t n) = 0;
     virtual void exp_elementwise(float* out, const float* inp, int64_t n) = 0;
     virtual void empty_launch() = 0;
+
+    // ---- low precision (cpu/quantize.h): the training recipes' FP8 block formats (E4M3
+    // elements with E8M0 or float32 scales per tile) and bfloat16 rounding ----
+    virtual void quantize_mxfp8(uint8_t* elements, uint8_t* scales, const float* x, int64_t rows,
+                                int64_t cols, bool down_columns) = 0;
+    virtual void dequantize_mxfp8(float* x, const uint8_t* elements, const uint8_t* scales,
+                                  int64_t rows, int64_t cols, bool down_columns) = 0;
+    virtual void quantize_fp8_blocks(uint8_t* elements, float* scales, const float* x, int64_t rows,
+                                     int64_t cols, int64_t block_rows, int64_t block_cols) = 0;
+    virtual void dequantize_fp8_blocks(float* x, const uint8_t* elements, const float* scales,
+                                       int64_t rows, int64_t cols, int64_t block_rows,
+                                       int64_t block_cols) = 0;
+    virtual void round_to_bf16(float* out, const float* x, int64_t n) = 0;
 };
 
 // The CPU reference backend: stateless, so one shared instance serves every caller.

@@ -83,6 +83,11 @@ constexpr std::array<ProfiledOp, kNumProfiledOps> kProfiledOps{{
     {"stream_triad", OpCategory::other},
     {"exp_elementwise", OpCategory::other},
     {"empty_launch", OpCategory::other},
+    {"quantize_mxfp8", OpCategory::quantize},
+    {"dequantize_mxfp8", OpCategory::quantize},
+    {"quantize_fp8_blocks", OpCategory::quantize},
+    {"dequantize_fp8_blocks", OpCategory::quantize},
+    {"round_to_bf16", OpCategory::quantize},
 }};
 
 // The index of an op in kProfiledOps, at compile time: a forwarding member whose name is missing
@@ -118,6 +123,8 @@ std::string_view op_category_name(OpCategory category) {
             return "cross-entropy";
         case OpCategory::optimizer:
             return "optimizer";
+        case OpCategory::quantize:
+            return "quantize";
         case OpCategory::other:
             return "other";
     }
@@ -665,6 +672,38 @@ void ProfilingBackend::exp_elementwise(float* out, const float* inp, int64_t n) 
 
 void ProfilingBackend::empty_launch() {
     timed(op_index("empty_launch"), [&] { inner_.empty_launch(); });
+}
+
+void ProfilingBackend::quantize_mxfp8(uint8_t* elements, uint8_t* scales, const float* x,
+                                      int64_t rows, int64_t cols, bool down_columns) {
+    timed(op_index("quantize_mxfp8"),
+          [&] { inner_.quantize_mxfp8(elements, scales, x, rows, cols, down_columns); });
+}
+
+void ProfilingBackend::dequantize_mxfp8(float* x, const uint8_t* elements, const uint8_t* scales,
+                                        int64_t rows, int64_t cols, bool down_columns) {
+    timed(op_index("dequantize_mxfp8"),
+          [&] { inner_.dequantize_mxfp8(x, elements, scales, rows, cols, down_columns); });
+}
+
+void ProfilingBackend::quantize_fp8_blocks(uint8_t* elements, float* scales, const float* x,
+                                           int64_t rows, int64_t cols, int64_t block_rows,
+                                           int64_t block_cols) {
+    timed(op_index("quantize_fp8_blocks"), [&] {
+        inner_.quantize_fp8_blocks(elements, scales, x, rows, cols, block_rows, block_cols);
+    });
+}
+
+void ProfilingBackend::dequantize_fp8_blocks(float* x, const uint8_t* elements, const float* scales,
+                                             int64_t rows, int64_t cols, int64_t block_rows,
+                                             int64_t block_cols) {
+    timed(op_index("dequantize_fp8_blocks"), [&] {
+        inner_.dequantize_fp8_blocks(x, elements, scales, rows, cols, block_rows, block_cols);
+    });
+}
+
+void ProfilingBackend::round_to_bf16(float* out, const float* x, int64_t n) {
+    timed(op_index("round_to_bf16"), [&] { inner_.round_to_bf16(out, x, n); });
 }
 
 std::string format_op_profile(const ProfilingBackend& profile, int64_t steps, double step_seconds) {

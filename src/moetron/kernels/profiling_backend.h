@@ -34,6 +34,7 @@ enum class OpCategory : uint8_t {
     embedding,         // embedding lookups and their gradients
     cross_entropy,     // the loss, whole or vocabulary-parallel
     optimizer,         // AdamW, gradient norm and clipping
+    quantize,          // the low-precision recipes' quantization and dequantization
     other,             // copies, fills, initialization, host transfers, machine probes
 };
 inline constexpr size_t kNumOpCategories = static_cast<size_t>(OpCategory::other) + 1;
@@ -45,7 +46,7 @@ struct ProfiledOp {
 };
 // Every op of Backend that the decorator forwards, once each, with its category (the identity
 // members name, device, describe and stream are not ops).
-inline constexpr size_t kNumProfiledOps = 68;
+inline constexpr size_t kNumProfiledOps = 73;
 std::span<const ProfiledOp> profiled_ops();
 
 class ProfilingBackend final : public Backend {
@@ -234,6 +235,15 @@ class ProfilingBackend final : public Backend {
     void stream_triad(float* a, const float* b, const float* c, float s, int64_t n) override;
     void exp_elementwise(float* out, const float* inp, int64_t n) override;
     void empty_launch() override;
+    void quantize_mxfp8(uint8_t* elements, uint8_t* scales, const float* x, int64_t rows,
+                        int64_t cols, bool down_columns) override;
+    void dequantize_mxfp8(float* x, const uint8_t* elements, const uint8_t* scales, int64_t rows,
+                          int64_t cols, bool down_columns) override;
+    void quantize_fp8_blocks(uint8_t* elements, float* scales, const float* x, int64_t rows,
+                             int64_t cols, int64_t block_rows, int64_t block_cols) override;
+    void dequantize_fp8_blocks(float* x, const uint8_t* elements, const float* scales, int64_t rows,
+                               int64_t cols, int64_t block_rows, int64_t block_cols) override;
+    void round_to_bf16(float* out, const float* x, int64_t n) override;
 
   private:
     template <typename Call>

@@ -30,6 +30,7 @@
 #include "moetron/parallel/tensor_parallel.h"
 
 #include "moetron/kernels/backend.h"
+#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/model/block.h"
 #include "moetron/model/layout_fit.h"
 #include "moetron/model/mtp.h"
@@ -242,7 +243,8 @@ CrossEntropyResult head_loss(Backend& ops, float* d_hidden, const float* hidden,
     ops.rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, rows, D,
                         static_cast<float>(c.rms_norm_eps));
     const float* normed = tp.gather_rows(s.normed_full, s.normed, rows * D);
-    ops.linear_forward(s.logits, normed, head_w, n, D, Vp);
+    // The output head stays in float32 under every low-precision recipe.
+    high_precision(ops).linear_forward(s.logits, normed, head_w, n, D, Vp);
     const CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
         ops, s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
     if (d_hidden == nullptr) return ce;
@@ -253,7 +255,7 @@ CrossEntropyResult head_loss(Backend& ops, float* d_hidden, const float* hidden,
                                           kIgnoreIndex, per_token, tp);
     // The head is column-parallel over the vocabulary: its input gradient is partial over TP.
     float* d_normed = tp.enabled() ? s.d_normed_full : s.d_normed;
-    ops.linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
+    high_precision(ops).linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
     tp.reduce_scatter_rows(s.d_normed, d_normed, rows * D);
     sequence_parallel_rmsnorm_backward(ops, d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd,
                                        s.d_norm_weight, rows, D, tp);

@@ -3,6 +3,7 @@
 #include <span>
 
 #include "moetron/kernels/backend.h"
+#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/parallel/expert_dispatcher.h"
 
 namespace moetron {
@@ -204,7 +205,8 @@ double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_
     const parallel::RowRange own = tp.row_share(n, "tokens of the MoE layer's micro-batch");
 
     // Router (eq. 15-16): the gate GEMM, then sigmoid, biased group-limited top-K and weights.
-    ops.linear_forward(scratch.logits, inp, w.gate, n, D, E);
+    // Every low-precision recipe keeps the router in float32 (README "Low precision").
+    high_precision(ops).linear_forward(scratch.logits, inp, w.gate, n, D, E);
     ops.router_forward(saved.topk_ids, saved.topk_weights, saved.scores, scratch.logits,
                        w.correction_bias, router_shape(c, n));
     if (load_counts != nullptr)
@@ -375,11 +377,11 @@ void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float
     float* d_logits = scratch.logits;
     ops.router_backward(d_logits, scratch.d_topk_weights, d_scores, saved.scores, saved.topk_ids,
                         router_shape(c, n));
-    ops.linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E);
+    high_precision(ops).linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E);
     // The router's input gradient is the same on every TP rank: each adds it to its own rows
     // only, so that the sum over TP counts it once.
-    ops.matmul(dinp + own.first * D, d_logits + own.first * E, w.gate, own.count, D, E, false,
-               false, 1.0f);
+    high_precision(ops).matmul(dinp + own.first * D, d_logits + own.first * E, w.gate, own.count, D,
+                               E, false, false, 1.0f);
 }
 
 }  // namespace moetron

@@ -7,6 +7,20 @@
 
 namespace moetron::parallel {
 
+double payload_bytes_per_element(PayloadFormat format) {
+    switch (format) {
+        case PayloadFormat::fp32:
+            return 4;
+        case PayloadFormat::bf16:
+            return 2;
+        case PayloadFormat::mxfp8:
+            return 1 + 1.0 / 32;  // E4M3 element + an E8M0 byte per 32
+        case PayloadFormat::fp8_blockwise:
+            return 1 + 4.0 / 128;  // E4M3 element + a float32 scale per 128
+    }
+    MT_THROW("[dispatch] unknown payload format {}", static_cast<int>(format));
+}
+
 TierRows dispatch_rows(DispatchKind kind, const DispatchFanout& f) {
     if (kind == DispatchKind::flat) return {f.own_domain_ranks, f.other_domain_ranks};
     return {f.own_domain_ranks + f.other_domain_ranks - f.other_domain_landings, f.other_domains};

@@ -44,4 +44,13 @@ DispatchFanout count_dispatch_fanout(std::span<const int32_t> topk_ids, int64_t 
                                      int64_t experts_per_rank, int64_t ranks_per_domain,
                                      int64_t self_rank);
 
+// The number formats a dispatched token's hidden row can travel in.
+enum class PayloadFormat { fp32, bf16, mxfp8, fp8_blockwise };
+
+// Bytes per hidden element of a dispatched row, scales included: float32 4, bfloat16 2, MXFP8 one
+// E4M3 byte per element plus one E8M0 scale byte per 32 elements, DeepSeek-V3's FP8 one byte per
+// element plus a float32 scale per 1 x 128 tile (both 1 + 1/32). The one definition of the
+// engine's low-precision formats (kernels/cpu/quantize.h) and the cluster model's dispatch bytes.
+double payload_bytes_per_element(PayloadFormat format);
+
 }  // namespace moetron::parallel

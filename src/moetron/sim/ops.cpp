@@ -367,14 +367,28 @@ void add_mlp(Builder& b, const OpContext& ctx, const Dims& d, const std::string&
     b.tp_reduce_scatter(prefix + ".rs", d.D);
 }
 
+// Bytes per element of a low-precision dispatch payload: the engine's definition for the FP8
+// recipes (parallel/dispatch_traffic.h); fp4 keeps its estimate (one scale byte per 32).
+double dispatch_payload_bytes(Precision prec, double low_bytes) {
+    switch (prec) {
+        case Precision::mxfp8:
+            return parallel::payload_bytes_per_element(parallel::PayloadFormat::mxfp8);
+        case Precision::fp8:
+            return parallel::payload_bytes_per_element(parallel::PayloadFormat::fp8_blockwise);
+        default:
+            return low_bytes * (1 + 1.0 / 32);
+    }
+}
+
 void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     const ModelConfig& m = *ctx.model;
     const Precision prec = ctx.settings.precision;
     const bool low = is_low_precision(prec);
     const double low_or_act = low ? d.low : kActBytes;
     const bool two_tier = ctx.settings.dispatcher == parallel::DispatchKind::two_tier;
-    const double payload =
-        ctx.settings.low_precision_dispatch && low ? d.low * (1 + 1.0 / 32) : kActBytes;
+    const double payload = ctx.settings.low_precision_dispatch && low
+                               ? dispatch_payload_bytes(prec, d.low)
+                               : kActBytes;
     RoutingShape routing;
     routing.num_experts = m.n_routed_experts;
     routing.num_groups = m.n_group;

@@ -20,6 +20,7 @@
 #include "moetron/kernels/cpu/mla_kv.h"
 #include "moetron/kernels/cpu/param_init.h"
 #include "moetron/kernels/cpu/permute.h"
+#include "moetron/kernels/cpu/quantize.h"
 #include "moetron/kernels/cpu/rmsnorm.h"
 #include "moetron/kernels/cpu/rope.h"
 #include "moetron/kernels/cpu/router.h"
@@ -362,6 +363,26 @@ class CpuBackend final : public Backend {
         cpu::exp_elementwise(out, inp, n);
     }
     void empty_launch() override { cpu::empty_launch(); }
+
+    void quantize_mxfp8(uint8_t* elements, uint8_t* scales, const float* x, int64_t rows,
+                        int64_t cols, bool down_columns) override {
+        cpu::quantize_mxfp8(elements, scales, x, rows, cols, down_columns);
+    }
+    void dequantize_mxfp8(float* x, const uint8_t* elements, const uint8_t* scales, int64_t rows,
+                          int64_t cols, bool down_columns) override {
+        cpu::dequantize_mxfp8(x, elements, scales, rows, cols, down_columns);
+    }
+    void quantize_fp8_blocks(uint8_t* elements, float* scales, const float* x, int64_t rows,
+                             int64_t cols, int64_t block_rows, int64_t block_cols) override {
+        cpu::quantize_fp8_blocks(elements, scales, x, rows, cols, block_rows, block_cols);
+    }
+    void dequantize_fp8_blocks(float* x, const uint8_t* elements, const float* scales, int64_t rows,
+                               int64_t cols, int64_t block_rows, int64_t block_cols) override {
+        cpu::dequantize_fp8_blocks(x, elements, scales, rows, cols, block_rows, block_cols);
+    }
+    void round_to_bf16(float* out, const float* x, int64_t n) override {
+        cpu::round_to_bf16(out, x, n);
+    }
 };
 
 }  // namespace

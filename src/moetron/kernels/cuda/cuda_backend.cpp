@@ -384,6 +384,21 @@ class CudaBackend final : public Backend {
         not_implemented("exp_elementwise");
     }
     void empty_launch() override { not_implemented("empty_launch"); }
+    void quantize_mxfp8(uint8_t*, uint8_t*, const float*, int64_t, int64_t, bool) override {
+        not_implemented("quantize_mxfp8");
+    }
+    void dequantize_mxfp8(float*, const uint8_t*, const uint8_t*, int64_t, int64_t, bool) override {
+        not_implemented("dequantize_mxfp8");
+    }
+    void quantize_fp8_blocks(uint8_t*, float*, const float*, int64_t, int64_t, int64_t,
+                             int64_t) override {
+        not_implemented("quantize_fp8_blocks");
+    }
+    void dequantize_fp8_blocks(float*, const uint8_t*, const float*, int64_t, int64_t, int64_t,
+                               int64_t) override {
+        not_implemented("dequantize_fp8_blocks");
+    }
+    void round_to_bf16(float*, const float*, int64_t) override { not_implemented("round_to_bf16"); }
 
   private:
     void acquire(int device) {

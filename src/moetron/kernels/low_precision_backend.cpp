@@ -1,0 +1,219 @@
+// LowPrecisionBackend (low_precision_backend.h): the GEMMs' operands quantized as the recipes do
+// on the GPU, each GEMM then run in float32 by the inner backend.
+#include "moetron/kernels/low_precision_backend.h"
+
+#include <fmt/format.h>
+
+#include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
+#include "moetron/kernels/cpu/quantize.h"
+
+namespace moetron {
+
+namespace {
+
+// DeepSeek-V3's tiles: 1 x 128 along the reduction dimension for activations and gradients,
+// 128 x 128 for weights.
+constexpr int64_t kDeepSeekTile = 128;
+
+bool cpu_has_avx512_bf16() {
+    return __builtin_cpu_supports("avx512bf16");
+}
+
+}  // namespace
+
+Precision parse_precision(std::string_view name) {
+    if (name == "fp32") return Precision::fp32;
+    if (name == "bf16") return Precision::bf16;
+    if (name == "mxfp8") return Precision::mxfp8;
+    if (name == "fp8-blockwise") return Precision::fp8_blockwise;
+    MT_USER_THROW("unknown precision '{}'; use fp32, bf16, mxfp8 or fp8-blockwise", name);
+}
+
+std::string_view precision_name(Precision precision) {
+    switch (precision) {
+        case Precision::fp32:
+            return "fp32";
+        case Precision::bf16:
+            return "bf16";
+        case Precision::mxfp8:
+            return "mxfp8";
+        case Precision::fp8_blockwise:
+            return "fp8-blockwise";
+    }
+    return "?";
+}
+
+LowPrecisionBackend::LowPrecisionBackend(Backend& inner, Precision precision)
+    : inner_(inner), precision_(precision) {
+    MT_CHECK(precision != Precision::fp32, "[low_precision] fp32 needs no decorator");
+    MT_USER_CHECK(inner.device() == Device::cpu,
+                  "--precision {} runs on the CPU backend only for now (the {} backend has no "
+                  "quantization kernels yet)",
+                  precision_name(precision), inner.name());
+}
+
+std::string LowPrecisionBackend::describe() const {
+    std::string recipe;
+    switch (precision_) {
+        case Precision::bf16:
+            recipe = fmt::format(
+                "GEMM inputs rounded to bfloat16, float32 accumulation; emulated (the float32 "
+                "GEMM runs on the rounded values){}",
+                cpu_has_avx512_bf16() ? "; this CPU has avx512_bf16, not used yet"
+                                      : "; this CPU has no avx512_bf16");
+            break;
+        case Precision::mxfp8:
+            recipe =
+                "E4M3 in 32-element blocks with E8M0 scales (TE MXFP8), dequantized into the "
+                "float32 GEMM";
+            break;
+        case Precision::fp8_blockwise:
+            recipe =
+                "E4M3 in 1x128 activation and 128x128 weight blocks (DeepSeek-V3), "
+                "dequantized into the float32 GEMM";
+            break;
+        case Precision::fp32:
+            break;
+    }
+    return fmt::format("{}; precision {}: {}", inner_.describe(), precision_name(precision_),
+                       recipe);
+}
+
+float* LowPrecisionBackend::slot_buffer(Slot slot, int64_t count) {
+    std::vector<float>& buffer = copies_[slot];
+    if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(static_cast<size_t>(count));
+    return buffer.data();
+}
+
+void LowPrecisionBackend::fake_quantize(float* dst, const float* x, int64_t rows, int64_t cols,
+                                        bool reduction_along_rows, Role role) {
+    const int64_t n = rows * cols;
+    if (n == 0) return;
+    if (precision_ == Precision::bf16) {
+        inner_.round_to_bf16(dst, x, n);
+        return;
+    }
+    if (static_cast<int64_t>(codes_.size()) < n) codes_.resize(static_cast<size_t>(n));
+    if (precision_ == Precision::mxfp8) {
+        const bool down_columns = !reduction_along_rows;
+        const int64_t num_scales = down_columns
+                                       ? cpu::blocks_covering(rows, cpu::kMxfp8BlockSize) * cols
+                                       : rows * cpu::blocks_covering(cols, cpu::kMxfp8BlockSize);
+        if (static_cast<int64_t>(e8m0_scales_.size()) < num_scales)
+            e8m0_scales_.resize(static_cast<size_t>(num_scales));
+        inner_.quantize_mxfp8(codes_.data(), e8m0_scales_.data(), x, rows, cols, down_columns);
+        inner_.dequantize_mxfp8(dst, codes_.data(), e8m0_scales_.data(), rows, cols, down_columns);
+        return;
+    }
+    const bool weight = role == Role::weight;
+    const int64_t block_rows = weight || !reduction_along_rows ? kDeepSeekTile : 1;
+    const int64_t block_cols = weight || reduction_along_rows ? kDeepSeekTile : 1;
+    const int64_t num_scales =
+        cpu::blocks_covering(rows, block_rows) * cpu::blocks_covering(cols, block_cols);
+    if (static_cast<int64_t>(float_scales_.size()) < num_scales)
+        float_scales_.resize(static_cast<size_t>(num_scales));
+    inner_.quantize_fp8_blocks(codes_.data(), float_scales_.data(), x, rows, cols, block_rows,
+                               block_cols);
+    inner_.dequantize_fp8_blocks(dst, codes_.data(), float_scales_.data(), rows, cols, block_rows,
+                                 block_cols);
+}
+
+const float* LowPrecisionBackend::fake_quantized(Slot slot, const float* x, int64_t rows,
+                                                 int64_t cols, bool reduction_along_rows,
+                                                 Role role) {
+    float* dst = slot_buffer(slot, rows * cols);
+    fake_quantize(dst, x, rows, cols, reduction_along_rows, role);
+    return dst;
+}
+
+const float* LowPrecisionBackend::fake_quantized_experts(const float* weight, int64_t num_experts,
+                                                         int64_t out_dim, int64_t in_dim,
+                                                         bool reduction_along_rows) {
+    const int64_t per_expert = out_dim * in_dim;
+    float* dst = slot_buffer(kSecond, num_experts * per_expert);
+    for (int64_t e = 0; e < num_experts; ++e) {
+        fake_quantize(dst + e * per_expert, weight + e * per_expert, out_dim, in_dim,
+                      reduction_along_rows, Role::weight);
+    }
+    return dst;
+}
+
+// C = op(A) op(B): A (M, K) has its reduction along rows unless transposed; B (K, N) runs it down
+// the columns unless transposed (then it is (N, K)).
+void LowPrecisionBackend::matmul(float* c, const float* a, const float* b, int64_t m, int64_t n,
+                                 int64_t k, bool trans_a, bool trans_b, float beta) {
+    const float* qa =
+        fake_quantized(kFirst, a, trans_a ? k : m, trans_a ? m : k, !trans_a, Role::activation);
+    const float* qb =
+        fake_quantized(kSecond, b, trans_b ? n : k, trans_b ? k : n, trans_b, Role::weight);
+    inner_.matmul(c, qa, qb, m, n, k, trans_a, trans_b, beta);
+}
+
+void LowPrecisionBackend::linear_forward(float* out, const float* inp, const float* weight,
+                                         int64_t num_rows, int64_t in_dim, int64_t out_dim) {
+    const float* x = fake_quantized(kFirst, inp, num_rows, in_dim, true, Role::activation);
+    const float* w = fake_quantized(kSecond, weight, out_dim, in_dim, true, Role::weight);
+    inner_.linear_forward(out, x, w, num_rows, in_dim, out_dim);
+}
+
+void LowPrecisionBackend::linear_backward(float* dinp, float* dweight, const float* dout,
+                                          const float* inp, const float* weight, int64_t num_rows,
+                                          int64_t in_dim, int64_t out_dim) {
+    // dinp (M, I) = dout (M, O) @ W (O, I): reduced over O, along dout's rows and down W's
+    // columns (W's column-wise copy).
+    if (dinp != nullptr) {
+        const float* g = fake_quantized(kFirst, dout, num_rows, out_dim, true, Role::activation);
+        const float* w = fake_quantized(kSecond, weight, out_dim, in_dim, false, Role::weight);
+        inner_.matmul(dinp, g, w, num_rows, in_dim, out_dim, false, false, 0.0f);
+    }
+    // dW (O, I) += dout^T @ inp: reduced over the M tokens, down both operands' columns.
+    const float* g = fake_quantized(kFirst, dout, num_rows, out_dim, false, Role::activation);
+    const float* x = fake_quantized(kSecond, inp, num_rows, in_dim, false, Role::activation);
+    inner_.matmul(dweight, g, x, out_dim, in_dim, num_rows, true, false, 1.0f);
+}
+
+void LowPrecisionBackend::grouped_linear_forward(float* out, const float* inp, const float* weight,
+                                                 const int64_t* offsets, int64_t num_experts,
+                                                 int64_t in_dim, int64_t out_dim) {
+    // Row-wise blocks lie within one token's row, so the whole input is quantized at once.
+    const float* x =
+        fake_quantized(kFirst, inp, offsets[num_experts], in_dim, true, Role::activation);
+    const float* w = fake_quantized_experts(weight, num_experts, out_dim, in_dim, true);
+    inner_.grouped_linear_forward(out, x, w, offsets, num_experts, in_dim, out_dim);
+}
+
+void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, const float* dout,
+                                                  const float* inp, const float* weight,
+                                                  const int64_t* offsets, int64_t num_experts,
+                                                  int64_t in_dim, int64_t out_dim) {
+    const int64_t per_expert = out_dim * in_dim;
+    if (dinp != nullptr) {
+        const float* g =
+            fake_quantized(kFirst, dout, offsets[num_experts], out_dim, true, Role::activation);
+        const float* w = fake_quantized_experts(weight, num_experts, out_dim, in_dim, false);
+        for (int64_t e = 0; e < num_experts; ++e) {
+            const int64_t row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+            if (rows == 0) continue;
+            inner_.matmul(dinp + row0 * in_dim, g + row0 * out_dim, w + e * per_expert, rows,
+                          in_dim, out_dim, false, false, 0.0f);
+        }
+    }
+    // Column-wise blocks run down one expert's tokens: each segment is quantized on its own.
+    for (int64_t e = 0; e < num_experts; ++e) {
+        const int64_t row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+        if (rows == 0) continue;
+        const float* g =
+            fake_quantized(kFirst, dout + row0 * out_dim, rows, out_dim, false, Role::activation);
+        const float* x =
+            fake_quantized(kSecond, inp + row0 * in_dim, rows, in_dim, false, Role::activation);
+        inner_.matmul(dweight + e * per_expert, g, x, out_dim, in_dim, rows, true, false, 1.0f);
+    }
+}
+
+Backend& high_precision(Backend& ops) {
+    auto* low = dynamic_cast<LowPrecisionBackend*>(&ops);
+    return low != nullptr ? low->inner() : ops;
+}
+
+}  // namespace moetron

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Trains tiny on Tiny Shakespeare in the four precisions and compares them.
+
+usage: tools/low_precision_convergence.py [--binary build/moetron] [--steps 1500]
+           [--text ../shared/data/tinyshakespeare.txt] [--out-dir /tmp/moetron_precision]
+           [--svg docs/low_precision_convergence.svg] [--timing-rounds 3 --timing-steps 20]
+
+For each of fp32, bf16, mxfp8 and fp8-blockwise: one run of --steps steps (same seed, data and
+schedule; validation every 100 steps) logged as JSONL, then the validation curves of all four
+in one SVG and a Markdown table of the final validation losses. The CPU cost per step comes from
+separate short runs, interleaved (fp32, bf16, mxfp8, fp8-blockwise, fp32, ...) so that a load
+change on a shared machine hits every recipe alike; the table gives each recipe's median ms per
+step (the median over rounds of each run's median step time) and its ratio to fp32. Exits 0 with a message when the text file is missing.
+Standard library only.
+"""
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+PRECISIONS = ["fp32", "bf16", "mxfp8", "fp8-blockwise"]
+COLORS = {"fp32": "#222222", "bf16": "#1f77b4", "mxfp8": "#d62728", "fp8-blockwise": "#2ca02c"}
+
+
+def train(binary, text, precision, steps, extra):
+    command = [binary, "train", "--config", "tiny", "--text", text, "--steps", str(steps),
+               "--precision", precision, "--threads", "1"] + extra
+    done = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return done
+
+
+def median_step_ms(jsonl):
+    """The median of a run's per-step times, its first step (warm-up) left out."""
+    rows = [json.loads(line) for line in pathlib.Path(jsonl).read_text().splitlines() if line]
+    return statistics.median(r["step_ms"] for r in rows[1:])
+
+
+def svg(curves, out, steps):
+    width, height, margin = 720, 400, 60
+    values = [v for points in curves.values() for _, v in points]
+    low, high = min(values), max(values)
+    low, high = low - 0.02 * (high - low), high + 0.02 * (high - low)
+
+    def x(step):
+        return margin + (width - 2 * margin) * step / steps
+
+    def y(loss):
+        return height - margin - (height - 2 * margin) * (loss - low) / (high - low)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'font-family="sans-serif" font-size="12">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="{width / 2}" y="20" text-anchor="middle">tiny on Tiny Shakespeare: '
+             f'validation loss by precision</text>',
+             f'<line x1="{margin}" y1="{height - margin}" x2="{width - margin}" '
+             f'y2="{height - margin}" stroke="black"/>',
+             f'<line x1="{margin}" y1="{margin}" x2="{margin}" y2="{height - margin}" '
+             f'stroke="black"/>',
+             f'<text x="{width / 2}" y="{height - 20}" text-anchor="middle">step</text>']
+    for i in range(6):
+        loss = low + (high - low) * i / 5
+        parts.append(f'<text x="{margin - 6}" y="{y(loss) + 4}" text-anchor="end">'
+                     f'{loss:.2f}</text>')
+        step = steps * i // 5
+        parts.append(f'<text x="{x(step)}" y="{height - margin + 16}" text-anchor="middle">'
+                     f'{step}</text>')
+    for row, (precision, points) in enumerate(curves.items()):
+        path = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in points)
+        parts.append(f'<polyline fill="none" stroke="{COLORS[precision]}" stroke-width="1.5" '
+                     f'points="{path}"/>')
+        parts.append(f'<text x="{width - margin - 110}" y="{margin + 16 * row}" '
+                     f'fill="{COLORS[precision]}">{precision}</text>')
+    parts.append("</svg>")
+    pathlib.Path(out).write_text("\n".join(parts) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--binary", default="build/moetron")
+    ap.add_argument("--text", default="../shared/data/tinyshakespeare.txt")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--out-dir", default="/tmp/moetron_precision")
+    ap.add_argument("--svg", default="docs/low_precision_convergence.svg")
+    ap.add_argument("--timing-rounds", type=int, default=3)
+    ap.add_argument("--timing-steps", type=int, default=20)
+    ap.add_argument("--reuse-logs", action="store_true",
+                    help="take the curves from --out-dir's logs of an earlier run; time only")
+    args = ap.parse_args()
+    if not pathlib.Path(args.text).exists():
+        print(f"skipped: {args.text} not found (pass --text)")
+        return 0
+    out_dir = pathlib.Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    curves, final = {}, {}
+    for precision in PRECISIONS:
+        log = out_dir / f"{precision}.jsonl"
+        if not args.reuse_logs:
+            train(args.binary, args.text, precision, args.steps,
+                  ["--eval-every", "100", "--log-jsonl", str(log)])
+        rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        curves[precision] = [(r["step"], r["val_loss"]) for r in rows
+                             if r.get("val_loss") is not None]
+        final[precision] = curves[precision][-1][1]
+        print(f"{precision}: final validation loss {final[precision]:.4f}", flush=True)
+
+    times = {p: [] for p in PRECISIONS}
+    for _ in range(args.timing_rounds):
+        for precision in PRECISIONS:
+            timing_log = out_dir / f"timing-{precision}.jsonl"
+            timing_log.unlink(missing_ok=True)
+            train(args.binary, args.text, precision, args.timing_steps,
+                  ["--eval-every", str(args.timing_steps), "--log-jsonl", str(timing_log)])
+            times[precision].append(median_step_ms(timing_log))
+    median = {p: statistics.median(t) for p, t in times.items()}
+
+    svg(curves, args.svg, args.steps)
+    print(f"\n| precision | final val loss ({args.steps} steps) | vs fp32 | ms/step (median of "
+          f"{args.timing_rounds} interleaved x {args.timing_steps} steps) | vs fp32 |")
+    print("|---|---|---|---|---|")
+    for p in PRECISIONS:
+        print(f"| {p} | {final[p]:.4f} | {100 * (final[p] / final['fp32'] - 1):+.2f}% | "
+              f"{median[p]:.1f} | {median[p] / median['fp32']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
