@@ -69,6 +69,7 @@ struct TrainOptions {
     std::string dispatch = "flat";
     std::string moe_overlap = "off";
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
+    int64_t redundant_experts = 0;
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -238,6 +239,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
     parallel.moe.overlap = parse_moe_overlap(o.moe_overlap);
     parallel.moe.capacity_factor = o.moe_capacity_factor;
+    parallel.moe.redundant_experts = o.redundant_experts;
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
@@ -494,6 +496,11 @@ void register_train(CLI::App& app) {
                     "half's all-to-all in flight while the other's experts compute); default off; "
                     "shared helps with two_tier")
         ->check(CLI::IsMember({"off", "shared", "dual"}));
+    cmd->add_option("--redundant-experts", o->redundant_experts,
+                    "spare expert slots over the expert-parallel group (R): each rank holds "
+                    "(experts + R) / ep slots, and the spare ones replicate the busiest experts "
+                    "so that the busiest rank carries less; needs ep > 1 (default 0)")
+        ->check(CLI::NonNegativeNumber);
     cmd->add_option("--moe-capacity-factor", o->moe_capacity_factor,
                     "expert-side MoE buffers per rank, in units of the balanced load (tokens x "
                     "top-k per rank); a step whose routing exceeds them runs the layer in extra "

@@ -23,10 +23,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "moetron/core/rng.h"
+#include "moetron/core/user_error.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/expert_dispatcher.h"
+#include "moetron/parallel/replica_gradients.h"
 #include "moetron/parallel/tensor_parallel.h"
 
 #include "moetron/kernels/backend.h"
@@ -108,6 +111,17 @@ std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertSh
 }
 
 ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel) {
+    const int64_t redundant = parallel.moe.redundant_experts;
+    MT_USER_CHECK(redundant == 0 ||
+                      (c.n_routed_experts > 0 && parallel.ep != nullptr && parallel.ep->size() > 1),
+                  "--redundant-experts {} needs routed experts split over an expert-parallel "
+                  "group of more than one rank (e.g. --layout ep2); model '{}' has {} routed "
+                  "experts and ep {}",
+                  redundant, c.name, c.n_routed_experts,
+                  parallel.ep != nullptr ? parallel.ep->size() : 1);
+    if (redundant > 0)
+        parallel::check_placement_shape(
+            {c.n_routed_experts, c.n_routed_experts + redundant, parallel.ep->size()});
     if (parallel.ep == nullptr || parallel.ep->size() == 1 || c.n_routed_experts == 0) return {};
     const int64_t ep = parallel.ep->size();
     MT_CHECK(c.n_routed_experts % ep == 0,
@@ -120,8 +134,26 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
              "[model] expert parallelism over '{}' needs ModelParallel::load: the group over which "
              "expert loads are summed (every rank that routes different tokens)",
              parallel.ep->name());
+    if (parallel.moe.redundant_experts > 0) {  // physical slots: (E + R) / ep per rank
+        const int64_t slots = c.n_routed_experts + parallel.moe.redundant_experts;
+        const int64_t local = slots / ep;
+        return {parallel.ep->rank() * local, local, slots};
+    }
     const int64_t local = c.n_routed_experts / ep;
     return {parallel.ep->rank() * local, local};
+}
+
+// The shape of the redundant experts' placement over the EP group: its domains, and the router's
+// groups that hierarchical placement keeps inside them.
+parallel::PlacementShape placement_shape(const ModelConfig& c, const ModelParallel& parallel,
+                                         int64_t ep_ranks_per_domain) {
+    parallel::PlacementShape s;
+    s.num_experts = c.n_routed_experts;
+    s.num_slots = c.n_routed_experts + parallel.moe.redundant_experts;
+    s.ep_size = parallel.ep != nullptr ? parallel.ep->size() : 1;
+    s.num_domains = s.ep_size / std::max<int64_t>(1, ep_ranks_per_domain);
+    s.num_groups = c.n_group > 0 && c.n_routed_experts % c.n_group == 0 ? c.n_group : 1;
+    return s;
 }
 
 // The EP ranks per scale-up domain, as the groups built from the Topology say.
@@ -178,7 +210,7 @@ parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int6
                                                       const MoeSettings& moe,
                                                       int64_t ep_ranks_per_domain) {
     parallel::ExpertDispatchConfig dc;
-    dc.routing.num_experts = c.n_routed_experts;
+    dc.routing.num_experts = c.n_routed_experts + moe.redundant_experts;  // the physical slots
     dc.routing.top_k = c.num_experts_per_tok;
     dc.routing.hidden = c.hidden_size;
     dc.routing.max_tokens = max_tokens;
@@ -460,6 +492,12 @@ struct Model::Impl : ActivationSet {
     ModelParallel parallel;
     parallel::TensorParallel tp;  // declared before table: the specs read it
     ExpertShard shard;
+    // Redundant experts (MoeSettings::redundant_experts): which logical expert each slot holds,
+    // and the sum of the replicas' gradients, which arm_replica_gradient_sum() turns on for the
+    // next backward (the last micro-batch's: the gradients are then whole).
+    std::optional<parallel::ExpertPlacement> placement;
+    std::optional<parallel::ReplicaGradientSum> replica_grads;
+    bool replica_sum_armed = false;
     ParamTable table;
     Arena params, grads, acts;
     ModelParams w, g;  // the same tree, pointing into params and into grads
@@ -510,9 +548,16 @@ struct Model::Impl : ActivationSet {
         bind_model_params(bind_g, g, c);
 
         if (c.n_routed_experts > 0) {
-            const parallel::ExpertDispatchConfig dc = expert_dispatch_config(
+            parallel::ExpertDispatchConfig dc = expert_dispatch_config(
                 c, r.batch_size * r.seq_len, par.moe, ep_ranks_per_domain(par));
             check_domain_limited_routing(c, dc, par);
+            if (par.moe.redundant_experts > 0) {
+                const parallel::PlacementShape shape =
+                    placement_shape(c, par, ep_ranks_per_domain(par));
+                placement = parallel::initial_placement(shape);
+                replica_grads.emplace(shape, 3 * c.moe_intermediate_size * c.hidden_size);
+                dc.placement = &*placement;
+            }
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
             groups.rail = par.ep_rail;
@@ -744,16 +789,19 @@ struct Model::Impl : ActivationSet {
                 ops.add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
                                 tp.local_rows(n) * D);
             }
+            sum_replica_grads(g.mtp[d].block);
             notify_grads_ready(mtp_range[d]);
         }
         for (int64_t l = L - 1; l >= 0; --l) {
             block_backward(ops, d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
                            block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
+            sum_replica_grads(g.layers[l]);
             notify_grads_ready(layer_range[l]);
         }
         vocab_parallel_embedding_backward(ops, g.embed, d_stream, input_tokens, block_scratch.full,
                                           n, c.vocab_size, D, tp);
         notify_grads_ready(embed_range);
+        replica_sum_armed = false;
         return losses;
     }
 
@@ -777,6 +825,7 @@ struct Model::Impl : ActivationSet {
     }
 
     void init_expert_shard(uint64_t seed) {
+        if (placement) return init_expert_slots(seed);
         if (shard.first == 0) return;  // the first shard's global indices are its local ones
         for (size_t i = 0; i < table.specs().size(); ++i) {
             const TensorSpec& spec = table.specs()[i];
@@ -787,6 +836,34 @@ struct Model::Impl : ActivationSet {
                             fnv1a_64(spec.name), 1, e.numel, shard.first * per_expert, 0,
                             spec.init_stddev);
         }
+    }
+
+    // Redundant experts: each local slot gets the numbers of the logical expert it holds, so
+    // that replicas start identical and equal to that expert in a run without them.
+    void init_expert_slots(uint64_t seed) {
+        for (size_t i = 0; i < table.specs().size(); ++i) {
+            const TensorSpec& spec = table.specs()[i];
+            if (!is_routed_expert_param(spec.name)) continue;
+            const ParamEntry& e = table.entries()[i];
+            const int64_t per_expert = e.numel / shard.count;
+            for (int64_t local = 0; local < shard.count; ++local) {
+                const int64_t expert =
+                    placement->slot_expert[static_cast<size_t>(shard.first + local)];
+                ops.init_normal(static_cast<float*>(params.base()) + e.offset + local * per_expert,
+                                seed, fnv1a_64(spec.name), 1, per_expert, expert * per_expert, 0,
+                                spec.init_stddev);
+            }
+        }
+    }
+
+    // After a MoE block's backward on the armed (last) micro-batch: its replicas' gradients
+    // summed over the EP group (a collective over it; every rank runs the same blocks).
+    void sum_replica_grads(const BlockParams& grads) {
+        if (!replica_sum_armed || !grads.is_moe) return;
+        const int64_t F = config.moe_intermediate_size, D = config.hidden_size;
+        const parallel::SlotTensor tensors[] = {{grads.moe.experts_gate_up, 2 * F * D},
+                                                {grads.moe.experts_down, D * F}};
+        replica_grads->sum(*placement, tensors, *parallel.ep);
     }
 };
 
@@ -918,6 +995,19 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
         // A parameter the TP ranks replicate (not split) has the same copy on each of them; the
         // routed experts' EDP group already counts every rank.
         const int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
+        if (expert && impl_->placement) {
+            // Redundant experts: a slot is one of its expert's replicas, which hold the same
+            // gradient (arm_replica_gradient_sum), so the global norm counts each once.
+            const ExpertShard& shard = impl_->shard;
+            const int64_t per_slot = e.numel / shard.count;
+            for (int64_t i = 0; i < shard.count; ++i) {
+                const int32_t x =
+                    impl_->placement->slot_expert[static_cast<size_t>(shard.first + i)];
+                spans.push_back({e.offset + i * per_slot, per_slot, group, e.trainable,
+                                 e.weight_decay, static_cast<int>(impl_->placement->replicas(x))});
+            }
+            continue;
+        }
         spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay, copies});
     }
     return spans;
@@ -925,6 +1015,14 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
 
 ExpertShard Model::expert_shard() const {
     return impl_->shard;
+}
+
+const parallel::ExpertPlacement* Model::expert_placement() const {
+    return impl_->placement ? &*impl_->placement : nullptr;
+}
+
+void Model::arm_replica_gradient_sum() {
+    impl_->replica_sum_armed = impl_->placement.has_value();
 }
 
 TensorView Model::param(const std::string& name) const {

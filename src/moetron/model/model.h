@@ -70,6 +70,10 @@ struct MoeSettings {
     // capacity_factor; 0: the worst case); a step that exceeds it runs in rounds, dropless. Only
     // used with expert parallelism.
     double capacity_factor = parallel::kDefaultMoeCapacityFactor;
+    // --redundant-experts R: the EP group holds E + R physical expert slots, (E + R) / ep per
+    // rank; the spare ones replicate hot experts (parallel/expert_placement.h). Needs expert
+    // parallelism; 0: every expert once, contiguously.
+    int64_t redundant_experts = 0;
 };
 
 struct ModelParallel {
@@ -195,10 +199,18 @@ class Model {
     const std::vector<ParamEntry>& param_entries() const;
     // The flat buffer as gradient synchronization sees it: one span per entry, with its replica
     // group (the routed experts: the expert-data-parallel group; the rest: data-parallel) and,
-    // for a parameter replicated over the TP group, its tp identical copies outside that group.
+    // for a parameter replicated over the TP group, its tp identical copies outside that group
+    // (with redundant experts, one span per expert slot: its expert's replicas are its copies).
     std::vector<parallel::ParamSpan> param_spans() const;
-    // Which routed experts this rank holds.
+    // Which routed experts this rank holds (with redundant experts: which physical slots).
     ExpertShard expert_shard() const;
+    // With redundant experts, the logical expert each physical slot holds; else null.
+    const parallel::ExpertPlacement* expert_placement() const;
+    // With redundant experts: the next forward_backward (the step's last micro-batch, when the
+    // gradients are whole) sums each replicated expert's gradients over its replicas, layer by
+    // layer before announcing them ready (a collective over the EP group), so that the replicas
+    // take the same update. Nothing without redundant experts.
+    void arm_replica_gradient_sum();
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report

@@ -152,9 +152,10 @@ void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix,
                      const ModelConfig& c) {
     const int64_t E = c.n_routed_experts, D = c.hidden_size, F = c.moe_intermediate_size;
     const int64_t El = p.experts.local_experts(E);
-    MT_CHECK(p.experts.first >= 0 && p.experts.count >= 0 && p.experts.first + El <= E,
-             "[moe] experts [{}, {}) of layer '{}' are not within the {} routed experts",
-             p.experts.first, p.experts.first + El, prefix, E);
+    MT_CHECK(
+        p.experts.first >= 0 && p.experts.count >= 0 && p.experts.first + El <= p.experts.slots(E),
+        "[moe] experts [{}, {}) of layer '{}' are not within the {} routed expert slots",
+        p.experts.first, p.experts.first + El, prefix, p.experts.slots(E));
     b.weight(p.gate, prefix + "router", {E, D});
     b.correction_bias(p.correction_bias, prefix + "router_bias", E);
     b.weight(p.experts_gate_up, prefix + "experts.gate_up", {El, 2 * F, D});
@@ -234,7 +235,7 @@ double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_
     };
     auto route = [&](const TokenHalf& h) {
         dispatch.route(h.slot, saved.topk_ids + h.first * K, saved.topk_weights + h.first * K,
-                       h.count);
+                       h.count, h.first - own.first);
     };
     if (tp.enabled() && !shared_first) zero_other_rows(ops, out, own, n, D);
 
@@ -324,7 +325,7 @@ void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float
             TokenHalf h = round_of(rounds, i, saved, own);
             if (i + 1 < rounds.size()) {
                 dispatch.route(h.slot, saved.topk_ids + h.first * K,
-                               saved.topk_weights + h.first * K, h.count);
+                               saved.topk_weights + h.first * K, h.count, h.first - own.first);
                 place_halves(&h, 1, dispatch, expert_rows);
                 dispatch.dispatch_forward(h.slot, saved.permuted, inp + h.first * D);
                 experts_forward(ops, saved, w, h, El, D, F);

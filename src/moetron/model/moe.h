@@ -44,10 +44,14 @@ namespace moetron {
 
 // The routed experts a rank holds: global experts [first, first + count). count 0 means all E
 // (one process). Counter-based initialization reads it, so that expert e gets the same numbers on
-// whichever rank holds it.
+// whichever rank holds it. With redundant experts (--redundant-experts R) the range is one of
+// physical slots [first, first + count) of num_slots = E + R, each holding the logical expert an
+// ExpertPlacement (parallel/expert_placement.h) gives it.
 struct ExpertShard {
     int64_t first = 0;
     int64_t count = 0;
+    int64_t num_slots = 0;  // 0: E (no redundant experts)
+    int64_t slots(int64_t num_experts) const { return num_slots > 0 ? num_slots : num_experts; }
     int64_t local_experts(int64_t num_experts) const { return count > 0 ? count : num_experts; }
 };
 

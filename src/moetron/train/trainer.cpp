@@ -184,7 +184,10 @@ StepRecord Trainer::step() {
         count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
     std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
     for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-        if (micro + 1 == config_.grad_accum) optimizer_->grad_sync().arm();
+        if (micro + 1 == config_.grad_accum) {
+            optimizer_->grad_sync().arm();
+            model_->arm_replica_gradient_sum();  // redundant experts: replicas sum their parts
+        }
         const int64_t first = micro * micro_tokens + first_rank_row_ * S;
         const TraceScope scope(&trace_, "forward + backward");
         const MicroBatchLosses l = model_->forward_backward(
