@@ -1,9 +1,11 @@
-// Redundant experts (--redundant-experts R, parallel/expert_placement.h) do not change the math:
-// the tiny model trained expert parallel over the world with R = ep spare slots (one per rank)
-// gives the losses and gradient norms of the same run without them (1e-5 relative), flat and
-// two_tier over emulated domains, and with the experts' ZeRO-1 shards over an EDP group; the
-// replicas of an expert are bit-identical after every step; a checkpoint keeps logical experts, so
-// a run saved with R resumes without R (and the other way) on the same losses.
+// Redundant experts (--redundant-experts R, parallel/expert_placement.h) and their rebalancing
+// (--rebalance-every N, train/expert_balance.h) do not change the math: the tiny model trained
+// expert parallel over the world with R = ep spare slots (one per rank), placed anew every 2
+// steps with the slots' weights and moments migrated, gives the losses and gradient norms of the
+// same run without them (1e-5 relative), flat and two_tier over emulated domains; with the
+// experts' ZeRO-1 shards over an EDP group, R without rebalancing does too. The replicas of an
+// expert are bit-identical after every step; a checkpoint keeps logical experts, so a run saved
+// with R resumes without R (and the other way) on the same losses.
 //
 // Runs under mpirun -np 1, 2 and 4 (one rank has no expert parallelism and is skipped).
 #include <fmt/format.h>
@@ -40,9 +42,10 @@ struct RunSetup {
     int domain_size = 0;
     parallel::DispatchKind dispatch = parallel::DispatchKind::flat;
     int64_t redundant = 0;
+    int64_t rebalance_every = 0;
     std::string str() const {
-        return fmt::format("{} domain_size {} {} R {}", layout, domain_size,
-                           parallel::dispatch_kind_name(dispatch), redundant);
+        return fmt::format("{} domain_size {} {} R {} rebalance every {}", layout, domain_size,
+                           parallel::dispatch_kind_name(dispatch), redundant, rebalance_every);
     }
 };
 
@@ -64,6 +67,7 @@ std::unique_ptr<Trainer> make_trainer(const ModelConfig& model, const RunSetup& 
     p.domain_size = s.domain_size;
     p.moe.dispatch = s.dispatch;
     p.moe.redundant_experts = s.redundant;
+    p.moe.rebalance_every = s.rebalance_every;
     p.bucket_mb = 0.0625;  // several buckets: ZeRO-1 shards cut the expert tensors
     return std::make_unique<Trainer>(model, c, std::move(loader), p);
 }
@@ -114,9 +118,9 @@ void expect_identical_replicas(const Model& model, const std::string& what) {
 
 std::vector<RunSetup> setups(int world) {
     const std::string ep = fmt::format("ep{}", world);
-    std::vector<RunSetup> out = {{ep, 0, parallel::DispatchKind::flat, world}};
+    std::vector<RunSetup> out = {{ep, 0, parallel::DispatchKind::flat, world, 2}};
     // two_tier over two emulated domains (tiny's 4 router groups split over them).
-    out.push_back({ep, world / 2, parallel::DispatchKind::two_tier, world});
+    out.push_back({ep, world / 2, parallel::DispatchKind::two_tier, world, 2});
     // The experts' ZeRO-1 shards over an EDP group of 2.
     if (world == 4) out.push_back({"ep2", 0, parallel::DispatchKind::flat, 2});
     return out;
@@ -129,6 +133,7 @@ TEST(MpiRedundantExperts, TrainLikeTheRunWithoutThemWithIdenticalReplicas) {
     for (const RunSetup& with : setups(world)) {
         RunSetup without = with;
         without.redundant = 0;
+        without.rebalance_every = 0;
         auto base = make_trainer(model, without);
         auto eplb = make_trainer(model, with);
         // One spare slot per EP rank: some expert has two replicas.
@@ -138,12 +143,19 @@ TEST(MpiRedundantExperts, TrainLikeTheRunWithoutThemWithIdenticalReplicas) {
         for (int64_t x = 0; x < placement->shape.num_experts; ++x)
             max_replicas = std::max(max_replicas, placement->replicas(x));
         EXPECT_GE(max_replicas, 2) << with.str();
+        double migrated_slots = 0;
         for (int s = 0; s < kSteps; ++s) {
             const StepRecord want = base->step();
             const StepRecord got = eplb->step();
             expect_same_step(got, want, with.str());
             expect_identical_replicas(eplb->model(),
                                       fmt::format("{} after step {}", with.str(), s + 1));
+            EXPECT_EQ(got.rebalanced, with.rebalance_every > 0 && (s + 1) % 2 == 0) << with.str();
+            migrated_slots += got.rebalance_migrated_slots;
+        }
+        // The rebalances moved slots (so the equality above covers a migration).
+        if (with.rebalance_every > 0) {
+            EXPECT_GT(migrated_slots, 0) << with.str();
         }
     }
 }

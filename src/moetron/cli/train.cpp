@@ -70,6 +70,7 @@ struct TrainOptions {
     std::string moe_overlap = "off";
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     int64_t redundant_experts = 0;
+    int64_t rebalance_every = 0;
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -240,6 +241,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.moe.overlap = parse_moe_overlap(o.moe_overlap);
     parallel.moe.capacity_factor = o.moe_capacity_factor;
     parallel.moe.redundant_experts = o.redundant_experts;
+    parallel.moe.rebalance_every = o.rebalance_every;
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
@@ -500,6 +502,11 @@ void register_train(CLI::App& app) {
                     "spare expert slots over the expert-parallel group (R): each rank holds "
                     "(experts + R) / ep slots, and the spare ones replicate the busiest experts "
                     "so that the busiest rank carries less; needs ep > 1 (default 0)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--rebalance-every", o->rebalance_every,
+                    "with --redundant-experts: every N steps, place the expert slots for the "
+                    "moving average of the measured load and migrate their weights and optimizer "
+                    "state (default 0: never)")
         ->check(CLI::NonNegativeNumber);
     cmd->add_option("--moe-capacity-factor", o->moe_capacity_factor,
                     "expert-side MoE buffers per rank, in units of the balanced load (tokens x "

@@ -1004,7 +1004,8 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
                 const int32_t x =
                     impl_->placement->slot_expert[static_cast<size_t>(shard.first + i)];
                 spans.push_back({e.offset + i * per_slot, per_slot, group, e.trainable,
-                                 e.weight_decay, static_cast<int>(impl_->placement->replicas(x))});
+                                 e.weight_decay, static_cast<int>(impl_->placement->replicas(x)),
+                                 /*own_run=*/true});
             }
             continue;
         }
@@ -1019,6 +1020,15 @@ ExpertShard Model::expert_shard() const {
 
 const parallel::ExpertPlacement* Model::expert_placement() const {
     return impl_->placement ? &*impl_->placement : nullptr;
+}
+
+void Model::set_expert_placement(const parallel::ExpertPlacement& placement) {
+    MT_CHECK(
+        impl_->placement && placement.slot_expert.size() == impl_->placement->slot_expert.size(),
+        "[model] a new expert placement needs redundant experts and the same slots");
+    impl_->placement->slot_expert = placement.slot_expert;  // same sizes: no allocation
+    impl_->placement->replica_first = placement.replica_first;
+    impl_->placement->replica_slots = placement.replica_slots;
 }
 
 void Model::arm_replica_gradient_sum() {

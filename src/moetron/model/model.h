@@ -74,6 +74,9 @@ struct MoeSettings {
     // rank; the spare ones replicate hot experts (parallel/expert_placement.h). Needs expert
     // parallelism; 0: every expert once, contiguously.
     int64_t redundant_experts = 0;
+    // --rebalance-every N: every N steps the trainer places the slots for the measured load and
+    // migrates them (train/expert_balance.h); 0: the placement never moves.
+    int64_t rebalance_every = 0;
 };
 
 struct ModelParallel {
@@ -211,6 +214,10 @@ class Model {
     // layer before announcing them ready (a collective over the EP group), so that the replicas
     // take the same update. Nothing without redundant experts.
     void arm_replica_gradient_sum();
+    // With redundant experts: installs a new placement of the same shape, after the caller moved
+    // the slots' weights to it (train/expert_balance.h); the dispatcher routes by it from the next
+    // forward. Allocates nothing.
+    void set_expert_placement(const parallel::ExpertPlacement& placement);
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report

@@ -1,0 +1,208 @@
+#include "moetron/train/expert_balance.h"
+
+#include <algorithm>
+
+#include "moetron/core/error.h"
+#include "moetron/core/timer.h"
+#include "moetron/core/user_error.h"
+
+namespace moetron {
+
+namespace {
+
+// Weight of the older average in each step's update: about the last 10 steps count.
+constexpr double kAverageDecay = 0.9;
+
+// The slot that feeds new slot `slot` of `to`: a replica of its expert already on the destination
+// rank (copied there), else one of the old replicas, spread by the slot index.
+int64_t source_slot(const parallel::ExpertPlacement& from, const parallel::ExpertPlacement& to,
+                    int64_t slot) {
+    const int32_t expert = to.slot_expert[static_cast<size_t>(slot)];
+    const auto slots = from.slots_of(expert);
+    for (int32_t s : slots)
+        if (from.rank_of_slot(s) == to.rank_of_slot(slot)) return s;
+    return slots[static_cast<size_t>(slot) % slots.size()];
+}
+
+// Copies numel floats starting at flat offset `offset` between the moment ranges and `buffer`.
+template <class Copy>
+void for_moments(const std::vector<AdamW::MomentRange>& ranges, int64_t offset, int64_t numel,
+                 Copy copy) {
+    int64_t done = 0;
+    for (const AdamW::MomentRange& r : ranges) {
+        const int64_t lo = std::max(offset, r.offset);
+        const int64_t hi = std::min(offset + numel, r.offset + r.numel);
+        if (lo >= hi) continue;
+        copy(r.m + (lo - r.offset), r.v + (lo - r.offset), lo - offset, hi - lo);
+        done += hi - lo;
+    }
+    MT_CHECK(done == numel, "[expert_balance] the moments cover {} of the {} floats of a slot",
+             done, numel);
+}
+
+}  // namespace
+
+ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communicator& ep,
+                               int64_t ep_ranks_per_domain, int64_t rebalance_every)
+    : model_(model), optimizer_(optimizer), ep_(ep), rebalance_every_(rebalance_every) {
+    const ModelConfig& c = model.config();
+    const int64_t E = c.n_routed_experts;
+    parallel::PlacementShape contiguous{E, E, ep.size(),
+                                        ep.size() / std::max<int64_t>(1, ep_ranks_per_domain), 1};
+    contiguous_ = parallel::initial_placement(contiguous);
+    average_.assign(static_cast<size_t>(E), 0.0);
+    const parallel::ExpertPlacement* placement = model.expert_placement();
+    MT_USER_CHECK(rebalance_every == 0 || placement != nullptr,
+                  "--rebalance-every {} moves redundant expert slots: give --redundant-experts R "
+                  "(e.g. R = ep, one spare slot per rank)",
+                  rebalance_every);
+    if (rebalance_every == 0) return;
+
+    const std::vector<AdamW::MomentRange> ranges = optimizer.moment_ranges();
+    const int64_t slots = placement->shape.slots_per_rank();
+    for (const ParamEntry& e : model.param_entries()) {
+        if (!is_routed_expert_param(e.name)) continue;
+        SlotTensor t;
+        t.param = model.params() + e.offset;
+        t.offset = e.offset;
+        t.per_slot = e.numel / slots;
+        for (const AdamW::MomentRange& r : ranges)
+            if (r.offset < e.offset + e.numel && r.offset + r.numel > e.offset)
+                t.moments.push_back(r);
+        std::sort(t.moments.begin(), t.moments.end(),
+                  [](const auto& a, const auto& b) { return a.offset < b.offset; });
+        int64_t covered = 0;
+        for (const AdamW::MomentRange& r : t.moments)
+            covered +=
+                std::min(r.offset + r.numel, e.offset + e.numel) - std::max(r.offset, e.offset);
+        MT_USER_CHECK(covered == e.numel,
+                      "--rebalance-every needs each rank to hold the whole optimizer state of its "
+                      "expert slots, but the experts' ZeRO-1 shards split it over an "
+                      "expert-data-parallel group: use --no-zero1, or a layout whose ep covers "
+                      "the expert ranks (edp 1)");
+        slot_floats_ += 3 * t.per_slot;
+        tensors_.push_back(std::move(t));
+    }
+    // A rank receives at most its own slots, but may be the source of every other rank's.
+    const auto buffer = static_cast<size_t>(slots * slot_floats_);
+    staging_.resize(buffer);
+    send_.resize(buffer * static_cast<size_t>(std::max(1, ep.size() - 1)));
+    recv_.resize(buffer);
+    const auto n = static_cast<size_t>(ep.size());
+    send_counts_.resize(n);
+    send_displs_.resize(n);
+    recv_counts_.resize(n);
+    recv_displs_.resize(n);
+}
+
+BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& load) {
+    BalanceRecord r;
+    const parallel::ExpertPlacement* placement = model_.expert_placement();
+    const parallel::ExpertPlacement& serving = placement != nullptr ? *placement : contiguous_;
+    std::vector<double> step_load(average_.size(), 0.0);
+    for (const std::vector<int64_t>& layer : load.tokens_per_expert) {
+        std::vector<double> layer_load(layer.begin(), layer.end());
+        r.rank_load_max_over_mean =
+            std::max(r.rank_load_max_over_mean, parallel::rank_imbalance(serving, layer_load));
+        for (size_t e = 0; e < layer.size(); ++e) step_load[e] += layer_load[e];
+    }
+    for (size_t e = 0; e < average_.size(); ++e)
+        average_[e] = has_average_
+                          ? kAverageDecay * average_[e] + (1 - kAverageDecay) * step_load[e]
+                          : step_load[e];
+    has_average_ = true;
+    if (rebalance_every_ == 0 || step % rebalance_every_ != 0) return r;
+
+    const parallel::ExpertPlacement next = parallel::balanced_placement(average_, placement->shape);
+    r.average_max_over_mean_before = parallel::rank_imbalance(*placement, average_);
+    r.average_max_over_mean_after = parallel::rank_imbalance(next, average_);
+    r.average_expert_load = average_;
+    r.rebalanced = true;
+    if (next == *placement) return r;
+    for (size_t s = 0; s < next.slot_expert.size(); ++s)
+        r.migrated_slots += next.slot_expert[s] != placement->slot_expert[s];
+    Timer timer;
+    const parallel::ExpertPlacement from = *placement;
+    migrate(from, next);
+    model_.set_expert_placement(next);
+    // The replicas a slot has are its copies in the gradient norm.
+    for (const SlotTensor& t : tensors_) {
+        const int64_t first = ep_.rank() * next.shape.slots_per_rank();
+        for (int64_t i = 0; i < next.shape.slots_per_rank(); ++i)
+            optimizer_.set_copies_outside_group(
+                t.offset + i * t.per_slot, t.per_slot,
+                static_cast<int>(next.replicas(next.slot_expert[static_cast<size_t>(first + i)])));
+    }
+    r.migration_s = timer.elapsed_s();
+    return r;
+}
+
+void ExpertBalancer::pack_slot(int64_t local_slot, float* out) const {
+    for (const SlotTensor& t : tensors_) {
+        const int64_t at = local_slot * t.per_slot;
+        std::copy(t.param + at, t.param + at + t.per_slot, out);
+        for_moments(t.moments, t.offset + at, t.per_slot,
+                    [&](const float* m, const float* v, int64_t i, int64_t n) {
+                        std::copy(m, m + n, out + t.per_slot + i);
+                        std::copy(v, v + n, out + 2 * t.per_slot + i);
+                    });
+        out += 3 * t.per_slot;
+    }
+}
+
+void ExpertBalancer::unpack_slot(int64_t local_slot, const float* in) {
+    for (const SlotTensor& t : tensors_) {
+        const int64_t at = local_slot * t.per_slot;
+        std::copy(in, in + t.per_slot, t.param + at);
+        for_moments(t.moments, t.offset + at, t.per_slot,
+                    [&](float* m, float* v, int64_t i, int64_t n) {
+                        std::copy(in + t.per_slot + i, in + t.per_slot + i + n, m);
+                        std::copy(in + 2 * t.per_slot + i, in + 2 * t.per_slot + i + n, v);
+                    });
+        in += 3 * t.per_slot;
+    }
+}
+
+void ExpertBalancer::migrate(const parallel::ExpertPlacement& from,
+                             const parallel::ExpertPlacement& to) {
+    const int64_t S = to.shape.slots_per_rank(), me = ep_.rank(), ranks = ep_.size();
+    for (int64_t i = 0; i < S; ++i) pack_slot(i, staging_.data() + i * slot_floats_);
+    auto staged = [&](int64_t slot) { return staging_.data() + (slot - me * S) * slot_floats_; };
+    // Sends in (destination, new slot) order; receives in (source rank, new slot) order.
+    int64_t sent = 0, received = 0;
+    for (int64_t b = 0; b < ranks; ++b) {
+        send_displs_[static_cast<size_t>(b)] = static_cast<int>(sent * slot_floats_);
+        recv_displs_[static_cast<size_t>(b)] = static_cast<int>(received * slot_floats_);
+        int64_t to_b = 0, from_b = 0;
+        if (b != me) {
+            for (int64_t slot = b * S; slot < (b + 1) * S; ++slot) {
+                const int64_t src = source_slot(from, to, slot);
+                if (from.rank_of_slot(src) != me) continue;
+                MT_CHECK((sent + to_b + 1) * slot_floats_ <= static_cast<int64_t>(send_.size()),
+                         "[expert_balance] the migration sends more slots than planned");
+                std::copy(staged(src), staged(src) + slot_floats_,
+                          send_.data() + (sent + to_b) * slot_floats_);
+                ++to_b;
+            }
+            for (int64_t slot = me * S; slot < (me + 1) * S; ++slot)
+                from_b += from.rank_of_slot(source_slot(from, to, slot)) == b;
+        }
+        send_counts_[static_cast<size_t>(b)] = static_cast<int>(to_b * slot_floats_);
+        recv_counts_[static_cast<size_t>(b)] = static_cast<int>(from_b * slot_floats_);
+        sent += to_b;
+        received += from_b;
+    }
+    ep_.all_to_all_v(recv_.data(), recv_counts_, recv_displs_, send_.data(), send_counts_,
+                     send_displs_, DType::f32, kHostStream);
+    std::vector<int64_t> next_from(static_cast<size_t>(ranks), 0);  // small: ep entries
+    for (int64_t slot = me * S; slot < (me + 1) * S; ++slot) {
+        const int64_t src = source_slot(from, to, slot);
+        const int64_t a = from.rank_of_slot(src);
+        const float* in = a == me ? staged(src)
+                                  : recv_.data() + recv_displs_[static_cast<size_t>(a)] +
+                                        next_from[static_cast<size_t>(a)]++ * slot_floats_;
+        unpack_slot(slot - me * S, in);
+    }
+}
+
+}  // namespace moetron

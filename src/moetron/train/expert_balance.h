@@ -1,0 +1,79 @@
+// Expert load balancing during training (--redundant-experts R --rebalance-every N): a moving
+// average of the tokens each logical expert receives (summed over the MoE layers and over every
+// rank, so all ranks hold the same numbers), and every N steps a new placement of the experts'
+// slots (parallel/expert_placement.h) with the slots' weights and AdamW moments migrated to their
+// new ranks: one all-to-all over the EP group whose only non-empty pairs are the point-to-point
+// transfers of the slots that change rank (a slot whose expert the rank already holds is copied
+// locally). Also the per-step balance figure for the log: the tokens each EP rank's experts
+// receive, max over mean, under the placement that served the step.
+//
+// The migration needs each rank to hold the whole moments of its expert slots: the experts'
+// ZeRO-1 shards over an EDP group of one (a layout with ep = the world's expert ranks), or
+// --no-zero1. The slots' buffers are sized here once; a rebalance allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "moetron/model/model.h"
+#include "moetron/parallel/communicator.h"
+#include "moetron/parallel/expert_placement.h"
+#include "moetron/train/optimizer.h"
+
+namespace moetron {
+
+// What one step's balancing did, for the step record.
+struct BalanceRecord {
+    double rank_load_max_over_mean = 0;  // this step's tokens per EP rank, worst MoE layer
+    bool rebalanced = false;             // a new placement was installed after this step
+    double migration_s = 0;              // the weights' and moments' transfer
+    double migrated_slots = 0;           // slots that changed expert, over the EP group
+    // The moving-average load per rank, max over mean, under the old and the new placement.
+    double average_max_over_mean_before = 0, average_max_over_mean_after = 0;
+    std::vector<double> average_expert_load;  // (E) the moving average, on a rebalance
+};
+
+class ExpertBalancer {
+  public:
+    // model's placement (null without redundant experts: then only the figure is computed, for
+    // the contiguous split); optimizer holds the moments; ep is the model's EP group.
+    // rebalance_every 0: never move. Throws moetron::UserError when rebalancing is asked but the
+    // moments are sharded over more than one rank (see above) or there are no redundant experts.
+    ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communicator& ep,
+                   int64_t ep_ranks_per_domain, int64_t rebalance_every);
+
+    // After step `step` (1-based) with its loads summed over the ranks (Model::expert_load after
+    // sum_expert_load_over_ranks): updates the average, and on every rebalance_every-th step
+    // installs the placement for it and migrates. A collective over the EP group then.
+    BalanceRecord after_step(int64_t step, const ExpertLoadStats& load);
+
+  private:
+    // One routed-expert tensor of the model: its slots' params and moments (per_slot floats
+    // each, slot i at i * per_slot).
+    struct SlotTensor {
+        float* param = nullptr;
+        std::vector<AdamW::MomentRange> moments;  // the ranges covering it, in offset order
+        int64_t offset = 0;                       // in the flat parameter buffer
+        int64_t per_slot = 0;
+    };
+    void migrate(const parallel::ExpertPlacement& from, const parallel::ExpertPlacement& to);
+    // Slot `slot`'s floats (param, m, v of every tensor) to/from `out`/`in`.
+    void pack_slot(int64_t local_slot, float* out) const;
+    void unpack_slot(int64_t local_slot, const float* in);
+
+    Model& model_;
+    AdamW& optimizer_;
+    parallel::Communicator& ep_;
+    int64_t rebalance_every_ = 0;
+    parallel::ExpertPlacement contiguous_;  // the placement without redundant experts
+    std::vector<double> average_;           // (E) moving average of tokens per expert
+    bool has_average_ = false;
+    std::vector<SlotTensor> tensors_;
+    int64_t slot_floats_ = 0;  // floats one slot moves
+    // (slots per rank * slot_floats_): the rank's slots, what it receives; send_ (ep - 1) times
+    std::vector<float> staging_, send_, recv_;
+    std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
+};
+
+}  // namespace moetron
