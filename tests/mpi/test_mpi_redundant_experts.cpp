@@ -88,14 +88,15 @@ void expect_same_step(const StepRecord& got, const StepRecord& want, const std::
 // group (each rank's expert tensors all-gathered over the world: the EP groups' ranks are
 // consecutive and every rank holds as many slots).
 void expect_identical_replicas(const Model& model, const std::string& what) {
-    const parallel::ExpertPlacement* placement = model.expert_placement();
-    ASSERT_NE(placement, nullptr) << what;
-    const int64_t slots_per_rank = placement->shape.slots_per_rank();
     const int world = mpi_world().size();
-    const int ep_first_rank = mpi_world().rank() / static_cast<int>(placement->shape.ep_size) *
-                              static_cast<int>(placement->shape.ep_size);
     for (const ParamEntry& e : model.param_entries()) {
         if (!is_routed_expert_param(e.name)) continue;
+        const parallel::ExpertPlacement* placement =
+            model.expert_placement(model.moe_layer_of(e.name));
+        ASSERT_NE(placement, nullptr) << what;
+        const int64_t slots_per_rank = placement->shape.slots_per_rank();
+        const int ep_first_rank = mpi_world().rank() / static_cast<int>(placement->shape.ep_size) *
+                                  static_cast<int>(placement->shape.ep_size);
         const TensorView local = model.param(e.name);
         std::vector<float> all(static_cast<size_t>(e.numel * world));
         mpi_world().all_gather(all.data(), local.data, static_cast<size_t>(e.numel), DType::f32,
@@ -137,7 +138,7 @@ TEST(MpiRedundantExperts, TrainLikeTheRunWithoutThemWithIdenticalReplicas) {
         auto base = make_trainer(model, without);
         auto eplb = make_trainer(model, with);
         // One spare slot per EP rank: some expert has two replicas.
-        const parallel::ExpertPlacement* placement = eplb->model().expert_placement();
+        const parallel::ExpertPlacement* placement = eplb->model().expert_placement(0);
         ASSERT_NE(placement, nullptr);
         int64_t max_replicas = 0;
         for (int64_t x = 0; x < placement->shape.num_experts; ++x)

@@ -495,7 +495,10 @@ struct Model::Impl : ActivationSet {
     // Redundant experts (MoeSettings::redundant_experts): which logical expert each slot holds,
     // and the sum of the replicas' gradients, which arm_replica_gradient_sum() turns on for the
     // next backward (the last micro-batch's: the gradients are then whole).
-    std::optional<parallel::ExpertPlacement> placement;
+    // One placement per MoE layer (the load slots' order: main layers, then MTP blocks; empty
+    // without redundant experts), and the MoE layer of each parameter entry (-1: none).
+    std::vector<parallel::ExpertPlacement> placements;
+    std::vector<int64_t> entry_moe_layer;
     std::optional<parallel::ReplicaGradientSum> replica_grads;
     bool replica_sum_armed = false;
     ParamTable table;
@@ -554,9 +557,13 @@ struct Model::Impl : ActivationSet {
             if (par.moe.redundant_experts > 0) {
                 const parallel::PlacementShape shape =
                     placement_shape(c, par, ep_ranks_per_domain(par));
-                placement = parallel::initial_placement(shape);
+                // Sized once: the dispatcher keeps a pointer to them.
+                placements.assign(static_cast<size_t>(num_moe_slots(c)),
+                                  parallel::initial_placement(shape));
                 replica_grads.emplace(shape, 3 * c.moe_intermediate_size * c.hidden_size);
-                dc.placement = &*placement;
+                dc.placements = placements.data();
+                dc.routing_slots_per_placement = par.moe.overlap == MoeOverlap::dual ? 2 : 1;
+                map_expert_entries_to_layers();
             }
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
@@ -789,13 +796,13 @@ struct Model::Impl : ActivationSet {
                 ops.add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
                                 tp.local_rows(n) * D);
             }
-            sum_replica_grads(g.mtp[d].block);
+            sum_replica_grads(g.mtp[d].block, mtp_slot[d]);
             notify_grads_ready(mtp_range[d]);
         }
         for (int64_t l = L - 1; l >= 0; --l) {
             block_backward(ops, d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
                            block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
-            sum_replica_grads(g.layers[l]);
+            sum_replica_grads(g.layers[l], main_slot[l]);
             notify_grads_ready(layer_range[l]);
         }
         vocab_parallel_embedding_backward(ops, g.embed, d_stream, input_tokens, block_scratch.full,
@@ -824,8 +831,19 @@ struct Model::Impl : ActivationSet {
         ops.copy_from_host(loads.base(), load_host.data(), load_host.size() * sizeof(int64_t));
     }
 
+    // The routed experts' entries come two per MoE layer (gate_up, down), in the layers' order:
+    // main layers, then MTP blocks (bind_model_params), as the load slots.
+    void map_expert_entries_to_layers() {
+        entry_moe_layer.assign(table.entries().size(), -1);
+        int64_t k = 0;
+        for (size_t i = 0; i < table.entries().size(); ++i)
+            if (is_routed_expert_param(table.entries()[i].name)) entry_moe_layer[i] = k++ / 2;
+        MT_CHECK(k == 2 * static_cast<int64_t>(placements.size()),
+                 "[model] {} routed expert tensors for {} MoE layers", k, placements.size());
+    }
+
     void init_expert_shard(uint64_t seed) {
-        if (placement) return init_expert_slots(seed);
+        if (!placements.empty()) return init_expert_slots(seed);
         if (shard.first == 0) return;  // the first shard's global indices are its local ones
         for (size_t i = 0; i < table.specs().size(); ++i) {
             const TensorSpec& spec = table.specs()[i];
@@ -846,9 +864,11 @@ struct Model::Impl : ActivationSet {
             if (!is_routed_expert_param(spec.name)) continue;
             const ParamEntry& e = table.entries()[i];
             const int64_t per_expert = e.numel / shard.count;
+            const parallel::ExpertPlacement& placement =
+                placements[static_cast<size_t>(entry_moe_layer[i])];
             for (int64_t local = 0; local < shard.count; ++local) {
                 const int64_t expert =
-                    placement->slot_expert[static_cast<size_t>(shard.first + local)];
+                    placement.slot_expert[static_cast<size_t>(shard.first + local)];
                 ops.init_normal(static_cast<float*>(params.base()) + e.offset + local * per_expert,
                                 seed, fnv1a_64(spec.name), 1, per_expert, expert * per_expert, 0,
                                 spec.init_stddev);
@@ -858,12 +878,12 @@ struct Model::Impl : ActivationSet {
 
     // After a MoE block's backward on the armed (last) micro-batch: its replicas' gradients
     // summed over the EP group (a collective over it; every rank runs the same blocks).
-    void sum_replica_grads(const BlockParams& grads) {
+    void sum_replica_grads(const BlockParams& grads, int64_t moe_layer) {
         if (!replica_sum_armed || !grads.is_moe) return;
         const int64_t F = config.moe_intermediate_size, D = config.hidden_size;
         const parallel::SlotTensor tensors[] = {{grads.moe.experts_gate_up, 2 * F * D},
                                                 {grads.moe.experts_down, D * F}};
-        replica_grads->sum(*placement, tensors, *parallel.ep);
+        replica_grads->sum(placements[static_cast<size_t>(moe_layer)], tensors, *parallel.ep);
     }
 };
 
@@ -986,7 +1006,8 @@ const std::vector<ParamEntry>& Model::param_entries() const {
 std::vector<parallel::ParamSpan> Model::param_spans() const {
     std::vector<parallel::ParamSpan> spans;
     spans.reserve(impl_->table.entries().size());
-    for (const ParamEntry& e : impl_->table.entries()) {
+    for (size_t entry = 0; entry < impl_->table.entries().size(); ++entry) {
+        const ParamEntry& e = impl_->table.entries()[entry];
         // Routed experts are replicated over the expert-data-parallel group (the whole
         // data-parallel group when ep = 1); everything else over the data-parallel group.
         const bool expert = is_routed_expert_param(e.name);
@@ -995,16 +1016,17 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
         // A parameter the TP ranks replicate (not split) has the same copy on each of them; the
         // routed experts' EDP group already counts every rank.
         const int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
-        if (expert && impl_->placement) {
+        if (expert && !impl_->placements.empty()) {
             // Redundant experts: a slot is one of its expert's replicas, which hold the same
             // gradient (arm_replica_gradient_sum), so the global norm counts each once.
             const ExpertShard& shard = impl_->shard;
             const int64_t per_slot = e.numel / shard.count;
+            const parallel::ExpertPlacement& placement =
+                impl_->placements[static_cast<size_t>(impl_->entry_moe_layer[entry])];
             for (int64_t i = 0; i < shard.count; ++i) {
-                const int32_t x =
-                    impl_->placement->slot_expert[static_cast<size_t>(shard.first + i)];
+                const int32_t x = placement.slot_expert[static_cast<size_t>(shard.first + i)];
                 spans.push_back({e.offset + i * per_slot, per_slot, group, e.trainable,
-                                 e.weight_decay, static_cast<int>(impl_->placement->replicas(x)),
+                                 e.weight_decay, static_cast<int>(placement.replicas(x)),
                                  /*own_run=*/true});
             }
             continue;
@@ -1018,21 +1040,32 @@ ExpertShard Model::expert_shard() const {
     return impl_->shard;
 }
 
-const parallel::ExpertPlacement* Model::expert_placement() const {
-    return impl_->placement ? &*impl_->placement : nullptr;
+const parallel::ExpertPlacement* Model::expert_placement(int64_t moe_layer) const {
+    if (impl_->placements.empty()) return nullptr;
+    MT_CHECK(moe_layer >= 0 && moe_layer < static_cast<int64_t>(impl_->placements.size()),
+             "[model] MoE layer {} of {}", moe_layer, impl_->placements.size());
+    return &impl_->placements[static_cast<size_t>(moe_layer)];
 }
 
-void Model::set_expert_placement(const parallel::ExpertPlacement& placement) {
-    MT_CHECK(
-        impl_->placement && placement.slot_expert.size() == impl_->placement->slot_expert.size(),
-        "[model] a new expert placement needs redundant experts and the same slots");
-    impl_->placement->slot_expert = placement.slot_expert;  // same sizes: no allocation
-    impl_->placement->replica_first = placement.replica_first;
-    impl_->placement->replica_slots = placement.replica_slots;
+int64_t Model::moe_layer_of(const std::string& param_name) const {
+    if (impl_->entry_moe_layer.empty()) return -1;
+    const ParamEntry& e = impl_->table.entry(param_name);
+    const auto& entries = impl_->table.entries();
+    return impl_->entry_moe_layer[static_cast<size_t>(&e - entries.data())];
+}
+
+void Model::set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacement& placement) {
+    const parallel::ExpertPlacement* now = expert_placement(moe_layer);
+    MT_CHECK(now != nullptr && placement.slot_expert.size() == now->slot_expert.size(),
+             "[model] a new expert placement needs redundant experts and the same slots");
+    parallel::ExpertPlacement& p = impl_->placements[static_cast<size_t>(moe_layer)];
+    p.slot_expert = placement.slot_expert;  // same sizes: no allocation
+    p.replica_first = placement.replica_first;
+    p.replica_slots = placement.replica_slots;
 }
 
 void Model::arm_replica_gradient_sum() {
-    impl_->replica_sum_armed = impl_->placement.has_value();
+    impl_->replica_sum_armed = !impl_->placements.empty();
 }
 
 TensorView Model::param(const std::string& name) const {

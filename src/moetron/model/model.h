@@ -207,8 +207,12 @@ class Model {
     std::vector<parallel::ParamSpan> param_spans() const;
     // Which routed experts this rank holds (with redundant experts: which physical slots).
     ExpertShard expert_shard() const;
-    // With redundant experts, the logical expert each physical slot holds; else null.
-    const parallel::ExpertPlacement* expert_placement() const;
+    // With redundant experts, the logical expert each physical slot of MoE layer moe_layer holds
+    // (layers in expert_load()'s order); else null.
+    const parallel::ExpertPlacement* expert_placement(int64_t moe_layer) const;
+    // The MoE layer whose routed experts param_name is a tensor of, with redundant experts; else
+    // -1.
+    int64_t moe_layer_of(const std::string& param_name) const;
     // With redundant experts: the next forward_backward (the step's last micro-batch, when the
     // gradients are whole) sums each replicated expert's gradients over its replicas, layer by
     // layer before announcing them ready (a collective over the EP group), so that the replicas
@@ -217,7 +221,7 @@ class Model {
     // With redundant experts: installs a new placement of the same shape, after the caller moved
     // the slots' weights to it (train/expert_balance.h); the dispatcher routes by it from the next
     // forward. Allocates nothing.
-    void set_expert_placement(const parallel::ExpertPlacement& placement);
+    void set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacement& placement);
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report

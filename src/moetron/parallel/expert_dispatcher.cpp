@@ -186,18 +186,19 @@ class RoutedDispatcher final : public ExpertDispatcher {
           ep_(ep),
           groups_(std::move(groups)),
           kind_(kind),
-          placement_(c.placement),
+          placements_(c.placements),
+          slots_per_placement_(c.routing_slots_per_placement),
           route_config_(planned_routing(c, ep.size())),
           rows_to_rank_(static_cast<size_t>(ep.size())),
           rounds_of_rank_(static_cast<size_t>(ep.size())) {
         check_config(c);
-        if (placement_ != nullptr) {
-            MT_CHECK(placement_->shape.num_slots == c.routing.num_experts &&
-                         placement_->shape.ep_size == ep.size(),
+        if (placements_ != nullptr) {
+            MT_CHECK(placements_->shape.num_slots == c.routing.num_experts &&
+                         placements_->shape.ep_size == ep.size() && slots_per_placement_ >= 1,
                      "[expert_dispatch] the placement ({} slots over {} ranks) does not fit the "
                      "dispatch ({} slots over {} ranks)",
-                     placement_->shape.num_slots, placement_->shape.ep_size, c.routing.num_experts,
-                     ep.size());
+                     placements_->shape.num_slots, placements_->shape.ep_size,
+                     c.routing.num_experts, ep.size());
             slot_ids_.resize(static_cast<size_t>(c.routing.max_tokens * c.routing.top_k));
         }
         buffers_.reserve(static_cast<size_t>(c.num_buffers));
@@ -231,7 +232,7 @@ class RoutedDispatcher final : public ExpertDispatcher {
         Layout& layout = at(slot);
         MT_CHECK(!transfers_[static_cast<size_t>(slot)].in_flight(),
                  "[expert_dispatch] route() of slot {} while its movement is in flight", slot);
-        layout.plan(to_slots(topk_ids, num_tokens, first_token), topk_weights, num_tokens,
+        layout.plan(to_slots(slot, topk_ids, num_tokens, first_token), topk_weights, num_tokens,
                     buffer_of(slot), groups_);
         const RoutingSpread& s = layout.spread();
         ++stats_.routes;
@@ -254,8 +255,8 @@ class RoutedDispatcher final : public ExpertDispatcher {
             return round_ends(slot);
         }
         const int64_t count =
-            split_into_rounds(r.ends, rows_to_rank_, to_slots(topk_ids, num_tokens, 0), num_tokens,
-                              route_config_, ep_.size(), backend_);
+            split_into_rounds(r.ends, rows_to_rank_, to_slots(slot, topk_ids, num_tokens, 0),
+                              num_tokens, route_config_, ep_.size(), backend_);
         // Every rank takes the most rounds any rank needs.
         std::fill(rounds_of_rank_.begin(), rounds_of_rank_.end(), 0);
         rounds_of_rank_[static_cast<size_t>(ep_.rank())] = static_cast<double>(count);
@@ -330,8 +331,10 @@ class RoutedDispatcher final : public ExpertDispatcher {
     // With redundant experts, the logical expert ids (N, K) as the physical slots that serve them
     // (choose_replica: token t of the rank's share is first_token + t); else the ids themselves.
     // Host code: the ids must be in host memory (the CPU backend).
-    const int32_t* to_slots(const int32_t* topk_ids, int64_t num_tokens, int64_t first_token) {
-        if (placement_ == nullptr) return topk_ids;
+    const int32_t* to_slots(int64_t slot, const int32_t* topk_ids, int64_t num_tokens,
+                            int64_t first_token) {
+        if (placements_ == nullptr) return topk_ids;
+        const ExpertPlacement& placement = placements_[slot / slots_per_placement_];
         const int64_t K = route_config_.top_k;
         MT_CHECK(num_tokens * K <= static_cast<int64_t>(slot_ids_.size()),
                  "[expert_dispatch] {} tokens, but the dispatcher holds at most {}", num_tokens,
@@ -339,11 +342,11 @@ class RoutedDispatcher final : public ExpertDispatcher {
         for (int64_t t = 0; t < num_tokens; ++t)
             for (int64_t j = 0; j < K; ++j) {
                 const int32_t expert = topk_ids[t * K + j];
-                MT_CHECK(expert >= 0 && expert < placement_->shape.num_experts,
+                MT_CHECK(expert >= 0 && expert < placement.shape.num_experts,
                          "[expert_dispatch] expert id {} is not one of the {} experts", expert,
-                         placement_->shape.num_experts);
+                         placement.shape.num_experts);
                 slot_ids_[static_cast<size_t>(t * K + j)] =
-                    choose_replica(*placement_, expert, ep_.rank(), first_token + t);
+                    choose_replica(placement, expert, ep_.rank(), first_token + t);
             }
         return slot_ids_.data();
     }
@@ -361,8 +364,9 @@ class RoutedDispatcher final : public ExpertDispatcher {
     Communicator& ep_;                   // agrees on the rounds
     std::vector<Communicator*> groups_;  // one per hop
     const char* kind_;
-    const ExpertPlacement* placement_;  // redundant experts' placement; null without
-    std::vector<int32_t> slot_ids_;     // (max_tokens * K) to_slots' output
+    const ExpertPlacement* placements_;  // redundant experts' placements; null without
+    int64_t slots_per_placement_;        // routing slots per placement (per MoE layer)
+    std::vector<int32_t> slot_ids_;      // (max_tokens * K) to_slots' output
     DispatchConfig route_config_;
     std::vector<int64_t> rows_to_rank_;   // (ep) scratch of plan_rounds
     std::vector<double> rounds_of_rank_;  // (ep) scratch of plan_rounds (sums: f32, f64 only)
@@ -408,7 +412,7 @@ std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchCon
                                                          const ExpertGroups& groups,
                                                          Backend& backend) {
     Communicator* ep = groups.ep;
-    MT_CHECK(config.placement == nullptr || (ep != nullptr && ep->size() > 1),
+    MT_CHECK(config.placements == nullptr || (ep != nullptr && ep->size() > 1),
              "[expert_dispatch] redundant experts need an EP group of more than one rank");
     if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config, backend);
     const int64_t L = config.routing.ranks_per_domain(ep->size());

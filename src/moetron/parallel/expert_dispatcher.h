@@ -76,9 +76,11 @@ struct ExpertDispatchConfig {
     DispatchKind kind = DispatchKind::flat;
     // Redundant experts: routing.num_experts counts the physical slots (E + R), and route() and
     // plan_rounds() take logical expert ids, which the dispatcher maps to one replica's slot each
-    // (choose_replica). Not owned; it must outlive the dispatcher, and may change between steps
-    // (a rebalance). Null: the ids are the slots.
-    const ExpertPlacement* placement = nullptr;
+    // (choose_replica) by the placement of the slot's MoE layer: placements[slot /
+    // routing_slots_per_placement] (2 with the dual overlap). Not owned; they must outlive the
+    // dispatcher, and may change between steps (a rebalance). Null: the ids are the slots.
+    const ExpertPlacement* placements = nullptr;
+    int64_t routing_slots_per_placement = 1;
 };
 
 // The routing config every stage of an EP group of ep_size ranks works with: config.routing with

@@ -54,9 +54,7 @@ struct LocalBlock {
 class GlobalTensors {
   public:
     explicit GlobalTensors(const Model& model)
-        : table_(model_param_specs(model.config())),
-          shard_(model.expert_shard()),
-          placement_(model.expert_placement()) {
+        : table_(model_param_specs(model.config())), shard_(model.expert_shard()), model_(model) {
         for (const ParamEntry& e : table_.entries()) by_name_.emplace(e.name, &e);
     }
     const std::vector<ParamEntry>& entries() const { return table_.entries(); }
@@ -79,12 +77,14 @@ class GlobalTensors {
     // an expert's first replica is, so that every element is written once.
     std::vector<LocalBlock> blocks(const ParamEntry& local, bool writing) const {
         const std::vector<int64_t> g = dims(local);
-        if (placement_ != nullptr && is_routed_expert_param(local.name)) {
+        const int64_t moe_layer = model_.moe_layer_of(local.name);
+        if (moe_layer >= 0) {
+            const parallel::ExpertPlacement& placement = *model_.expert_placement(moe_layer);
             std::vector<LocalBlock> out;
             const int64_t per_slot = local.numel / shard_.count;
             for (int64_t i = 0; i < shard_.count; ++i) {
-                const int32_t e = placement_->slot_expert[static_cast<size_t>(shard_.first + i)];
-                if (writing && placement_->slots_of(e)[0] != shard_.first + i) continue;
+                const int32_t e = placement.slot_expert[static_cast<size_t>(shard_.first + i)];
+                if (writing && placement.slots_of(e)[0] != shard_.first + i) continue;
                 TensorBlock b{std::vector<int64_t>(g.size(), 0), g};
                 b.begin[0] = e;
                 b.end[0] = e + 1;
@@ -128,7 +128,7 @@ class GlobalTensors {
   private:
     ParamTable table_;
     ExpertShard shard_;
-    const parallel::ExpertPlacement* placement_;  // redundant experts' slots; null without
+    const Model& model_;  // its redundant experts' placements
     std::unordered_map<std::string, const ParamEntry*> by_name_;
 };
 

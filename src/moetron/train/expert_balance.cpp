@@ -50,8 +50,7 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
     parallel::PlacementShape contiguous{E, E, ep.size(),
                                         ep.size() / std::max<int64_t>(1, ep_ranks_per_domain), 1};
     contiguous_ = parallel::initial_placement(contiguous);
-    average_.assign(static_cast<size_t>(E), 0.0);
-    const parallel::ExpertPlacement* placement = model.expert_placement();
+    const parallel::ExpertPlacement* placement = model.expert_placement(0);
     MT_USER_CHECK(rebalance_every == 0 || placement != nullptr,
                   "--rebalance-every {} moves redundant expert slots: give --redundant-experts R "
                   "(e.g. R = ep, one spare slot per rank)",
@@ -60,9 +59,12 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
 
     const std::vector<AdamW::MomentRange> ranges = optimizer.moment_ranges();
     const int64_t slots = placement->shape.slots_per_rank();
+    int64_t layers = 0;
     for (const ParamEntry& e : model.param_entries()) {
-        if (!is_routed_expert_param(e.name)) continue;
+        const int64_t layer = model.moe_layer_of(e.name);
+        if (layer < 0) continue;
         SlotTensor t;
+        t.moe_layer = layer;
         t.param = model.params() + e.offset;
         t.offset = e.offset;
         t.per_slot = e.numel / slots;
@@ -80,9 +82,11 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
                       "expert slots, but the experts' ZeRO-1 shards split it over an "
                       "expert-data-parallel group: use --no-zero1, or a layout whose ep covers "
                       "the expert ranks (edp 1)");
-        slot_floats_ += 3 * t.per_slot;
+        if (layer == 0) slot_floats_ += 3 * t.per_slot;  // every layer's experts are alike
+        layers = std::max(layers, layer + 1);
         tensors_.push_back(std::move(t));
     }
+    average_.assign(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(E), 0.0));
     // A rank receives at most its own slots, but may be the source of every other rank's.
     const auto buffer = static_cast<size_t>(slots * slot_floats_);
     staging_.resize(buffer);
@@ -93,52 +97,64 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
     send_displs_.resize(n);
     recv_counts_.resize(n);
     recv_displs_.resize(n);
+    next_from_.resize(n);
 }
 
 BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& load) {
     BalanceRecord r;
-    const parallel::ExpertPlacement* placement = model_.expert_placement();
-    const parallel::ExpertPlacement& serving = placement != nullptr ? *placement : contiguous_;
-    std::vector<double> step_load(average_.size(), 0.0);
-    for (const std::vector<int64_t>& layer : load.tokens_per_expert) {
-        std::vector<double> layer_load(layer.begin(), layer.end());
+    for (size_t l = 0; l < load.tokens_per_expert.size(); ++l) {
+        const std::vector<int64_t>& counts = load.tokens_per_expert[l];
+        const std::vector<double> layer_load(counts.begin(), counts.end());
+        const parallel::ExpertPlacement* placement =
+            model_.expert_placement(static_cast<int64_t>(l));
+        const parallel::ExpertPlacement& serving = placement != nullptr ? *placement : contiguous_;
         r.rank_load_max_over_mean =
             std::max(r.rank_load_max_over_mean, parallel::rank_imbalance(serving, layer_load));
-        for (size_t e = 0; e < layer.size(); ++e) step_load[e] += layer_load[e];
+        if (l >= average_.size()) continue;  // no rebalancing
+        std::vector<double>& average = average_[l];
+        for (size_t e = 0; e < average.size(); ++e)
+            average[e] = has_average_
+                             ? kAverageDecay * average[e] + (1 - kAverageDecay) * layer_load[e]
+                             : layer_load[e];
     }
-    for (size_t e = 0; e < average_.size(); ++e)
-        average_[e] = has_average_
-                          ? kAverageDecay * average_[e] + (1 - kAverageDecay) * step_load[e]
-                          : step_load[e];
     has_average_ = true;
     if (rebalance_every_ == 0 || step % rebalance_every_ != 0) return r;
 
-    const parallel::ExpertPlacement next = parallel::balanced_placement(average_, placement->shape);
-    r.average_max_over_mean_before = parallel::rank_imbalance(*placement, average_);
-    r.average_max_over_mean_after = parallel::rank_imbalance(next, average_);
-    r.average_expert_load = average_;
     r.rebalanced = true;
-    if (next == *placement) return r;
-    for (size_t s = 0; s < next.slot_expert.size(); ++s)
-        r.migrated_slots += next.slot_expert[s] != placement->slot_expert[s];
     Timer timer;
-    const parallel::ExpertPlacement from = *placement;
-    migrate(from, next);
-    model_.set_expert_placement(next);
-    // The replicas a slot has are its copies in the gradient norm.
-    for (const SlotTensor& t : tensors_) {
+    for (size_t l = 0; l < average_.size(); ++l) {
+        const auto layer = static_cast<int64_t>(l);
+        const parallel::ExpertPlacement& now = *model_.expert_placement(layer);
+        const parallel::ExpertPlacement next = parallel::balanced_placement(average_[l], now.shape);
+        r.average_max_over_mean_before =
+            std::max(r.average_max_over_mean_before, parallel::rank_imbalance(now, average_[l]));
+        r.average_max_over_mean_after =
+            std::max(r.average_max_over_mean_after, parallel::rank_imbalance(next, average_[l]));
+        r.average_expert_load.insert(r.average_expert_load.end(), average_[l].begin(),
+                                     average_[l].end());
+        if (next == now) continue;
+        for (size_t s = 0; s < next.slot_expert.size(); ++s)
+            r.migrated_slots += next.slot_expert[s] != now.slot_expert[s];
+        migrate(layer, now, next);
+        model_.set_expert_placement(layer, next);
+        // The replicas a slot has are its copies in the gradient norm.
         const int64_t first = ep_.rank() * next.shape.slots_per_rank();
-        for (int64_t i = 0; i < next.shape.slots_per_rank(); ++i)
-            optimizer_.set_copies_outside_group(
-                t.offset + i * t.per_slot, t.per_slot,
-                static_cast<int>(next.replicas(next.slot_expert[static_cast<size_t>(first + i)])));
+        for (const SlotTensor& t : tensors_) {
+            if (t.moe_layer != layer) continue;
+            for (int64_t i = 0; i < next.shape.slots_per_rank(); ++i)
+                optimizer_.set_copies_outside_group(
+                    t.offset + i * t.per_slot, t.per_slot,
+                    static_cast<int>(
+                        next.replicas(next.slot_expert[static_cast<size_t>(first + i)])));
+        }
     }
     r.migration_s = timer.elapsed_s();
     return r;
 }
 
-void ExpertBalancer::pack_slot(int64_t local_slot, float* out) const {
+void ExpertBalancer::pack_slot(int64_t moe_layer, int64_t local_slot, float* out) const {
     for (const SlotTensor& t : tensors_) {
+        if (t.moe_layer != moe_layer) continue;
         const int64_t at = local_slot * t.per_slot;
         std::copy(t.param + at, t.param + at + t.per_slot, out);
         for_moments(t.moments, t.offset + at, t.per_slot,
@@ -150,8 +166,9 @@ void ExpertBalancer::pack_slot(int64_t local_slot, float* out) const {
     }
 }
 
-void ExpertBalancer::unpack_slot(int64_t local_slot, const float* in) {
+void ExpertBalancer::unpack_slot(int64_t moe_layer, int64_t local_slot, const float* in) {
     for (const SlotTensor& t : tensors_) {
+        if (t.moe_layer != moe_layer) continue;
         const int64_t at = local_slot * t.per_slot;
         std::copy(in, in + t.per_slot, t.param + at);
         for_moments(t.moments, t.offset + at, t.per_slot,
@@ -163,10 +180,10 @@ void ExpertBalancer::unpack_slot(int64_t local_slot, const float* in) {
     }
 }
 
-void ExpertBalancer::migrate(const parallel::ExpertPlacement& from,
+void ExpertBalancer::migrate(int64_t moe_layer, const parallel::ExpertPlacement& from,
                              const parallel::ExpertPlacement& to) {
     const int64_t S = to.shape.slots_per_rank(), me = ep_.rank(), ranks = ep_.size();
-    for (int64_t i = 0; i < S; ++i) pack_slot(i, staging_.data() + i * slot_floats_);
+    for (int64_t i = 0; i < S; ++i) pack_slot(moe_layer, i, staging_.data() + i * slot_floats_);
     auto staged = [&](int64_t slot) { return staging_.data() + (slot - me * S) * slot_floats_; };
     // Sends in (destination, new slot) order; receives in (source rank, new slot) order.
     int64_t sent = 0, received = 0;
@@ -194,14 +211,14 @@ void ExpertBalancer::migrate(const parallel::ExpertPlacement& from,
     }
     ep_.all_to_all_v(recv_.data(), recv_counts_, recv_displs_, send_.data(), send_counts_,
                      send_displs_, DType::f32, kHostStream);
-    std::vector<int64_t> next_from(static_cast<size_t>(ranks), 0);  // small: ep entries
+    std::fill(next_from_.begin(), next_from_.end(), 0);
     for (int64_t slot = me * S; slot < (me + 1) * S; ++slot) {
         const int64_t src = source_slot(from, to, slot);
-        const int64_t a = from.rank_of_slot(src);
-        const float* in = a == me ? staged(src)
-                                  : recv_.data() + recv_displs_[static_cast<size_t>(a)] +
-                                        next_from[static_cast<size_t>(a)]++ * slot_floats_;
-        unpack_slot(slot - me * S, in);
+        const auto a = static_cast<size_t>(from.rank_of_slot(src));
+        const float* in = static_cast<int64_t>(a) == me
+                              ? staged(src)
+                              : recv_.data() + recv_displs_[a] + next_from_[a]++ * slot_floats_;
+        unpack_slot(moe_layer, slot - me * S, in);
     }
 }
 

@@ -1,11 +1,11 @@
-// Expert load balancing during training (--redundant-experts R --rebalance-every N): a moving
-// average of the tokens each logical expert receives (summed over the MoE layers and over every
-// rank, so all ranks hold the same numbers), and every N steps a new placement of the experts'
+// Expert load balancing during training (--redundant-experts R --rebalance-every N): per MoE
+// layer, a moving average of the tokens each logical expert receives (summed over every rank, so
+// all ranks hold the same numbers), and every N steps a new placement of each layer's expert
 // slots (parallel/expert_placement.h) with the slots' weights and AdamW moments migrated to their
-// new ranks: one all-to-all over the EP group whose only non-empty pairs are the point-to-point
-// transfers of the slots that change rank (a slot whose expert the rank already holds is copied
-// locally). Also the per-step balance figure for the log: the tokens each EP rank's experts
-// receive, max over mean, under the placement that served the step.
+// new ranks: per layer, one all-to-all over the EP group whose only non-empty pairs are the
+// point-to-point transfers of the slots that change rank (a slot whose expert the rank already
+// holds is copied locally). Also the per-step balance figure for the log: the tokens each EP rank's
+// experts receive, max over mean, under the placement that served the step.
 //
 // The migration needs each rank to hold the whole moments of its expert slots: the experts'
 // ZeRO-1 shards over an EDP group of one (a layout with ep = the world's expert ranks), or
@@ -29,9 +29,10 @@ struct BalanceRecord {
     bool rebalanced = false;             // a new placement was installed after this step
     double migration_s = 0;              // the weights' and moments' transfer
     double migrated_slots = 0;           // slots that changed expert, over the EP group
-    // The moving-average load per rank, max over mean, under the old and the new placement.
+    // The moving-average load per rank, max over mean, worst MoE layer, under the old and the new
+    // placements.
     double average_max_over_mean_before = 0, average_max_over_mean_after = 0;
-    std::vector<double> average_expert_load;  // (E) the moving average, on a rebalance
+    std::vector<double> average_expert_load;  // (layers x E) the moving averages, on a rebalance
 };
 
 class ExpertBalancer {
@@ -52,28 +53,31 @@ class ExpertBalancer {
     // One routed-expert tensor of the model: its slots' params and moments (per_slot floats
     // each, slot i at i * per_slot).
     struct SlotTensor {
+        int64_t moe_layer = 0;
         float* param = nullptr;
         std::vector<AdamW::MomentRange> moments;  // the ranges covering it, in offset order
         int64_t offset = 0;                       // in the flat parameter buffer
         int64_t per_slot = 0;
     };
-    void migrate(const parallel::ExpertPlacement& from, const parallel::ExpertPlacement& to);
-    // Slot `slot`'s floats (param, m, v of every tensor) to/from `out`/`in`.
-    void pack_slot(int64_t local_slot, float* out) const;
-    void unpack_slot(int64_t local_slot, const float* in);
+    void migrate(int64_t moe_layer, const parallel::ExpertPlacement& from,
+                 const parallel::ExpertPlacement& to);
+    // A local slot's floats (param, m, v of the layer's tensors) to/from `out`/`in`.
+    void pack_slot(int64_t moe_layer, int64_t local_slot, float* out) const;
+    void unpack_slot(int64_t moe_layer, int64_t local_slot, const float* in);
 
     Model& model_;
     AdamW& optimizer_;
     parallel::Communicator& ep_;
     int64_t rebalance_every_ = 0;
-    parallel::ExpertPlacement contiguous_;  // the placement without redundant experts
-    std::vector<double> average_;           // (E) moving average of tokens per expert
+    parallel::ExpertPlacement contiguous_;      // the placement without redundant experts
+    std::vector<std::vector<double>> average_;  // (layers, E) moving average of tokens per expert
     bool has_average_ = false;
     std::vector<SlotTensor> tensors_;
-    int64_t slot_floats_ = 0;  // floats one slot moves
+    int64_t slot_floats_ = 0;  // floats one slot of one MoE layer moves
     // (slots per rank * slot_floats_): the rank's slots, what it receives; send_ (ep - 1) times
     std::vector<float> staging_, send_, recv_;
     std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
+    std::vector<int64_t> next_from_;  // (ep) slots unpacked so far from each source rank
 };
 
 }  // namespace moetron
