@@ -162,7 +162,8 @@ TEST(MpiRedundantExperts, TrainLikeTheRunWithoutThemWithIdenticalReplicas) {
 }
 
 // A checkpoint keeps logical experts: saved with R, it resumes without R, and saved without R it
-// resumes with R, each on the losses of the straight run.
+// resumes with R, each on the losses of the straight run; so does one saved right after a
+// migration (rebalancing every kSaveAt steps), resumed with rebalancing.
 TEST(MpiRedundantExperts, CheckpointsResumeWithAnotherNumberOfRedundantExperts) {
     const int world = mpi_world().size();
     if (world < 2) GTEST_SKIP() << "redundant experts need expert parallelism";
@@ -171,16 +172,22 @@ TEST(MpiRedundantExperts, CheckpointsResumeWithAnotherNumberOfRedundantExperts) 
     const std::string ep = fmt::format("ep{}", world);
     const RunSetup with{ep, 0, parallel::DispatchKind::flat, world};
     const RunSetup without{ep, 0, parallel::DispatchKind::flat, 0};
+    const RunSetup rebalancing{ep, 0, parallel::DispatchKind::flat, world, kSaveAt};
     auto straight = make_trainer(model, without);
     std::vector<StepRecord> want;
     for (int s = 0; s < kSteps; ++s) want.push_back(straight->step());
-    for (const auto& [saved_as, resumed_as] :
-         {std::pair{with, without}, std::pair{without, with}}) {
-        const std::string what = fmt::format("saved with R {}, resumed with R {}",
-                                             saved_as.redundant, resumed_as.redundant);
+    for (const auto& [saved_as, resumed_as] : {std::pair{with, without}, std::pair{without, with},
+                                               std::pair{rebalancing, rebalancing}}) {
+        const std::string what =
+            fmt::format("saved as {}, resumed as {}", saved_as.str(), resumed_as.str());
         auto first = make_trainer(model, saved_as);
-        for (int s = 0; s < kSaveAt; ++s) first->step();
-        const auto root = dir.path() / fmt::format("R{}", saved_as.redundant);
+        double migrated = 0;
+        for (int s = 0; s < kSaveAt; ++s) migrated += first->step().rebalance_migrated_slots;
+        if (saved_as.rebalance_every > 0) {
+            EXPECT_GT(migrated, 0) << what;
+        }
+        const auto root =
+            dir.path() / fmt::format("R{}-every{}", saved_as.redundant, saved_as.rebalance_every);
         save_checkpoint(*first, root, 0);
         first.reset();
         auto resumed = make_trainer(model, resumed_as);

@@ -47,6 +47,17 @@ namespace moetron::cli {
 
 namespace {
 
+// --router-skew B: each MoE layer's correction bias (selection only) starts at B for its first K
+// experts, so that the router favours them from the first step.
+void skew_router_bias(Model& model, float bias) {
+    const int64_t K = model.config().num_experts_per_tok;
+    for (const ParamEntry& e : model.param_entries()) {
+        if (!e.name.ends_with("router_bias")) continue;
+        auto* b = static_cast<float*>(model.param(e.name).data);
+        for (int64_t i = 0; i < K; ++i) b[i] = bias;
+    }
+}
+
 struct TrainOptions {
     std::string config_path;
     std::string data_path;
@@ -71,6 +82,7 @@ struct TrainOptions {
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     int64_t redundant_experts = 0;
     int64_t rebalance_every = 0;
+    double router_skew = 0;
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -249,6 +261,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     Trainer trainer(model_config, config, std::move(loader), parallel,
                     o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend());
     trainer.set_max_skipped_steps(o.max_skipped_steps);
+    if (o.router_skew != 0) skew_router_bias(trainer.model(), static_cast<float>(o.router_skew));
     if (!o.trace_path.empty())
         trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
     if (!o.resume_dir.empty()) {
@@ -508,6 +521,10 @@ void register_train(CLI::App& app) {
                     "moving average of the measured load and migrate their weights and optimizer "
                     "state (default 0: never)")
         ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--router-skew", o->router_skew,
+                    "start every router's correction bias at B for its first top-k experts (a "
+                    "deliberately skewed router, to check expert load balancing; with "
+                    "bias_update_speed = 0 in the config it stays); default 0");
     cmd->add_option("--moe-capacity-factor", o->moe_capacity_factor,
                     "expert-side MoE buffers per rank, in units of the balanced load (tokens x "
                     "top-k per rank); a step whose routing exceeds them runs the layer in extra "

@@ -130,8 +130,9 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
             std::max(r.average_max_over_mean_before, parallel::rank_imbalance(now, average_[l]));
         r.average_max_over_mean_after =
             std::max(r.average_max_over_mean_after, parallel::rank_imbalance(next, average_[l]));
-        r.average_expert_load.insert(r.average_expert_load.end(), average_[l].begin(),
-                                     average_[l].end());
+        r.average_expert_load.resize(average_[l].size());
+        for (size_t e = 0; e < average_[l].size(); ++e)
+            r.average_expert_load[e] += average_[l][e];
         if (next == now) continue;
         for (size_t s = 0; s < next.slot_expert.size(); ++s)
             r.migrated_slots += next.slot_expert[s] != now.slot_expert[s];

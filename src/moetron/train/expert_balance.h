@@ -32,7 +32,7 @@ struct BalanceRecord {
     // The moving-average load per rank, max over mean, worst MoE layer, under the old and the new
     // placements.
     double average_max_over_mean_before = 0, average_max_over_mean_after = 0;
-    std::vector<double> average_expert_load;  // (layers x E) the moving averages, on a rebalance
+    std::vector<double> average_expert_load;  // (E) the moving averages summed over the layers
 };
 
 class ExpertBalancer {

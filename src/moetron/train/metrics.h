@@ -43,7 +43,7 @@ struct StepRecord {
     // max over mean, worst MoE layer, under the placement that served the step (0 without expert
     // parallelism). After a rebalance (--rebalance-every): the migration's time and slots moved,
     // the moving-average load per rank (max/mean) under the old and the new placement, and the
-    // moving average per logical expert.
+    // moving average per logical expert (summed over the MoE layers).
     double rank_load_max_over_mean = 0;
     bool rebalanced = false;
     double rebalance_migration_s = 0;
@@ -98,7 +98,7 @@ class MetricsLog {
     bool bar_open_ = false;  // the bar's line has no newline yet
     double compute_s_ = 0;   // of the steps logged so far, for the bar's time estimate
     int64_t steps_logged_ = 0;
-    std::array<char, 1024> line_{};
+    std::array<char, 8192> line_{};  // room for a rebalance step's per-expert loads
 };
 
 }  // namespace moetron
