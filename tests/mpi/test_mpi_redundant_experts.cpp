@@ -162,8 +162,9 @@ TEST(MpiRedundantExperts, TrainLikeTheRunWithoutThemWithIdenticalReplicas) {
 }
 
 // A checkpoint keeps logical experts: saved with R, it resumes without R, and saved without R it
-// resumes with R, each on the losses of the straight run; so does one saved right after a
-// migration (rebalancing every kSaveAt steps), resumed with rebalancing.
+// resumes with R, each on the losses of the straight run; one saved right after a migration
+// (rebalancing every kSaveAt steps) keeps the placements and the moving averages, so resumed with
+// rebalancing it continues bit for bit as the straight run with rebalancing.
 TEST(MpiRedundantExperts, CheckpointsResumeWithAnotherNumberOfRedundantExperts) {
     const int world = mpi_world().size();
     if (world < 2) GTEST_SKIP() << "redundant experts need expert parallelism";
@@ -176,6 +177,9 @@ TEST(MpiRedundantExperts, CheckpointsResumeWithAnotherNumberOfRedundantExperts) 
     auto straight = make_trainer(model, without);
     std::vector<StepRecord> want;
     for (int s = 0; s < kSteps; ++s) want.push_back(straight->step());
+    auto straight_rebalancing = make_trainer(model, rebalancing);
+    std::vector<StepRecord> want_rebalancing;
+    for (int s = 0; s < kSteps; ++s) want_rebalancing.push_back(straight_rebalancing->step());
     for (const auto& [saved_as, resumed_as] : {std::pair{with, without}, std::pair{without, with},
                                                std::pair{rebalancing, rebalancing}}) {
         const std::string what =
@@ -192,8 +196,16 @@ TEST(MpiRedundantExperts, CheckpointsResumeWithAnotherNumberOfRedundantExperts) 
         first.reset();
         auto resumed = make_trainer(model, resumed_as);
         load_checkpoint(*resumed, root);
-        for (int s = kSaveAt; s < kSteps; ++s)
-            expect_same_step(resumed->step(), want[static_cast<size_t>(s)], what);
+        for (int s = kSaveAt; s < kSteps; ++s) {
+            const StepRecord got = resumed->step();
+            expect_same_step(got, want[static_cast<size_t>(s)], what);
+            if (saved_as.rebalance_every > 0) {
+                const StepRecord& exact = want_rebalancing[static_cast<size_t>(s)];
+                EXPECT_EQ(got.loss, exact.loss) << what << " step " << s + 1;
+                EXPECT_EQ(got.grad_norm, exact.grad_norm) << what << " step " << s + 1;
+                EXPECT_EQ(got.rebalance_migrated_slots, exact.rebalance_migrated_slots) << what;
+            }
+        }
         if (resumed_as.redundant > 0) expect_identical_replicas(resumed->model(), what);
     }
 }

@@ -207,6 +207,26 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
     return pieces;
 }
 
+// Redundant experts: each MoE layer's slot table and moving average of the expert loads, so
+// that a run resumed with the same slots routes, sums and rebalances as the saved one would have.
+// The tensors themselves stay logical (GlobalTensors::blocks), whatever the placement.
+void save_expert_balance(json& state, Trainer& trainer) {
+    const ExpertBalancer* balancer = trainer.expert_balancer();
+    if (balancer == nullptr) return;
+    const std::vector<std::vector<int32_t>> tables = balancer->slot_tables();
+    if (tables.empty()) return;
+    state["expert_balance"] = {{"slot_experts", tables}, {"load_average", balancer->averages()}};
+}
+
+// Before the tensors are read: the placements decide which slot reads which logical expert.
+// b: state.json's "expert_balance" (null: none saved).
+void restore_expert_balance(const json& b, Trainer& trainer) {
+    ExpertBalancer* balancer = trainer.expert_balancer();
+    if (balancer == nullptr || b.is_null()) return;
+    balancer->restore(b.at("slot_experts").get<std::vector<std::vector<int32_t>>>(),
+                      b.at("load_average").get<std::vector<std::vector<double>>>());
+}
+
 }  // namespace
 
 std::string checkpoint_shard_file_name(int rank, int world_size) {
@@ -322,7 +342,9 @@ fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
             st.data_source = trainer.loader().source_name();
             st.run_id = trainer.run_id();
             st.topology = trainer.topology();
-            commit_checkpoint_dir(*staged, root, index, training_state_json(st), keep);
+            json state = training_state_json(st);
+            save_expert_balance(state, trainer);
+            commit_checkpoint_dir(*staged, root, index, state, keep);
         } catch (const std::exception& e) {
             error = what_failed(e);
         }
@@ -342,11 +364,13 @@ fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
     fs::path dir;
     CheckpointCounters counters;
     std::optional<CheckpointTensors> tensors;
+    json expert_balance;  // null: none saved
     std::string error;
     try {
         dir = resolve_checkpoint_dir(dir_or_root);
         const json state = read_verified_checkpoint_state(dir);
         counters = checkpoint_counters(dir, state, model.config());
+        if (state.contains("expert_balance")) expert_balance = state.at("expert_balance");
         tensors.emplace(
             CheckpointTensors::open(dir, checkpoint_tensor_files(dir, state), global.entries()));
     } catch (const std::exception& e) {
@@ -354,8 +378,10 @@ fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
     }
     throw_if_any_rank_failed(world, error, what);
 
-    // The ranges this rank holds under its layout.
+    // The ranges this rank holds under its layout (the saved expert placements first: they say
+    // which slot holds which expert).
     try {
+        restore_expert_balance(expert_balance, trainer);
         for (const ParamEntry& e : model.param_entries())
             for_each_block_part(
                 global, e, e.offset, e.offset + e.numel, /*writing=*/false,

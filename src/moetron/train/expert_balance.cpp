@@ -55,6 +55,9 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
                   "--rebalance-every {} moves redundant expert slots: give --redundant-experts R "
                   "(e.g. R = ep, one spare slot per rank)",
                   rebalance_every);
+    if (placement != nullptr)
+        for (const ParamEntry& e : model.param_entries())
+            num_moe_layers_ = std::max(num_moe_layers_, model.moe_layer_of(e.name) + 1);
     if (rebalance_every == 0) return;
 
     const std::vector<AdamW::MomentRange> ranges = optimizer.moment_ranges();
@@ -131,8 +134,7 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
         r.average_max_over_mean_after =
             std::max(r.average_max_over_mean_after, parallel::rank_imbalance(next, average_[l]));
         r.average_expert_load.resize(average_[l].size());
-        for (size_t e = 0; e < average_[l].size(); ++e)
-            r.average_expert_load[e] += average_[l][e];
+        for (size_t e = 0; e < average_[l].size(); ++e) r.average_expert_load[e] += average_[l][e];
         if (next == now) continue;
         for (size_t s = 0; s < next.slot_expert.size(); ++s)
             r.migrated_slots += next.slot_expert[s] != now.slot_expert[s];
@@ -151,6 +153,44 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
     }
     r.migration_s = timer.elapsed_s();
     return r;
+}
+
+std::vector<std::vector<int32_t>> ExpertBalancer::slot_tables() const {
+    std::vector<std::vector<int32_t>> tables;
+    for (int64_t l = 0; model_.expert_placement(0) != nullptr && l < num_moe_layers_; ++l)
+        tables.push_back(model_.expert_placement(l)->slot_expert);
+    return tables;
+}
+
+bool ExpertBalancer::restore(const std::vector<std::vector<int32_t>>& slot_tables,
+                             const std::vector<std::vector<double>>& averages) {
+    if (averages.size() == average_.size()) {
+        average_ = averages;
+        has_average_ = !average_.empty();
+    }
+    const parallel::ExpertPlacement* first = model_.expert_placement(0);
+    if (first == nullptr || static_cast<int64_t>(slot_tables.size()) != num_moe_layers_)
+        return false;
+    for (const std::vector<int32_t>& t : slot_tables)
+        if (static_cast<int64_t>(t.size()) != first->shape.num_slots) return false;
+    for (int64_t l = 0; l < num_moe_layers_; ++l) {
+        const parallel::ExpertPlacement p =
+            parallel::placement_from_slots(first->shape, slot_tables[static_cast<size_t>(l)]);
+        model_.set_expert_placement(l, p);
+    }
+    // The replicas a slot has are its copies in the gradient norm.
+    const int64_t slots = first->shape.slots_per_rank(), first_slot = ep_.rank() * slots;
+    for (const ParamEntry& e : model_.param_entries()) {
+        const int64_t layer = model_.moe_layer_of(e.name);
+        if (layer < 0) continue;
+        const parallel::ExpertPlacement& p = *model_.expert_placement(layer);
+        const int64_t per_slot = e.numel / slots;
+        for (int64_t i = 0; i < slots; ++i)
+            optimizer_.set_copies_outside_group(
+                e.offset + i * per_slot, per_slot,
+                static_cast<int>(p.replicas(p.slot_expert[static_cast<size_t>(first_slot + i)])));
+    }
+    return true;
 }
 
 void ExpertBalancer::pack_slot(int64_t moe_layer, int64_t local_slot, float* out) const {

@@ -49,6 +49,16 @@ class ExpertBalancer {
     // installs the placement for it and migrates. A collective over the EP group then.
     BalanceRecord after_step(int64_t step, const ExpertLoadStats& load);
 
+    // What a checkpoint keeps so that a resumed run continues bit for bit: each MoE layer's slot
+    // table (ExpertPlacement::slot_expert) and moving average. Empty without redundant experts.
+    std::vector<std::vector<int32_t>> slot_tables() const;
+    const std::vector<std::vector<double>>& averages() const { return average_; }
+    // Installs them (before the checkpoint's tensors are read into the slots): the placements
+    // when they fit this run's slots (else the run keeps its own, which is correct but not bit
+    // exact), the averages when this run rebalances. Returns whether the placements were taken.
+    bool restore(const std::vector<std::vector<int32_t>>& slot_tables,
+                 const std::vector<std::vector<double>>& averages);
+
   private:
     // One routed-expert tensor of the model: its slots' params and moments (per_slot floats
     // each, slot i at i * per_slot).
@@ -69,6 +79,7 @@ class ExpertBalancer {
     AdamW& optimizer_;
     parallel::Communicator& ep_;
     int64_t rebalance_every_ = 0;
+    int64_t num_moe_layers_ = 0;                // with redundant experts
     parallel::ExpertPlacement contiguous_;      // the placement without redundant experts
     std::vector<std::vector<double>> average_;  // (layers, E) moving average of tokens per expert
     bool has_average_ = false;

@@ -93,6 +93,9 @@ class Trainer {
 
     Model& model() { return *model_; }
     // The optimizer; checkpoints (train/checkpoint.h) read and restore its moments.
+    // The expert load balancing (null without expert parallelism): checkpoints save and restore
+    // its placements and moving averages.
+    ExpertBalancer* expert_balancer() { return balancer_.get(); }
     AdamW& optimizer() { return *optimizer_; }
     const AdamW& optimizer() const { return *optimizer_; }
     // Checkpointing (train/checkpoint.h) restores these.
