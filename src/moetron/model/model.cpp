@@ -501,6 +501,7 @@ struct Model::Impl : ActivationSet {
     std::vector<int64_t> entry_moe_layer;
     std::optional<parallel::ReplicaGradientSum> replica_grads;
     bool replica_sum_armed = false;
+    double expert_compute_s = 0;  // since the last take_expert_compute_s()
     ParamTable table;
     Arena params, grads, acts;
     ModelParams w, g;  // the same tree, pointing into params and into grads
@@ -592,6 +593,7 @@ struct Model::Impl : ActivationSet {
         if (!bp.is_moe) return -1;
         const auto slot = static_cast<int64_t>(slot_bias.size());
         ba.moe.dispatcher = dispatcher.get();
+        ba.moe.expert_compute_s = &expert_compute_s;
         ba.moe.overlap = parallel.moe.overlap;
         const bool dual = parallel.moe.overlap == MoeOverlap::dual;
         ba.moe.dispatch_slot = dual ? 2 * slot : slot;  // dual: slots 2l and 2l+1, buffers 0 and 1
@@ -1062,6 +1064,12 @@ void Model::set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacem
     p.slot_expert = placement.slot_expert;  // same sizes: no allocation
     p.replica_first = placement.replica_first;
     p.replica_slots = placement.replica_slots;
+}
+
+double Model::take_expert_compute_s() {
+    const double s = impl_->expert_compute_s;
+    impl_->expert_compute_s = 0;
+    return s;
 }
 
 void Model::arm_replica_gradient_sum() {

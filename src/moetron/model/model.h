@@ -189,6 +189,9 @@ class Model {
     void sum_expert_load_over_ranks();
     // The loads counted on this rank, or over ModelParallel::load after sum_expert_load_over_ranks.
     ExpertLoadStats expert_load() const;
+    // Seconds this rank spent in the routed experts' computation since the last call (MoE layers'
+    // grouped GEMMs and SwiGLU, forward and backward; host time, exact on the CPU backend).
+    double take_expert_compute_s();
 
     const ModelConfig& config() const;
     const LossWeights& loss_weights() const;

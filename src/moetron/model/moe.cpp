@@ -2,6 +2,7 @@
 
 #include <span>
 
+#include "moetron/core/timer.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/parallel/expert_dispatcher.h"
 
@@ -80,6 +81,7 @@ void place_halves(TokenHalf* halves, int num_halves, const parallel::ExpertDispa
 // The routed experts of one half: one grouped SwiGLU over its rows.
 void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams& w,
                      const TokenHalf& h, int64_t El, int64_t D, int64_t F) {
+    const Timer timer;
     const int64_t r = h.expert_row;
     ops.grouped_linear_forward(saved.expert_gate_up + r * 2 * F, saved.permuted + r * D,
                                w.experts_gate_up, h.offsets, El, D, 2 * F);
@@ -87,6 +89,7 @@ void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams&
                        F);
     ops.grouped_linear_forward(saved.expert_out + r * D, saved.expert_hidden + r * F,
                                w.experts_down, h.offsets, El, F, D);
+    if (saved.expert_compute_s != nullptr) *saved.expert_compute_s += timer.elapsed_s();
 }
 
 // Its backward: scratch.d_expert_out (the half's rows) in, the inputs' gradient written over it
@@ -94,6 +97,7 @@ void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams&
 void experts_backward(Backend& ops, const MoeParams& grads, const MoeActivations& saved,
                       const MoeParams& w, const MoeScratch& scratch, const TokenHalf& h, int64_t El,
                       int64_t D, int64_t F) {
+    const Timer timer;
     const int64_t r = h.expert_row;
     float* d_out = scratch.d_expert_out + r * D;
     float* d_hidden = scratch.d_expert_hidden + r * F;
@@ -103,6 +107,7 @@ void experts_backward(Backend& ops, const MoeParams& grads, const MoeActivations
     ops.swiglu_backward(d_gate_up, d_hidden, saved.expert_gate_up + r * 2 * F, h.num_rows, F);
     ops.grouped_linear_backward(d_out, grads.experts_gate_up, d_gate_up, saved.permuted + r * D,
                                 w.experts_gate_up, h.offsets, El, D, 2 * F);
+    if (saved.expert_compute_s != nullptr) *saved.expert_compute_s += timer.elapsed_s();
 }
 
 // Zeroes the rows of x (N, D) outside `own`: other TP ranks fill them, and the caller sums over TP.

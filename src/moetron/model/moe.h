@@ -101,6 +101,9 @@ struct MoeActivations {
     int64_t dispatch_slot = 0;
     MoeOverlap overlap = MoeOverlap::off;
     int64_t dispatch_slot_b = -1;  // dual: the second half's slot (its own exchange buffer)
+    // When set, the seconds this rank spends in the routed experts' computation (grouped GEMMs
+    // and SwiGLU, forward and backward) are added to it: host time, exact on the CPU backend.
+    double* expert_compute_s = nullptr;
 
     float* scores = nullptr;          // (N, E) sigmoid scores s
     int32_t* topk_ids = nullptr;      // (N, K) chosen experts (global ids)

@@ -50,6 +50,7 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
     parallel::PlacementShape contiguous{E, E, ep.size(),
                                         ep.size() / std::max<int64_t>(1, ep_ranks_per_domain), 1};
     contiguous_ = parallel::initial_placement(contiguous);
+    compute_of_rank_.resize(static_cast<size_t>(ep.size()));
     const parallel::ExpertPlacement* placement = model.expert_placement(0);
     MT_USER_CHECK(rebalance_every == 0 || placement != nullptr,
                   "--rebalance-every {} moves redundant expert slots: give --redundant-experts R "
@@ -103,8 +104,14 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
     next_from_.resize(n);
 }
 
-BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& load) {
+BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& load,
+                                         double expert_compute_s) {
     BalanceRecord r;
+    ep_.all_gather(compute_of_rank_.data(), &expert_compute_s, 1, DType::f64, kHostStream);
+    for (double s : compute_of_rank_) {
+        r.expert_compute_max_s = std::max(r.expert_compute_max_s, s);
+        r.expert_compute_mean_s += s / static_cast<double>(compute_of_rank_.size());
+    }
     for (size_t l = 0; l < load.tokens_per_expert.size(); ++l) {
         const std::vector<int64_t>& counts = load.tokens_per_expert[l];
         const std::vector<double> layer_load(counts.begin(), counts.end());

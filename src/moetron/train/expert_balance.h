@@ -26,9 +26,11 @@ namespace moetron {
 // What one step's balancing did, for the step record.
 struct BalanceRecord {
     double rank_load_max_over_mean = 0;  // this step's tokens per EP rank, worst MoE layer
-    bool rebalanced = false;             // a new placement was installed after this step
-    double migration_s = 0;              // the weights' and moments' transfer
-    double migrated_slots = 0;           // slots that changed expert, over the EP group
+    // This step's expert computation time over the EP group: the slowest rank's and the mean.
+    double expert_compute_max_s = 0, expert_compute_mean_s = 0;
+    bool rebalanced = false;    // a new placement was installed after this step
+    double migration_s = 0;     // the weights' and moments' transfer
+    double migrated_slots = 0;  // slots that changed expert, over the EP group
     // The moving-average load per rank, max over mean, worst MoE layer, under the old and the new
     // placements.
     double average_max_over_mean_before = 0, average_max_over_mean_after = 0;
@@ -47,7 +49,8 @@ class ExpertBalancer {
     // After step `step` (1-based) with its loads summed over the ranks (Model::expert_load after
     // sum_expert_load_over_ranks): updates the average, and on every rebalance_every-th step
     // installs the placement for it and migrates. A collective over the EP group then.
-    BalanceRecord after_step(int64_t step, const ExpertLoadStats& load);
+    // expert_compute_s: this rank's (Model::take_expert_compute_s); gathered over the EP group.
+    BalanceRecord after_step(int64_t step, const ExpertLoadStats& load, double expert_compute_s);
 
     // What a checkpoint keeps so that a resumed run continues bit for bit: each MoE layer's slot
     // table (ExpertPlacement::slot_expert) and moving average. Empty without redundant experts.
@@ -88,7 +91,9 @@ class ExpertBalancer {
     // (slots per rank * slot_floats_): the rank's slots, what it receives; send_ (ep - 1) times
     std::vector<float> staging_, send_, recv_;
     std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
-    std::vector<int64_t> next_from_;  // (ep) slots unpacked so far from each source rank
+    std::vector<int64_t> next_from_;
+    std::vector<double> compute_of_rank_;  // (ep) the step's expert compute time of each rank  //
+                                           // (ep) slots unpacked so far from each source rank
 };
 
 }  // namespace moetron

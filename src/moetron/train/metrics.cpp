@@ -161,8 +161,11 @@ void MetricsLog::log_step(const StepRecord& r) {
         w.json_number("domains_per_token_max", r.domains_per_token_max);
         w.add(",\"moe_overflowed_layers\":{},\"moe_extra_rounds\":{}", r.moe_overflowed_layers,
               r.moe_extra_rounds);
-        if (r.rank_load_max_over_mean > 0)
+        if (r.rank_load_max_over_mean > 0) {
             w.json_number("rank_load_max_over_mean", r.rank_load_max_over_mean);
+            w.json_number("expert_compute_max_ms", r.expert_compute_max_s * 1e3);
+            w.json_number("expert_compute_mean_ms", r.expert_compute_mean_s * 1e3);
+        }
         if (r.rebalanced) {
             w.json_number("rebalance_migration_ms", r.rebalance_migration_s * 1e3);
             w.json_number("rebalance_migrated_slots", r.rebalance_migrated_slots);

@@ -45,6 +45,9 @@ struct StepRecord {
     // the moving-average load per rank (max/mean) under the old and the new placement, and the
     // moving average per logical expert (summed over the MoE layers).
     double rank_load_max_over_mean = 0;
+    // The step's routed-expert computation time (model.h's take_expert_compute_s): the slowest EP
+    // rank's and the EP group's mean (0 without expert parallelism).
+    double expert_compute_max_s = 0, expert_compute_mean_s = 0;
     bool rebalanced = false;
     double rebalance_migration_s = 0;
     double rebalance_migrated_slots = 0;

@@ -178,6 +178,7 @@ StepRecord Trainer::step() {
     parallel::reset_group_counters(groups_);
     Timer timer;
     model_->zero_grads();
+    model_->take_expert_compute_s();  // from here: this step's (not an evaluation's)
     parallel::ExpertDispatcher* dispatcher = model_->expert_dispatcher();
     if (dispatcher != nullptr) dispatcher->reset_stats();
     // The whole step's batch first: its counts normalize every micro-batch, so the step's loss is
@@ -206,6 +207,7 @@ StepRecord Trainer::step() {
         losses[2] += l.balance_loss;
     }
     optimizer_->grad_sync().finish();
+    const double expert_compute_s = model_->take_expert_compute_s();  // this step's
     if (dispatcher != nullptr) record_dispatch_stats(r, dispatcher->stats());
     sum_over_ranks(groups_, losses);
     r.loss = losses[0];
@@ -265,8 +267,10 @@ StepRecord Trainer::step() {
     if (balancer_) {
         // After the gathers: a rebalance rewrites expert slots' weights and moments.
         const TraceScope scope(&trace_, "expert rebalance");
-        BalanceRecord b = balancer_->after_step(steps_done_, load);
+        BalanceRecord b = balancer_->after_step(steps_done_, load, expert_compute_s);
         r.rank_load_max_over_mean = b.rank_load_max_over_mean;
+        r.expert_compute_max_s = b.expert_compute_max_s;
+        r.expert_compute_mean_s = b.expert_compute_mean_s;
         r.rebalanced = b.rebalanced;
         r.rebalance_migration_s = b.migration_s;
         r.rebalance_migrated_slots = b.migrated_slots;
