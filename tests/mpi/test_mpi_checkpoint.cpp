@@ -53,6 +53,7 @@
 #include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 #include "mpi/mpi_test_main.h"
+#include "mpi/shared_temp_dir.h"
 
 namespace moetron::testing {
 namespace {
@@ -117,34 +118,6 @@ std::vector<Losses> run_steps(Trainer& t, int n) {
     }
     return out;
 }
-
-// A directory every rank of comm sees: made by rank 0, its name broadcast; removed on
-// destruction after a barrier.
-class SharedTempDir {
-  public:
-    explicit SharedTempDir(parallel::Communicator& comm) : comm_(comm) {
-        std::string path;
-        if (comm.rank() == 0) {
-            std::string pattern = (fs::temp_directory_path() / "moetron_mpi_ckpt_XXXXXX").string();
-            MT_CHECK(::mkdtemp(pattern.data()) != nullptr, "mkdtemp failed");
-            path = pattern;
-        }
-        int64_t length = static_cast<int64_t>(path.size());
-        comm.broadcast(&length, 1, DType::i64, 0, kHostStream);
-        path.resize(static_cast<size_t>(length));
-        comm.broadcast(path.data(), path.size(), DType::u8, 0, kHostStream);
-        path_ = path;
-    }
-    ~SharedTempDir() {
-        comm_.barrier();
-        if (comm_.rank() == 0) fs::remove_all(path_);
-    }
-    const fs::path& path() const { return path_; }
-
-  private:
-    parallel::Communicator& comm_;
-    fs::path path_;
-};
 
 std::string error_of(const std::function<void()>& f) {
     try {

@@ -48,6 +48,17 @@ namespace moetron::cli {
 
 namespace {
 
+// --router-skew B: each MoE layer's correction bias (selection only) starts at B for its first K
+// experts, so that the router favours them from the first step.
+void skew_router_bias(Model& model, float bias) {
+    const int64_t K = model.config().num_experts_per_tok;
+    for (const ParamEntry& e : model.param_entries()) {
+        if (!e.name.ends_with("router_bias")) continue;
+        auto* b = static_cast<float*>(model.param(e.name).data);
+        for (int64_t i = 0; i < K; ++i) b[i] = bias;
+    }
+}
+
 struct TrainOptions {
     std::string config_path;
     std::string data_path;
@@ -70,6 +81,9 @@ struct TrainOptions {
     std::string dispatch = "flat";
     std::string moe_overlap = "off";
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
+    int64_t redundant_experts = 0;
+    int64_t rebalance_every = 0;
+    double router_skew = 0;
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
     bool no_zero1 = false;
@@ -240,6 +254,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
     parallel.moe.overlap = parse_moe_overlap(o.moe_overlap);
     parallel.moe.capacity_factor = o.moe_capacity_factor;
+    parallel.moe.redundant_experts = o.redundant_experts;
+    parallel.moe.rebalance_every = o.rebalance_every;
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
@@ -252,6 +268,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     Trainer trainer(model_config, config, std::move(loader), parallel,
                     low_precision ? static_cast<Backend&>(*low_precision) : compute);
     trainer.set_max_skipped_steps(o.max_skipped_steps);
+    if (o.router_skew != 0) skew_router_bias(trainer.model(), static_cast<float>(o.router_skew));
     if (!o.trace_path.empty())
         trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
     if (!o.resume_dir.empty()) {
@@ -507,6 +524,20 @@ void register_train(CLI::App& app) {
                     "half's all-to-all in flight while the other's experts compute); default off; "
                     "shared helps with two_tier")
         ->check(CLI::IsMember({"off", "shared", "dual"}));
+    cmd->add_option("--redundant-experts", o->redundant_experts,
+                    "spare expert slots over the expert-parallel group (R): each rank holds "
+                    "(experts + R) / ep slots, and the spare ones replicate the busiest experts "
+                    "so that the busiest rank carries less; needs ep > 1 (default 0)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--rebalance-every", o->rebalance_every,
+                    "with --redundant-experts: every N steps, place the expert slots for the "
+                    "moving average of the measured load and migrate their weights and optimizer "
+                    "state (default 0: never)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--router-skew", o->router_skew,
+                    "start every router's correction bias at B for its first top-k experts (a "
+                    "deliberately skewed router, to check expert load balancing; with "
+                    "bias_update_speed = 0 in the config it stays); default 0");
     cmd->add_option("--moe-capacity-factor", o->moe_capacity_factor,
                     "expert-side MoE buffers per rank, in units of the balanced load (tokens x "
                     "top-k per rank); a step whose routing exceeds them runs the layer in extra "

@@ -23,10 +23,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "moetron/core/rng.h"
+#include "moetron/core/user_error.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/expert_dispatcher.h"
+#include "moetron/parallel/replica_gradients.h"
 #include "moetron/parallel/tensor_parallel.h"
 
 #include "moetron/kernels/backend.h"
@@ -109,6 +112,17 @@ std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertSh
 }
 
 ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel) {
+    const int64_t redundant = parallel.moe.redundant_experts;
+    MT_USER_CHECK(redundant == 0 ||
+                      (c.n_routed_experts > 0 && parallel.ep != nullptr && parallel.ep->size() > 1),
+                  "--redundant-experts {} needs routed experts split over an expert-parallel "
+                  "group of more than one rank (e.g. --layout ep2); model '{}' has {} routed "
+                  "experts and ep {}",
+                  redundant, c.name, c.n_routed_experts,
+                  parallel.ep != nullptr ? parallel.ep->size() : 1);
+    if (redundant > 0)
+        parallel::check_placement_shape(
+            {c.n_routed_experts, c.n_routed_experts + redundant, parallel.ep->size()});
     if (parallel.ep == nullptr || parallel.ep->size() == 1 || c.n_routed_experts == 0) return {};
     const int64_t ep = parallel.ep->size();
     MT_CHECK(c.n_routed_experts % ep == 0,
@@ -121,8 +135,26 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
              "[model] expert parallelism over '{}' needs ModelParallel::load: the group over which "
              "expert loads are summed (every rank that routes different tokens)",
              parallel.ep->name());
+    if (parallel.moe.redundant_experts > 0) {  // physical slots: (E + R) / ep per rank
+        const int64_t slots = c.n_routed_experts + parallel.moe.redundant_experts;
+        const int64_t local = slots / ep;
+        return {parallel.ep->rank() * local, local, slots};
+    }
     const int64_t local = c.n_routed_experts / ep;
     return {parallel.ep->rank() * local, local};
+}
+
+// The shape of the redundant experts' placement over the EP group: its domains, and the router's
+// groups that hierarchical placement keeps inside them.
+parallel::PlacementShape placement_shape(const ModelConfig& c, const ModelParallel& parallel,
+                                         int64_t ep_ranks_per_domain) {
+    parallel::PlacementShape s;
+    s.num_experts = c.n_routed_experts;
+    s.num_slots = c.n_routed_experts + parallel.moe.redundant_experts;
+    s.ep_size = parallel.ep != nullptr ? parallel.ep->size() : 1;
+    s.num_domains = s.ep_size / std::max<int64_t>(1, ep_ranks_per_domain);
+    s.num_groups = c.n_group > 0 && c.n_routed_experts % c.n_group == 0 ? c.n_group : 1;
+    return s;
 }
 
 // The EP ranks per scale-up domain, as the groups built from the Topology say.
@@ -179,7 +211,7 @@ parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int6
                                                       const MoeSettings& moe,
                                                       int64_t ep_ranks_per_domain) {
     parallel::ExpertDispatchConfig dc;
-    dc.routing.num_experts = c.n_routed_experts;
+    dc.routing.num_experts = c.n_routed_experts + moe.redundant_experts;  // the physical slots
     dc.routing.top_k = c.num_experts_per_tok;
     dc.routing.hidden = c.hidden_size;
     dc.routing.max_tokens = max_tokens;
@@ -462,6 +494,16 @@ struct Model::Impl : ActivationSet {
     ModelParallel parallel;
     parallel::TensorParallel tp;  // declared before table: the specs read it
     ExpertShard shard;
+    // Redundant experts (MoeSettings::redundant_experts): which logical expert each slot holds,
+    // and the sum of the replicas' gradients, which arm_replica_gradient_sum() turns on for the
+    // next backward (the last micro-batch's: the gradients are then whole).
+    // One placement per MoE layer (the load slots' order: main layers, then MTP blocks; empty
+    // without redundant experts), and the MoE layer of each parameter entry (-1: none).
+    std::vector<parallel::ExpertPlacement> placements;
+    std::vector<int64_t> entry_moe_layer;
+    std::optional<parallel::ReplicaGradientSum> replica_grads;
+    bool replica_sum_armed = false;
+    double expert_compute_s = 0;  // since the last take_expert_compute_s()
     ParamTable table;
     Arena params, grads, acts;
     ModelParams w, g;  // the same tree, pointing into params and into grads
@@ -512,9 +554,20 @@ struct Model::Impl : ActivationSet {
         bind_model_params(bind_g, g, c);
 
         if (c.n_routed_experts > 0) {
-            const parallel::ExpertDispatchConfig dc = expert_dispatch_config(
+            parallel::ExpertDispatchConfig dc = expert_dispatch_config(
                 c, r.batch_size * r.seq_len, par.moe, ep_ranks_per_domain(par));
             check_domain_limited_routing(c, dc, par);
+            if (par.moe.redundant_experts > 0) {
+                const parallel::PlacementShape shape =
+                    placement_shape(c, par, ep_ranks_per_domain(par));
+                // Sized once: the dispatcher keeps a pointer to them.
+                placements.assign(static_cast<size_t>(num_moe_slots(c)),
+                                  parallel::initial_placement(shape));
+                replica_grads.emplace(shape, 3 * c.moe_intermediate_size * c.hidden_size);
+                dc.placements = placements.data();
+                dc.routing_slots_per_placement = par.moe.overlap == MoeOverlap::dual ? 2 : 1;
+                map_expert_entries_to_layers();
+            }
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
             groups.rail = par.ep_rail;
@@ -542,6 +595,7 @@ struct Model::Impl : ActivationSet {
         if (!bp.is_moe) return -1;
         const auto slot = static_cast<int64_t>(slot_bias.size());
         ba.moe.dispatcher = dispatcher.get();
+        ba.moe.expert_compute_s = &expert_compute_s;
         ba.moe.overlap = parallel.moe.overlap;
         const bool dual = parallel.moe.overlap == MoeOverlap::dual;
         ba.moe.dispatch_slot = dual ? 2 * slot : slot;  // dual: slots 2l and 2l+1, buffers 0 and 1
@@ -746,16 +800,19 @@ struct Model::Impl : ActivationSet {
                 ops.add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
                                 tp.local_rows(n) * D);
             }
+            sum_replica_grads(g.mtp[d].block, mtp_slot[d]);
             notify_grads_ready(mtp_range[d]);
         }
         for (int64_t l = L - 1; l >= 0; --l) {
             block_backward(ops, d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
                            block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
+            sum_replica_grads(g.layers[l], main_slot[l]);
             notify_grads_ready(layer_range[l]);
         }
         vocab_parallel_embedding_backward(ops, g.embed, d_stream, input_tokens, block_scratch.full,
                                           n, c.vocab_size, D, tp);
         notify_grads_ready(embed_range);
+        replica_sum_armed = false;
         return losses;
     }
 
@@ -778,7 +835,19 @@ struct Model::Impl : ActivationSet {
         ops.copy_from_host(loads.base(), load_host.data(), load_host.size() * sizeof(int64_t));
     }
 
+    // The routed experts' entries come two per MoE layer (gate_up, down), in the layers' order:
+    // main layers, then MTP blocks (bind_model_params), as the load slots.
+    void map_expert_entries_to_layers() {
+        entry_moe_layer.assign(table.entries().size(), -1);
+        int64_t k = 0;
+        for (size_t i = 0; i < table.entries().size(); ++i)
+            if (is_routed_expert_param(table.entries()[i].name)) entry_moe_layer[i] = k++ / 2;
+        MT_CHECK(k == 2 * static_cast<int64_t>(placements.size()),
+                 "[model] {} routed expert tensors for {} MoE layers", k, placements.size());
+    }
+
     void init_expert_shard(uint64_t seed) {
+        if (!placements.empty()) return init_expert_slots(seed);
         if (shard.first == 0) return;  // the first shard's global indices are its local ones
         for (size_t i = 0; i < table.specs().size(); ++i) {
             const TensorSpec& spec = table.specs()[i];
@@ -789,6 +858,36 @@ struct Model::Impl : ActivationSet {
                             fnv1a_64(spec.name), 1, e.numel, shard.first * per_expert, 0,
                             spec.init_stddev);
         }
+    }
+
+    // Redundant experts: each local slot gets the numbers of the logical expert it holds, so
+    // that replicas start identical and equal to that expert in a run without them.
+    void init_expert_slots(uint64_t seed) {
+        for (size_t i = 0; i < table.specs().size(); ++i) {
+            const TensorSpec& spec = table.specs()[i];
+            if (!is_routed_expert_param(spec.name)) continue;
+            const ParamEntry& e = table.entries()[i];
+            const int64_t per_expert = e.numel / shard.count;
+            const parallel::ExpertPlacement& placement =
+                placements[static_cast<size_t>(entry_moe_layer[i])];
+            for (int64_t local = 0; local < shard.count; ++local) {
+                const int64_t expert =
+                    placement.slot_expert[static_cast<size_t>(shard.first + local)];
+                ops.init_normal(static_cast<float*>(params.base()) + e.offset + local * per_expert,
+                                seed, fnv1a_64(spec.name), 1, per_expert, expert * per_expert, 0,
+                                spec.init_stddev);
+            }
+        }
+    }
+
+    // After a MoE block's backward on the armed (last) micro-batch: its replicas' gradients
+    // summed over the EP group (a collective over it; every rank runs the same blocks).
+    void sum_replica_grads(const BlockParams& grads, int64_t moe_layer) {
+        if (!replica_sum_armed || !grads.is_moe) return;
+        const int64_t F = config.moe_intermediate_size, D = config.hidden_size;
+        const parallel::SlotTensor tensors[] = {{grads.moe.experts_gate_up, 2 * F * D},
+                                                {grads.moe.experts_down, D * F}};
+        replica_grads->sum(placements[static_cast<size_t>(moe_layer)], tensors, *parallel.ep);
     }
 };
 
@@ -911,7 +1010,8 @@ const std::vector<ParamEntry>& Model::param_entries() const {
 std::vector<parallel::ParamSpan> Model::param_spans() const {
     std::vector<parallel::ParamSpan> spans;
     spans.reserve(impl_->table.entries().size());
-    for (const ParamEntry& e : impl_->table.entries()) {
+    for (size_t entry = 0; entry < impl_->table.entries().size(); ++entry) {
+        const ParamEntry& e = impl_->table.entries()[entry];
         // Routed experts are replicated over the expert-data-parallel group (the whole
         // data-parallel group when ep = 1); everything else over the data-parallel group.
         const bool expert = is_routed_expert_param(e.name);
@@ -920,6 +1020,21 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
         // A parameter the TP ranks replicate (not split) has the same copy on each of them; the
         // routed experts' EDP group already counts every rank.
         const int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
+        if (expert && !impl_->placements.empty()) {
+            // Redundant experts: a slot is one of its expert's replicas, which hold the same
+            // gradient (arm_replica_gradient_sum), so the global norm counts each once.
+            const ExpertShard& shard = impl_->shard;
+            const int64_t per_slot = e.numel / shard.count;
+            const parallel::ExpertPlacement& placement =
+                impl_->placements[static_cast<size_t>(impl_->entry_moe_layer[entry])];
+            for (int64_t i = 0; i < shard.count; ++i) {
+                const int32_t x = placement.slot_expert[static_cast<size_t>(shard.first + i)];
+                spans.push_back({e.offset + i * per_slot, per_slot, group, e.trainable,
+                                 e.weight_decay, static_cast<int>(placement.replicas(x)),
+                                 /*own_run=*/true});
+            }
+            continue;
+        }
         spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay, copies});
     }
     return spans;
@@ -927,6 +1042,40 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
 
 ExpertShard Model::expert_shard() const {
     return impl_->shard;
+}
+
+const parallel::ExpertPlacement* Model::expert_placement(int64_t moe_layer) const {
+    if (impl_->placements.empty()) return nullptr;
+    MT_CHECK(moe_layer >= 0 && moe_layer < static_cast<int64_t>(impl_->placements.size()),
+             "[model] MoE layer {} of {}", moe_layer, impl_->placements.size());
+    return &impl_->placements[static_cast<size_t>(moe_layer)];
+}
+
+int64_t Model::moe_layer_of(const std::string& param_name) const {
+    if (impl_->entry_moe_layer.empty()) return -1;
+    const ParamEntry& e = impl_->table.entry(param_name);
+    const auto& entries = impl_->table.entries();
+    return impl_->entry_moe_layer[static_cast<size_t>(&e - entries.data())];
+}
+
+void Model::set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacement& placement) {
+    const parallel::ExpertPlacement* now = expert_placement(moe_layer);
+    MT_CHECK(now != nullptr && placement.slot_expert.size() == now->slot_expert.size(),
+             "[model] a new expert placement needs redundant experts and the same slots");
+    parallel::ExpertPlacement& p = impl_->placements[static_cast<size_t>(moe_layer)];
+    p.slot_expert = placement.slot_expert;  // same sizes: no allocation
+    p.replica_first = placement.replica_first;
+    p.replica_slots = placement.replica_slots;
+}
+
+double Model::take_expert_compute_s() {
+    const double s = impl_->expert_compute_s;
+    impl_->expert_compute_s = 0;
+    return s;
+}
+
+void Model::arm_replica_gradient_sum() {
+    impl_->replica_sum_armed = !impl_->placements.empty();
 }
 
 TensorView Model::param(const std::string& name) const {

@@ -70,6 +70,13 @@ struct MoeSettings {
     // capacity_factor; 0: the worst case); a step that exceeds it runs in rounds, dropless. Only
     // used with expert parallelism.
     double capacity_factor = parallel::kDefaultMoeCapacityFactor;
+    // --redundant-experts R: the EP group holds E + R physical expert slots, (E + R) / ep per
+    // rank; the spare ones replicate hot experts (parallel/expert_placement.h). Needs expert
+    // parallelism; 0: every expert once, contiguously.
+    int64_t redundant_experts = 0;
+    // --rebalance-every N: every N steps the trainer places the slots for the measured load and
+    // migrates them (train/expert_balance.h); 0: the placement never moves.
+    int64_t rebalance_every = 0;
 };
 
 struct ModelParallel {
@@ -182,6 +189,9 @@ class Model {
     void sum_expert_load_over_ranks();
     // The loads counted on this rank, or over ModelParallel::load after sum_expert_load_over_ranks.
     ExpertLoadStats expert_load() const;
+    // Seconds this rank spent in the routed experts' computation since the last call (MoE layers'
+    // grouped GEMMs and SwiGLU, forward and backward; host time, exact on the CPU backend).
+    double take_expert_compute_s();
 
     const ModelConfig& config() const;
     const LossWeights& loss_weights() const;
@@ -195,10 +205,26 @@ class Model {
     const std::vector<ParamEntry>& param_entries() const;
     // The flat buffer as gradient synchronization sees it: one span per entry, with its replica
     // group (the routed experts: the expert-data-parallel group; the rest: data-parallel) and,
-    // for a parameter replicated over the TP group, its tp identical copies outside that group.
+    // for a parameter replicated over the TP group, its tp identical copies outside that group
+    // (with redundant experts, one span per expert slot: its expert's replicas are its copies).
     std::vector<parallel::ParamSpan> param_spans() const;
-    // Which routed experts this rank holds.
+    // Which routed experts this rank holds (with redundant experts: which physical slots).
     ExpertShard expert_shard() const;
+    // With redundant experts, the logical expert each physical slot of MoE layer moe_layer holds
+    // (layers in expert_load()'s order); else null.
+    const parallel::ExpertPlacement* expert_placement(int64_t moe_layer) const;
+    // The MoE layer whose routed experts param_name is a tensor of, with redundant experts; else
+    // -1.
+    int64_t moe_layer_of(const std::string& param_name) const;
+    // With redundant experts: the next forward_backward (the step's last micro-batch, when the
+    // gradients are whole) sums each replicated expert's gradients over its replicas, layer by
+    // layer before announcing them ready (a collective over the EP group), so that the replicas
+    // take the same update. Nothing without redundant experts.
+    void arm_replica_gradient_sum();
+    // With redundant experts: installs a new placement of the same shape, after the caller moved
+    // the slots' weights to it (train/expert_balance.h); the dispatcher routes by it from the next
+    // forward. Allocates nothing.
+    void set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacement& placement);
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report

@@ -2,6 +2,7 @@
 
 #include <span>
 
+#include "moetron/core/timer.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/kernels/low_precision_backend.h"
 #include "moetron/parallel/expert_dispatcher.h"
@@ -81,6 +82,7 @@ void place_halves(TokenHalf* halves, int num_halves, const parallel::ExpertDispa
 // The routed experts of one half: one grouped SwiGLU over its rows.
 void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams& w,
                      const TokenHalf& h, int64_t El, int64_t D, int64_t F) {
+    const Timer timer;
     const int64_t r = h.expert_row;
     ops.grouped_linear_forward(saved.expert_gate_up + r * 2 * F, saved.permuted + r * D,
                                w.experts_gate_up, h.offsets, El, D, 2 * F);
@@ -88,6 +90,7 @@ void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams&
                        F);
     ops.grouped_linear_forward(saved.expert_out + r * D, saved.expert_hidden + r * F,
                                w.experts_down, h.offsets, El, F, D);
+    if (saved.expert_compute_s != nullptr) *saved.expert_compute_s += timer.elapsed_s();
 }
 
 // Its backward: scratch.d_expert_out (the half's rows) in, the inputs' gradient written over it
@@ -95,6 +98,7 @@ void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams&
 void experts_backward(Backend& ops, const MoeParams& grads, const MoeActivations& saved,
                       const MoeParams& w, const MoeScratch& scratch, const TokenHalf& h, int64_t El,
                       int64_t D, int64_t F) {
+    const Timer timer;
     const int64_t r = h.expert_row;
     float* d_out = scratch.d_expert_out + r * D;
     float* d_hidden = scratch.d_expert_hidden + r * F;
@@ -104,6 +108,7 @@ void experts_backward(Backend& ops, const MoeParams& grads, const MoeActivations
     ops.swiglu_backward(d_gate_up, d_hidden, saved.expert_gate_up + r * 2 * F, h.num_rows, F);
     ops.grouped_linear_backward(d_out, grads.experts_gate_up, d_gate_up, saved.permuted + r * D,
                                 w.experts_gate_up, h.offsets, El, D, 2 * F);
+    if (saved.expert_compute_s != nullptr) *saved.expert_compute_s += timer.elapsed_s();
 }
 
 // Zeroes the rows of x (N, D) outside `own`: other TP ranks fill them, and the caller sums over TP.
@@ -153,9 +158,10 @@ void bind_moe_params(ParamBinder& b, MoeParams& p, const std::string& prefix,
                      const ModelConfig& c) {
     const int64_t E = c.n_routed_experts, D = c.hidden_size, F = c.moe_intermediate_size;
     const int64_t El = p.experts.local_experts(E);
-    MT_CHECK(p.experts.first >= 0 && p.experts.count >= 0 && p.experts.first + El <= E,
-             "[moe] experts [{}, {}) of layer '{}' are not within the {} routed experts",
-             p.experts.first, p.experts.first + El, prefix, E);
+    MT_CHECK(
+        p.experts.first >= 0 && p.experts.count >= 0 && p.experts.first + El <= p.experts.slots(E),
+        "[moe] experts [{}, {}) of layer '{}' are not within the {} routed expert slots",
+        p.experts.first, p.experts.first + El, prefix, p.experts.slots(E));
     b.weight(p.gate, prefix + "router", {E, D});
     b.correction_bias(p.correction_bias, prefix + "router_bias", E);
     b.weight(p.experts_gate_up, prefix + "experts.gate_up", {El, 2 * F, D});
@@ -236,7 +242,7 @@ double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_
     };
     auto route = [&](const TokenHalf& h) {
         dispatch.route(h.slot, saved.topk_ids + h.first * K, saved.topk_weights + h.first * K,
-                       h.count);
+                       h.count, h.first - own.first);
     };
     if (tp.enabled() && !shared_first) zero_other_rows(ops, out, own, n, D);
 
@@ -326,7 +332,7 @@ void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float
             TokenHalf h = round_of(rounds, i, saved, own);
             if (i + 1 < rounds.size()) {
                 dispatch.route(h.slot, saved.topk_ids + h.first * K,
-                               saved.topk_weights + h.first * K, h.count);
+                               saved.topk_weights + h.first * K, h.count, h.first - own.first);
                 place_halves(&h, 1, dispatch, expert_rows);
                 dispatch.dispatch_forward(h.slot, saved.permuted, inp + h.first * D);
                 experts_forward(ops, saved, w, h, El, D, F);

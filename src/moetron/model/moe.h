@@ -44,10 +44,14 @@ namespace moetron {
 
 // The routed experts a rank holds: global experts [first, first + count). count 0 means all E
 // (one process). Counter-based initialization reads it, so that expert e gets the same numbers on
-// whichever rank holds it.
+// whichever rank holds it. With redundant experts (--redundant-experts R) the range is one of
+// physical slots [first, first + count) of num_slots = E + R, each holding the logical expert an
+// ExpertPlacement (parallel/expert_placement.h) gives it.
 struct ExpertShard {
     int64_t first = 0;
     int64_t count = 0;
+    int64_t num_slots = 0;  // 0: E (no redundant experts)
+    int64_t slots(int64_t num_experts) const { return num_slots > 0 ? num_slots : num_experts; }
     int64_t local_experts(int64_t num_experts) const { return count > 0 ? count : num_experts; }
 };
 
@@ -97,6 +101,9 @@ struct MoeActivations {
     int64_t dispatch_slot = 0;
     MoeOverlap overlap = MoeOverlap::off;
     int64_t dispatch_slot_b = -1;  // dual: the second half's slot (its own exchange buffer)
+    // When set, the seconds this rank spends in the routed experts' computation (grouped GEMMs
+    // and SwiGLU, forward and backward) are added to it: host time, exact on the CPU backend.
+    double* expert_compute_s = nullptr;
 
     float* scores = nullptr;          // (N, E) sigmoid scores s
     int32_t* topk_ids = nullptr;      // (N, K) chosen experts (global ids)

@@ -89,7 +89,7 @@ class LocalDispatcher final : public ExpertDispatcher {
     }
 
     void route(int64_t slot, const int32_t* topk_ids, const float* /*topk_weights*/,
-               int64_t num_tokens) override {
+               int64_t num_tokens, int64_t /*first_token*/) override {
         MT_CHECK(num_tokens >= 0 && num_tokens <= config_.routing.max_tokens,
                  "[expert_dispatch] {} tokens, but the dispatcher holds at most {}", num_tokens,
                  config_.routing.max_tokens);
@@ -186,10 +186,21 @@ class RoutedDispatcher final : public ExpertDispatcher {
           ep_(ep),
           groups_(std::move(groups)),
           kind_(kind),
+          placements_(c.placements),
+          slots_per_placement_(c.routing_slots_per_placement),
           route_config_(planned_routing(c, ep.size())),
           rows_to_rank_(static_cast<size_t>(ep.size())),
           rounds_of_rank_(static_cast<size_t>(ep.size())) {
         check_config(c);
+        if (placements_ != nullptr) {
+            MT_CHECK(placements_->shape.num_slots == c.routing.num_experts &&
+                         placements_->shape.ep_size == ep.size() && slots_per_placement_ >= 1,
+                     "[expert_dispatch] the placement ({} slots over {} ranks) does not fit the "
+                     "dispatch ({} slots over {} ranks)",
+                     placements_->shape.num_slots, placements_->shape.ep_size,
+                     c.routing.num_experts, ep.size());
+            slot_ids_.resize(static_cast<size_t>(c.routing.max_tokens * c.routing.top_k));
+        }
         buffers_.reserve(static_cast<size_t>(c.num_buffers));
         for (int64_t i = 0; i < c.num_buffers; ++i)
             buffers_.emplace_back(route_config_, ep.size(), backend);
@@ -216,12 +227,13 @@ class RoutedDispatcher final : public ExpertDispatcher {
         return bytes;
     }
 
-    void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights,
-               int64_t num_tokens) override {
+    void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+               int64_t first_token) override {
         Layout& layout = at(slot);
         MT_CHECK(!transfers_[static_cast<size_t>(slot)].in_flight(),
                  "[expert_dispatch] route() of slot {} while its movement is in flight", slot);
-        layout.plan(topk_ids, topk_weights, num_tokens, buffer_of(slot), groups_);
+        layout.plan(to_slots(slot, topk_ids, num_tokens, first_token), topk_weights, num_tokens,
+                    buffer_of(slot), groups_);
         const RoutingSpread& s = layout.spread();
         ++stats_.routes;
         stats_.spread.num_tokens += s.num_tokens;
@@ -242,8 +254,9 @@ class RoutedDispatcher final : public ExpertDispatcher {
             r.count = 1;
             return round_ends(slot);
         }
-        const int64_t count = split_into_rounds(r.ends, rows_to_rank_, topk_ids, num_tokens,
-                                                route_config_, ep_.size(), backend_);
+        const int64_t count =
+            split_into_rounds(r.ends, rows_to_rank_, to_slots(slot, topk_ids, num_tokens, 0),
+                              num_tokens, route_config_, ep_.size(), backend_);
         // Every rank takes the most rounds any rank needs.
         std::fill(rounds_of_rank_.begin(), rounds_of_rank_.end(), 0);
         rounds_of_rank_[static_cast<size_t>(ep_.rank())] = static_cast<double>(count);
@@ -314,6 +327,29 @@ class RoutedDispatcher final : public ExpertDispatcher {
         return slots_[static_cast<size_t>(slot)];
     }
     RouteTransfer& transfer(int64_t slot) { return transfers_[static_cast<size_t>(slot)]; }
+
+    // With redundant experts, the logical expert ids (N, K) as the physical slots that serve them
+    // (choose_replica: token t of the rank's share is first_token + t); else the ids themselves.
+    // Host code: the ids must be in host memory (the CPU backend).
+    const int32_t* to_slots(int64_t slot, const int32_t* topk_ids, int64_t num_tokens,
+                            int64_t first_token) {
+        if (placements_ == nullptr) return topk_ids;
+        const ExpertPlacement& placement = placements_[slot / slots_per_placement_];
+        const int64_t K = route_config_.top_k;
+        MT_CHECK(num_tokens * K <= static_cast<int64_t>(slot_ids_.size()),
+                 "[expert_dispatch] {} tokens, but the dispatcher holds at most {}", num_tokens,
+                 route_config_.max_tokens);
+        for (int64_t t = 0; t < num_tokens; ++t)
+            for (int64_t j = 0; j < K; ++j) {
+                const int32_t expert = topk_ids[t * K + j];
+                MT_CHECK(expert >= 0 && expert < placement.shape.num_experts,
+                         "[expert_dispatch] expert id {} is not one of the {} experts", expert,
+                         placement.shape.num_experts);
+                slot_ids_[static_cast<size_t>(t * K + j)] =
+                    choose_replica(placement, expert, ep_.rank(), first_token + t);
+            }
+        return slot_ids_.data();
+    }
     Buffer& buffer_of(int64_t slot) {
         return buffers_[static_cast<size_t>(slot) % buffers_.size()];
     }
@@ -328,6 +364,9 @@ class RoutedDispatcher final : public ExpertDispatcher {
     Communicator& ep_;                   // agrees on the rounds
     std::vector<Communicator*> groups_;  // one per hop
     const char* kind_;
+    const ExpertPlacement* placements_;  // redundant experts' placements; null without
+    int64_t slots_per_placement_;        // routing slots per placement (per MoE layer)
+    std::vector<int32_t> slot_ids_;      // (max_tokens * K) to_slots' output
     DispatchConfig route_config_;
     std::vector<int64_t> rows_to_rank_;   // (ep) scratch of plan_rounds
     std::vector<double> rounds_of_rank_;  // (ep) scratch of plan_rounds (sums: f32, f64 only)
@@ -373,6 +412,8 @@ std::unique_ptr<ExpertDispatcher> make_expert_dispatcher(const ExpertDispatchCon
                                                          const ExpertGroups& groups,
                                                          Backend& backend) {
     Communicator* ep = groups.ep;
+    MT_CHECK(config.placements == nullptr || (ep != nullptr && ep->size() > 1),
+             "[expert_dispatch] redundant experts need an EP group of more than one rank");
     if (ep == nullptr || ep->size() == 1) return std::make_unique<LocalDispatcher>(config, backend);
     const int64_t L = config.routing.ranks_per_domain(ep->size());
     const int64_t G = config.routing.num_domains(ep->size());

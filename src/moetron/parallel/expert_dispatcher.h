@@ -41,6 +41,7 @@
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/dispatch_stage.h"
 #include "moetron/parallel/dispatch_traffic.h"
+#include "moetron/parallel/expert_placement.h"
 
 namespace moetron::parallel {
 
@@ -73,6 +74,13 @@ struct ExpertDispatchConfig {
     // routing that exceeds it is split into rounds (plan_rounds): dropless either way.
     double capacity_factor = kDefaultMoeCapacityFactor;
     DispatchKind kind = DispatchKind::flat;
+    // Redundant experts: routing.num_experts counts the physical slots (E + R), and route() and
+    // plan_rounds() take logical expert ids, which the dispatcher maps to one replica's slot each
+    // (choose_replica) by the placement of the slot's MoE layer: placements[slot /
+    // routing_slots_per_placement] (2 with the dual overlap). Not owned; they must outlive the
+    // dispatcher, and may change between steps (a rebalance). Null: the ids are the slots.
+    const ExpertPlacement* placements = nullptr;
+    int64_t routing_slots_per_placement = 1;
 };
 
 // The routing config every stage of an EP group of ep_size ranks works with: config.routing with
@@ -126,8 +134,11 @@ class ExpertDispatcher {
     // expert ids; topk_weights (N, K) travel with them (flat and two_tier weight the experts'
     // outputs on the experts' rank, with these weights: pass the same ones to combine). A
     // collective over the EP group (and its rail and domain groups) for flat and two_tier.
+    // first_token: the index of topk_ids' first token in the rank's share of the micro-batch (a
+    // half or a round starts later), which the replica choice of redundant experts reads, so that
+    // a token goes to the same replica whichever round or half routes it.
     virtual void route(int64_t slot, const int32_t* topk_ids, const float* topk_weights,
-                       int64_t num_tokens) = 0;
+                       int64_t num_tokens, int64_t first_token = 0) = 0;
     // Splits num_tokens tokens (topk_ids (N, K), global expert ids) into rounds that each fit
     // the expert-side buffers: round i routes tokens [ends[i-1], ends[i]) (ends[-1] = 0), each
     // round as long as the capacity lets it. Every rank of the EP group gets the same number of

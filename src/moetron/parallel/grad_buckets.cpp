@@ -72,6 +72,7 @@ GradBuckets::GradBuckets(std::span<const ParamSpan> spans, int64_t num_params,
         size_t j = i + 1;
         while (j < sorted.size() && sorted[j].trainable && sorted[j].group == sorted[i].group &&
                sorted[j].copies_outside_group == sorted[i].copies_outside_group &&
+               !sorted[j].own_run && !sorted[i].own_run &&
                sorted[j - 1].offset + sorted[j - 1].numel == sorted[j].offset)
             ++j;
         const std::span<const ParamSpan> run(sorted.data() + i, j - i);

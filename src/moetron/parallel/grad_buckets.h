@@ -43,6 +43,9 @@ struct ParamSpan {
     // Ranks outside the group that hold the same copy (a parameter replicated over the TP group:
     // tp). Summing over the group is unchanged; the global gradient norm counts the copy once.
     int copies_outside_group = 1;
+    // A run (and buckets) of its own, never merged with its neighbours: a redundant expert's
+    // slot, whose copies change when the placement does (AdamW::set_copies_outside_group).
+    bool own_run = false;
 };
 
 struct BucketOptions {

@@ -54,7 +54,7 @@ struct LocalBlock {
 class GlobalTensors {
   public:
     explicit GlobalTensors(const Model& model)
-        : table_(model_param_specs(model.config())), shard_(model.expert_shard()) {
+        : table_(model_param_specs(model.config())), shard_(model.expert_shard()), model_(model) {
         for (const ParamEntry& e : table_.entries()) by_name_.emplace(e.name, &e);
     }
     const std::vector<ParamEntry>& entries() const { return table_.entries(); }
@@ -72,9 +72,26 @@ class GlobalTensors {
     // [first, first + count) of (E, ...); a tensor-parallel shard's row blocks (column-parallel:
     // rows [r*b, (r+1)*b) of each of its `blocks` row blocks) or its column block (row-parallel:
     // columns [r*c, (r+1)*c) of every row), as model/params.h's TensorParallelShard; else the
-    // whole tensor.
-    std::vector<LocalBlock> blocks(const ParamEntry& local) const {
+    // whole tensor. With redundant experts each local slot is the block of the logical expert it
+    // holds (so a checkpoint keeps logical experts, whatever the placement); when `writing`, only
+    // an expert's first replica is, so that every element is written once.
+    std::vector<LocalBlock> blocks(const ParamEntry& local, bool writing) const {
         const std::vector<int64_t> g = dims(local);
+        const int64_t moe_layer = model_.moe_layer_of(local.name);
+        if (moe_layer >= 0) {
+            const parallel::ExpertPlacement& placement = *model_.expert_placement(moe_layer);
+            std::vector<LocalBlock> out;
+            const int64_t per_slot = local.numel / shard_.count;
+            for (int64_t i = 0; i < shard_.count; ++i) {
+                const int32_t e = placement.slot_expert[static_cast<size_t>(shard_.first + i)];
+                if (writing && placement.slots_of(e)[0] != shard_.first + i) continue;
+                TensorBlock b{std::vector<int64_t>(g.size(), 0), g};
+                b.begin[0] = e;
+                b.end[0] = e + 1;
+                out.push_back({b, i * per_slot, per_slot});
+            }
+            return out;
+        }
         if (shard_.count > 0 && is_routed_expert_param(local.name)) {
             TensorBlock b{std::vector<int64_t>(g.size(), 0), g};
             b.begin[0] = shard_.first;
@@ -111,6 +128,7 @@ class GlobalTensors {
   private:
     ParamTable table_;
     ExpertShard shard_;
+    const Model& model_;  // its redundant experts' placements
     std::unordered_map<std::string, const ParamEntry*> by_name_;
 };
 
@@ -129,11 +147,11 @@ void for_each_overlap(const std::vector<ParamEntry>& entries, int64_t offset, in
 // Calls f(block, begin, end, at) for each global block that the part [lo, hi) of local tensor e
 // (flat offsets into the parameter buffer) overlaps: elements [begin, end) of the block, which
 // start at flat offset `at`. A ZeRO-1 range can span several row blocks of a column-parallel
-// tensor, and cut a block anywhere.
+// tensor, and cut a block anywhere. writing: the blocks this rank writes (GlobalTensors::blocks).
 template <class F>
 void for_each_block_part(const GlobalTensors& global, const ParamEntry& e, int64_t lo, int64_t hi,
-                         F f) {
-    for (const LocalBlock& b : global.blocks(e)) {
+                         bool writing, F f) {
+    for (const LocalBlock& b : global.blocks(e, writing)) {
         const int64_t first = e.offset + b.local_offset;
         const int64_t from = std::max(lo, first), to = std::min(hi, first + b.numel);
         if (from < to) f(b.block, from - first, to - first, from);
@@ -163,7 +181,7 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
                 if (!tp_replica_writes(e, c)) return;
                 const std::vector<int64_t> dims = global.dims(e);
                 for_each_block_part(
-                    global, e, lo, hi,
+                    global, e, lo, hi, /*writing=*/true,
                     [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
                         const int64_t moment = at - r.offset;
                         pieces.push_back(
@@ -180,13 +198,33 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
         if (e.trainable || e.numel == 0) continue;
         const int replica = is_routed_expert_param(e.name) ? c.edp : c.dp;
         if (replica != 0 || !tp_replica_writes(e, c)) continue;
-        for_each_block_part(global, e, e.offset, e.offset + e.numel,
+        for_each_block_part(global, e, e.offset, e.offset + e.numel, /*writing=*/true,
                             [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
                                 pieces.push_back({CheckpointPart::param, e.name, global.dims(e),
                                                   begin, end, params + at, block});
                             });
     }
     return pieces;
+}
+
+// Redundant experts: each MoE layer's slot table and moving average of the expert loads, so
+// that a run resumed with the same slots routes, sums and rebalances as the saved one would have.
+// The tensors themselves stay logical (GlobalTensors::blocks), whatever the placement.
+void save_expert_balance(json& state, Trainer& trainer) {
+    const ExpertBalancer* balancer = trainer.expert_balancer();
+    if (balancer == nullptr) return;
+    const std::vector<std::vector<int32_t>> tables = balancer->slot_tables();
+    if (tables.empty()) return;
+    state["expert_balance"] = {{"slot_experts", tables}, {"load_average", balancer->averages()}};
+}
+
+// Before the tensors are read: the placements decide which slot reads which logical expert.
+// b: state.json's "expert_balance" (null: none saved).
+void restore_expert_balance(const json& b, Trainer& trainer) {
+    ExpertBalancer* balancer = trainer.expert_balancer();
+    if (balancer == nullptr || b.is_null()) return;
+    balancer->restore(b.at("slot_experts").get<std::vector<std::vector<int32_t>>>(),
+                      b.at("load_average").get<std::vector<std::vector<double>>>());
 }
 
 }  // namespace
@@ -304,7 +342,9 @@ fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
             st.data_source = trainer.loader().source_name();
             st.run_id = trainer.run_id();
             st.topology = trainer.topology();
-            commit_checkpoint_dir(*staged, root, index, training_state_json(st), keep);
+            json state = training_state_json(st);
+            save_expert_balance(state, trainer);
+            commit_checkpoint_dir(*staged, root, index, state, keep);
         } catch (const std::exception& e) {
             error = what_failed(e);
         }
@@ -324,11 +364,13 @@ fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
     fs::path dir;
     CheckpointCounters counters;
     std::optional<CheckpointTensors> tensors;
+    json expert_balance;  // null: none saved
     std::string error;
     try {
         dir = resolve_checkpoint_dir(dir_or_root);
         const json state = read_verified_checkpoint_state(dir);
         counters = checkpoint_counters(dir, state, model.config());
+        if (state.contains("expert_balance")) expert_balance = state.at("expert_balance");
         tensors.emplace(
             CheckpointTensors::open(dir, checkpoint_tensor_files(dir, state), global.entries()));
     } catch (const std::exception& e) {
@@ -336,11 +378,13 @@ fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
     }
     throw_if_any_rank_failed(world, error, what);
 
-    // The ranges this rank holds under its layout.
+    // The ranges this rank holds under its layout (the saved expert placements first: they say
+    // which slot holds which expert).
     try {
+        restore_expert_balance(expert_balance, trainer);
         for (const ParamEntry& e : model.param_entries())
             for_each_block_part(
-                global, e, e.offset, e.offset + e.numel,
+                global, e, e.offset, e.offset + e.numel, /*writing=*/false,
                 [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
                     tensors->read(CheckpointPart::param, e.name, block, begin, end - begin,
                                   model.params() + at);
@@ -351,7 +395,7 @@ fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
                 model.param_entries(), r.offset, r.numel,
                 [&](const ParamEntry& e, int64_t lo, int64_t hi) {
                     for_each_block_part(
-                        global, e, lo, hi,
+                        global, e, lo, hi, /*writing=*/false,
                         [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
                             const int64_t moment = at - r.offset;
                             tensors->read(CheckpointPart::m, e.name, block, begin, end - begin,

@@ -106,6 +106,12 @@ void MetricsLog::log_step(const StepRecord& r) {
         if (r.expert_load_max_over_mean > 0)
             w.add(" | load max/mean {:.2f} min/mean {:.2f}", r.expert_load_max_over_mean,
                   r.expert_load_min_over_mean);
+        if (r.rank_load_max_over_mean > 0)
+            w.add(" | ranks max/mean {:.2f}", r.rank_load_max_over_mean);
+        if (r.rebalanced)
+            w.add(" | rebalanced: {:.0f} slots moved in {:.1f} ms, ranks {:.2f} -> {:.2f}",
+                  r.rebalance_migrated_slots, r.rebalance_migration_s * 1e3, r.rebalance_before,
+                  r.rebalance_after);
         if (r.moe_extra_rounds > 0)
             w.add(" | MoE over capacity: {} layers, {} extra rounds", r.moe_overflowed_layers,
                   r.moe_extra_rounds);
@@ -155,6 +161,21 @@ void MetricsLog::log_step(const StepRecord& r) {
         w.json_number("domains_per_token_max", r.domains_per_token_max);
         w.add(",\"moe_overflowed_layers\":{},\"moe_extra_rounds\":{}", r.moe_overflowed_layers,
               r.moe_extra_rounds);
+        if (r.rank_load_max_over_mean > 0) {
+            w.json_number("rank_load_max_over_mean", r.rank_load_max_over_mean);
+            w.json_number("expert_compute_max_ms", r.expert_compute_max_s * 1e3);
+            w.json_number("expert_compute_mean_ms", r.expert_compute_mean_s * 1e3);
+        }
+        if (r.rebalanced) {
+            w.json_number("rebalance_migration_ms", r.rebalance_migration_s * 1e3);
+            w.json_number("rebalance_migrated_slots", r.rebalance_migrated_slots);
+            w.json_number("rebalance_rank_load_before", r.rebalance_before);
+            w.json_number("rebalance_rank_load_after", r.rebalance_after);
+            w.add(",\"average_expert_load\":[");
+            for (size_t e = 0; e < r.average_expert_load.size(); ++e)
+                w.add("{}{:.6g}", e == 0 ? "" : ",", r.average_expert_load[e]);
+            w.add("]");
+        }
         if (validated) w.json_number("val_loss", r.val_loss);
         if (r.expert_comm_s + r.tp_comm_s + r.dp_comm_s > 0) {  // a distributed step
             w.json_number("compute_ms", r.compute_only_s * 1e3);

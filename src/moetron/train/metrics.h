@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace moetron {
 
@@ -38,6 +39,20 @@ struct StepRecord {
     // but slower. Zero in a balanced step.
     int64_t moe_overflowed_layers = 0;
     int64_t moe_extra_rounds = 0;
+    // Expert load balancing (train/expert_balance.h): the tokens each EP rank's experts received,
+    // max over mean, worst MoE layer, under the placement that served the step (0 without expert
+    // parallelism). After a rebalance (--rebalance-every): the migration's time and slots moved,
+    // the moving-average load per rank (max/mean) under the old and the new placement, and the
+    // moving average per logical expert (summed over the MoE layers).
+    double rank_load_max_over_mean = 0;
+    // The step's routed-expert computation time (model.h's take_expert_compute_s): the slowest EP
+    // rank's and the EP group's mean (0 without expert parallelism).
+    double expert_compute_max_s = 0, expert_compute_mean_s = 0;
+    bool rebalanced = false;
+    double rebalance_migration_s = 0;
+    double rebalance_migrated_slots = 0;
+    double rebalance_before = 0, rebalance_after = 0;
+    std::vector<double> average_expert_load;
     double val_loss = std::numeric_limits<double>::quiet_NaN();  // set on validation steps
 
     // Where this rank's step time went (distributed runs; zeros on one process): time blocked in
@@ -86,7 +101,7 @@ class MetricsLog {
     bool bar_open_ = false;  // the bar's line has no newline yet
     double compute_s_ = 0;   // of the steps logged so far, for the bar's time estimate
     int64_t steps_logged_ = 0;
-    std::array<char, 1024> line_{};
+    std::array<char, 8192> line_{};  // room for a rebalance step's per-expert loads
 };
 
 }  // namespace moetron

@@ -38,6 +38,7 @@ AdamW::AdamW(std::span<const parallel::ParamSpan> spans, int64_t num_params, flo
 
     const std::vector<GradBucket>& buckets = sync.buckets().buckets();
     states_.resize(buckets.size());
+    for (const GradBucket& bucket : buckets) copies_.push_back(bucket.copies_outside_group);
     int64_t replica_numel = 0, staging_numel = 0;
     for (size_t b = 0; b < buckets.size(); ++b) {
         const GradBucket& bucket = buckets[b];
@@ -127,7 +128,7 @@ double AdamW::clip_gradients(float* grads) {
         const GradBucket& bucket = buckets[b];
         const BucketState& s = states_[b];
         // Ranks outside the group with the same copy (TP replicas) each add their share too.
-        const auto copies = static_cast<double>(bucket.copies_outside_group);
+        const auto copies = static_cast<double>(copies_[b]);
         if (bucket.sharded) {
             local += backend_.sum_squares(shard_grads + s.state_offset, s.owned_numel) / copies;
         } else {
@@ -150,6 +151,19 @@ double AdamW::clip_gradients(float* grads) {
         }
     }
     return norm;
+}
+
+void AdamW::set_copies_outside_group(int64_t offset, int64_t numel, int copies) {
+    MT_CHECK(copies >= 1, "[adamw] {} copies", copies);
+    const std::vector<GradBucket>& buckets = sync_->buckets().buckets();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+        const int64_t begin = buckets[b].offset, end = begin + buckets[b].numel;
+        if (end <= offset || begin >= offset + numel) continue;
+        MT_CHECK(begin >= offset && end <= offset + numel,
+                 "[adamw] bucket [{}, {}) straddles the range [{}, {}) whose copies change", begin,
+                 end, offset, offset + numel);
+        copies_[b] = copies;
+    }
 }
 
 void AdamW::restore_step_count(int64_t step_count) {

@@ -116,6 +116,10 @@ class AdamW {
     std::vector<MomentRange> moment_ranges();
     // The bias-correction count a checkpoint saved (with the moments written in place).
     void restore_step_count(int64_t step_count);
+    // The copies outside their group of the buckets inside [offset, offset + numel) (spans given
+    // with own_run: a redundant expert's slot, whose replicas are its copies), for the global
+    // gradient norm after a new expert placement. Throws when a bucket straddles the range.
+    void set_copies_outside_group(int64_t offset, int64_t numel, int copies);
     // The one allocation that holds the state: "shard.params", "shard.m", "shard.v" (the sharded
     // buckets' shards back to back), "replica.m", "replica.v" (the unsharded buckets' moments back
     // to back) and "gather_staging" (the padded sharded buckets' gathers).
@@ -135,6 +139,7 @@ class AdamW {
     parallel::Communicator& world_;
     AdamWConfig config_;
     std::vector<BucketState> states_;
+    std::vector<int> copies_;  // (buckets) each bucket's copies outside its group, for the norm
     Arena state_;
     int64_t shard_numel_ = 0;    // floats of each of shard_params_, shard_m_, shard_v_
     int64_t replica_numel_ = 0;  // floats of each of replica_m_, replica_v_

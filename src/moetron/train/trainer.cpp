@@ -12,6 +12,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/model/flops.h"
 #include "moetron/model/layout_fit.h"
@@ -147,6 +148,14 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     model_->set_grad_ready_callback([sync = &optimizer_->grad_sync()](int64_t begin, int64_t end) {
         sync->grads_ready(begin, end);
     });
+    if (model_config.n_routed_experts > 0 && groups_.ep->size() > 1)
+        balancer_ = std::make_unique<ExpertBalancer>(*model_, *optimizer_, *groups_.ep,
+                                                     topology_.ep_ranks_per_domain(),
+                                                     parallel.moe.rebalance_every);
+    else
+        MT_USER_CHECK(parallel.moe.rebalance_every == 0,
+                      "--rebalance-every needs expert parallelism (a layout with ep > 1) and "
+                      "--redundant-experts");
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
@@ -169,6 +178,7 @@ StepRecord Trainer::step() {
     parallel::reset_group_counters(groups_);
     Timer timer;
     model_->zero_grads();
+    model_->take_expert_compute_s();  // from here: this step's (not an evaluation's)
     parallel::ExpertDispatcher* dispatcher = model_->expert_dispatcher();
     if (dispatcher != nullptr) dispatcher->reset_stats();
     // The whole step's batch first: its counts normalize every micro-batch, so the step's loss is
@@ -184,7 +194,10 @@ StepRecord Trainer::step() {
         count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
     std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
     for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-        if (micro + 1 == config_.grad_accum) optimizer_->grad_sync().arm();
+        if (micro + 1 == config_.grad_accum) {
+            optimizer_->grad_sync().arm();
+            model_->arm_replica_gradient_sum();  // redundant experts: replicas sum their parts
+        }
         const int64_t first = micro * micro_tokens + first_rank_row_ * S;
         const TraceScope scope(&trace_, "forward + backward");
         const MicroBatchLosses l = model_->forward_backward(
@@ -194,6 +207,7 @@ StepRecord Trainer::step() {
         losses[2] += l.balance_loss;
     }
     optimizer_->grad_sync().finish();
+    const double expert_compute_s = model_->take_expert_compute_s();  // this step's
     if (dispatcher != nullptr) record_dispatch_stats(r, dispatcher->stats());
     sum_over_ranks(groups_, losses);
     r.loss = losses[0];
@@ -250,6 +264,20 @@ StepRecord Trainer::step() {
         optimizer_->finish_param_gathers();
     }
     compute_s += timer.elapsed_s();
+    if (balancer_) {
+        // After the gathers: a rebalance rewrites expert slots' weights and moments.
+        const TraceScope scope(&trace_, "expert rebalance");
+        BalanceRecord b = balancer_->after_step(steps_done_, load, expert_compute_s);
+        r.rank_load_max_over_mean = b.rank_load_max_over_mean;
+        r.expert_compute_max_s = b.expert_compute_max_s;
+        r.expert_compute_mean_s = b.expert_compute_mean_s;
+        r.rebalanced = b.rebalanced;
+        r.rebalance_migration_s = b.migration_s;
+        r.rebalance_migrated_slots = b.migrated_slots;
+        r.rebalance_before = b.average_max_over_mean_before;
+        r.rebalance_after = b.average_max_over_mean_after;
+        r.average_expert_load = std::move(b.average_expert_load);
+    }
 
     // Where the step's time went on this rank (blocked time from the traced groups).
     using parallel::TrafficClass;

@@ -35,6 +35,7 @@
 #include "moetron/parallel/topology.h"
 #include "moetron/parallel/traced_communicator.h"
 #include "moetron/train/data_loader.h"
+#include "moetron/train/expert_balance.h"
 #include "moetron/train/lr_schedule.h"
 #include "moetron/train/metrics.h"
 #include "moetron/train/optimizer.h"
@@ -92,6 +93,9 @@ class Trainer {
 
     Model& model() { return *model_; }
     // The optimizer; checkpoints (train/checkpoint.h) read and restore its moments.
+    // The expert load balancing (null without expert parallelism): checkpoints save and restore
+    // its placements and moving averages.
+    ExpertBalancer* expert_balancer() { return balancer_.get(); }
     AdamW& optimizer() { return *optimizer_; }
     const AdamW& optimizer() const { return *optimizer_; }
     // Checkpointing (train/checkpoint.h) restores these.
@@ -160,6 +164,7 @@ class Trainer {
     DataLoader loader_;
     std::unique_ptr<Model> model_;
     std::unique_ptr<AdamW> optimizer_;
+    std::unique_ptr<ExpertBalancer> balancer_;  // with expert parallelism
     LrSchedule schedule_;
     int64_t rank_rows_ = 0;         // sequences of a micro-batch that this rank runs
     int64_t first_rank_row_ = 0;    // its first sequence in the micro-batch
