@@ -164,9 +164,9 @@ void MetricsLog::log_step(const StepRecord& r) {
             w.json_number("grad_sync_exposed_ms", r.grad_sync_exposed_s * 1e3);
         }
         // The names of parallel::collective_name, in CollectiveKind order.
-        constexpr const char* kBytesKeys[] = {"all_reduce_bytes", "reduce_scatter_bytes",
-                                              "all_gather_bytes", "all_to_all_bytes",
-                                              "broadcast_bytes",  "barrier_bytes"};
+        constexpr const char* kBytesKeys[] = {
+            "all_reduce_bytes", "reduce_scatter_bytes", "all_gather_bytes", "all_to_all_bytes",
+            "broadcast_bytes",  "barrier_bytes",        "send_recv_bytes"};
         for (size_t k = 0; k < r.payload_bytes.size(); ++k)
             if (r.payload_bytes[k] > 0) w.add(",\"{}\":{}", kBytesKeys[k], r.payload_bytes[k]);
         w.add("}}\n");

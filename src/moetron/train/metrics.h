@@ -51,7 +51,7 @@ struct StepRecord {
     double grad_sync_exposed_s = 0;
     // Bytes this rank moved per collective kind (parallel::CollectiveKind order; the
     // communicator counters' payload convention).
-    std::array<uint64_t, 6> payload_bytes{};
+    std::array<uint64_t, 7> payload_bytes{};
 };
 
 // Best sustained single-precision GEMM rate of this machine in GFLOP/s, with the threads now
