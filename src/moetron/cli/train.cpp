@@ -68,6 +68,8 @@ struct TrainOptions {
     int domain_size = 0;
     std::string dispatch = "flat";
     std::string moe_overlap = "off";
+    std::string pp_schedule = "1f1b";
+    std::string pp_layout;
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     double comm_timeout_s = 300.0;
     double bucket_mb = 4.0;
@@ -241,6 +243,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
+    parallel.pp_schedule = o.pp_schedule;
+    parallel.pp_layout = o.pp_layout;
     ProfilingBackend profiling(cpu_backend());  // used with --profile-ops
     Trainer trainer(model_config, config, std::move(loader), parallel,
                     o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend());
@@ -478,9 +482,17 @@ void register_train(CLI::App& app) {
         ->check(whole_number(1, kMaxThreads));
     o->layout_opt = cmd->add_option(
         "--layout", o->layout,
-        "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2, tp2.ep2 (dp: data-parallel "
-        "ranks, ep: ranks the routed experts are split over, tp: tensor-parallel ranks). "
+        "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2, tp2.ep2, pp2.ep2 (dp: "
+        "data-parallel ranks, ep: ranks the routed experts are split over, tp: tensor-parallel "
+        "ranks, pp: pipeline stages). "
         "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
+    cmd->add_option("--pp-schedule", o->pp_schedule,
+                    "pipeline schedule with pp > 1: 1f1b (PipeDream-flush)")
+        ->capture_default_str();
+    cmd->add_option("--pp-layout", o->pp_layout,
+                    "blocks per pipeline stage as Megatron-LM's layout, e.g. 'Et|tt|tL' "
+                    "(E embedding, t layer, m MTP module, L head and loss; default: even, the "
+                    "embedding and the head counted as one layer each)");
     cmd->add_option("--domain-size", o->domain_size,
                     "ranks per scale-up domain (0: the whole job is one domain)")
         ->check(whole_number(0, kMaxDomainSize));

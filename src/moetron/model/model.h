@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "moetron/model/config.h"
 #include "moetron/model/moe.h"     // ExpertShard
 #include "moetron/model/params.h"  // ParamEntry, TensorSpec
+#include "moetron/model/pipeline_layout.h"
 #include "moetron/parallel/expert_dispatcher.h"
 #include "moetron/parallel/grad_buckets.h"
 #include "moetron/parallel/topology.h"
@@ -94,6 +96,14 @@ struct ModelParallel {
     // of the tokens to the routed experts, so `load` must then count every rank (the world). Null
     // or one rank: none.
     parallel::Communicator* tp = nullptr;
+    // Pipeline parallelism: the model chunk this rank runs (model/pipeline_layout.h). The Model
+    // then holds only that chunk's parameters and activations, and the residual stream enters from
+    // the previous stage and leaves to the next through the stage_* calls. An MTP module needs the
+    // embedding on its stage (the whole model on one stage, for now). Unset: the whole model.
+    std::optional<PipelineChunk> pipeline_chunk;
+    // Micro-batches whose activations a pipeline stage keeps at once: each stage_forward fills one
+    // of this many activation sets, which its stage_backward frees (1F1B: pp - stage).
+    int64_t pipeline_in_flight = 1;
 };
 
 inline constexpr int64_t kMaxMtpDepths = 8;
@@ -157,6 +167,30 @@ class Model {
                                       const LossDenominators& denominators);
     // Null (the default) turns the notifications off.
     void set_grad_ready_callback(GradReadyCallback callback);
+
+    // ---- pipeline stages (ModelParallel::pipeline_chunk; also fine for the whole model) ----
+    // The forward of this rank's chunk for one micro-batch (as forward_backward's arguments),
+    // into activation set `set` in [0, pipeline_in_flight), which stays taken until
+    // stage_backward(set). Without the embedding, stage_input(set) must hold the stream from the
+    // previous stage first. With the loss (the last chunk), returns the losses and prepares their
+    // gradient; elsewhere only the balance loss of its MoE layers. denominators null: evaluation
+    // (forward only, no backward may follow; losses are this micro-batch's means).
+    MicroBatchLosses stage_forward(int64_t set, const int32_t* tokens, const int32_t* targets,
+                                   int64_t batch, int64_t seq_len,
+                                   const LossDenominators* denominators);
+    // The backward of the micro-batch in `set`. Without the loss, stage_grad(set) must hold the
+    // gradient of stage_output(set) from the next stage first; afterwards stage_grad(set) holds
+    // the gradient of stage_input(set), for the previous stage. Gradients accumulate into grads().
+    void stage_backward(int64_t set);
+    // (B*S/tp, D) rows of the residual stream entering and leaving the chunk, and the gradient
+    // buffer above; planned for the runtime's batch, in the backend's memory.
+    float* stage_input(int64_t set);
+    const float* stage_output(int64_t set) const;
+    float* stage_grad(int64_t set);
+    // Floats of those buffers for a micro-batch of batch x seq_len.
+    int64_t stage_numel(int64_t batch, int64_t seq_len) const;
+    // The chunk this rank runs (the whole model without pipelining).
+    const PipelineChunk& pipeline_chunk() const;
     // Forward only (validation, sampling). Afterwards logits() holds the (B*S, V) main-head logits.
     // Touches neither the gradients nor the load counts.
     MicroBatchLosses forward(const int32_t* tokens, const int32_t* targets, int64_t batch,

@@ -44,7 +44,7 @@ struct Topology {
 
 // Resolves the layout against the world (resolve_layout) and checks what the engine can run,
 // before any work. domain_size 0 means the whole world is one domain. Throws moetron::UserError
-// saying why a layout cannot run: sizes that do not divide the world, pp, vpp or cp > 1 (not
+// saying why a layout cannot run: sizes that do not divide the world, vpp or cp > 1 (not
 // supported yet), domain_size not dividing the world, a TP or EP group that would straddle two
 // domains. The checks against the model are model/layout_fit.h's.
 Topology make_topology(const Layout& layout, int world_size, int domain_size = 0);

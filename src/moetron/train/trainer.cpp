@@ -15,6 +15,7 @@
 #include "moetron/kernels/backend.h"
 #include "moetron/model/flops.h"
 #include "moetron/model/layout_fit.h"
+#include "moetron/model/pipeline_layout.h"
 #include "moetron/parallel/local_communicator.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
@@ -24,9 +25,25 @@ namespace moetron {
 
 namespace {
 
+// This rank's pipeline chunk: stage pp_rank of the layout (the default placement when none).
+PipelineChunk pipeline_chunk_of(const ModelConfig& model, const TrainParallel& p, int64_t pp,
+                                int64_t pp_rank) {
+    const int64_t mtp_modules = model.num_nextn_predict_layers;
+    const std::string layout =
+        p.pp_layout.empty() ? default_pipeline_layout(model, pp, mtp_modules) : p.pp_layout;
+    return pipeline_chunks(model, layout, pp, mtp_modules).at(static_cast<size_t>(pp_rank));
+}
+
 ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communicator& world,
-                             const TrainParallel& p) {
+                             const TrainParallel& p, const ModelConfig& model,
+                             const TrainConfig& config, const parallel::Topology& topology) {
     ModelParallel mp;
+    if (topology.pp > 1) {
+        const int stage = groups.pp->rank();
+        mp.pipeline_chunk = pipeline_chunk_of(model, p, topology.pp, stage);
+        mp.pipeline_in_flight = PipelineRunner::sets_needed(parse_pipeline_schedule(p.pp_schedule),
+                                                            topology.pp, stage, config.grad_accum);
+    }
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
     mp.load = &world;  // every rank routes tokens of its own (TP ranks: their share of them)
@@ -108,10 +125,12 @@ void record_dispatch_stats(StepRecord& r, const parallel::DispatchStats& s) {
     r.moe_extra_rounds = s.extra_rounds;
 }
 
-// Sums a few doubles over the data-parallel group.
+// Sums a few doubles over the data-parallel group, and over the pipeline stages (each holds its
+// blocks' share: the losses on the last, the balance losses where the MoE layers are).
 template <size_t N>
 void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& values) {
     groups.dp->all_reduce_sum(std::span<double>(values), kHostStream);
+    if (groups.pp->size() > 1) groups.pp->all_reduce_sum(std::span<double>(values), kHostStream);
 }
 
 // The world a trainer runs in: the job's, or (one process) a world of one that it owns.
@@ -131,7 +150,8 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
       groups_(make_traced_groups(*world_, topology_, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
-                        model_parallel(groups_, *world_, parallel), backend)),
+                        model_parallel(groups_, *world_, parallel, model_config, config, topology_),
+                        backend)),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {
@@ -147,6 +167,10 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     model_->set_grad_ready_callback([sync = &optimizer_->grad_sync()](int64_t begin, int64_t end) {
         sync->grads_ready(begin, end);
     });
+    if (topology_.pp > 1)
+        pipeline_ = std::make_unique<PipelineRunner>(
+            *model_, *groups_.pp, parse_pipeline_schedule(parallel.pp_schedule), config.grad_accum,
+            rank_rows_, config.seq_len, &trace_);
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
@@ -183,7 +207,13 @@ StepRecord Trainer::step() {
     const LossDenominators den =
         count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
     std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
-    for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
+    if (pipeline_ != nullptr) {
+        const int64_t first = first_rank_row_ * S;
+        losses =
+            pipeline_->train_step(tokens_.data() + first, targets_.data() + first, micro_tokens,
+                                  den, [this] { optimizer_->grad_sync().arm(); });
+    }
+    for (int64_t micro = 0; pipeline_ == nullptr && micro < config_.grad_accum; ++micro) {
         if (micro + 1 == config_.grad_accum) optimizer_->grad_sync().arm();
         const int64_t first = micro * micro_tokens + first_rank_row_ * S;
         const TraceScope scope(&trace_, "forward + backward");
@@ -279,7 +309,9 @@ double Trainer::evaluate() {
         loader_.val_batch(tokens_.data(), targets_.data(), B, i);
         const int64_t first = first_rank_row_ * S;
         const MicroBatchLosses l =
-            model_->forward(tokens_.data() + first, targets_.data() + first, rank_rows_, S);
+            pipeline_ != nullptr
+                ? pipeline_->forward_only(tokens_.data() + first, targets_.data() + first)
+                : model_->forward(tokens_.data() + first, targets_.data() + first, rank_rows_, S);
         sums[0] += l.lm_loss * static_cast<double>(l.num_tokens);
         sums[1] += static_cast<double>(l.num_tokens);
     }

@@ -1,0 +1,150 @@
+#include "moetron/train/pipeline_runner.h"
+
+#include "moetron/core/error.h"
+#include "moetron/core/timer.h"
+
+namespace moetron {
+
+int64_t PipelineRunner::sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
+                                    int64_t micro_batches) {
+    return max_in_flight(pipeline_order(kind, pp, stage, micro_batches));
+}
+
+PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
+                               int64_t micro_batches, int64_t rows, int64_t seq_len,
+                               TraceRecorder* recorder)
+    : model_(model),
+      pp_(pp),
+      micro_batches_(micro_batches),
+      rows_(rows),
+      seq_len_(seq_len),
+      numel_(model.stage_numel(rows, seq_len)),
+      recorder_(recorder),
+      order_(pipeline_order(kind, pp.size(), pp.rank(), micro_batches)),
+      set_of_(static_cast<size_t>(micro_batches), -1) {
+    const int64_t sets = max_in_flight(order_);
+    for (int64_t s = sets - 1; s >= 0; --s) free_sets_.push_back(s);
+    transfers_.resize(static_cast<size_t>(sets));
+    // Both ends of the one-micro-batch forward of forward_only use set 0.
+    MT_CHECK(sets >= 1, "[pipeline] a schedule without forwards");
+}
+
+void PipelineRunner::wait(parallel::CollectiveHandle& handle) {
+    if (!handle.pending()) return;
+    const double begin_s = Timer::now_s();
+    handle.wait();
+    times_.idle_s += Timer::now_s() - begin_s;
+}
+
+void PipelineRunner::acquire_set(int64_t micro) {
+    MT_CHECK(!free_sets_.empty(), "[pipeline] stage {}: no free activation set for micro-batch {}",
+             pp_.rank(), micro);
+    const int64_t set = free_sets_.back();
+    free_sets_.pop_back();
+    set_of_[static_cast<size_t>(micro)] = set;
+    SetTransfers& t = transfers_[static_cast<size_t>(set)];
+    // The set's buffers are rewritten from here on: its last micro-batch's sends must be done.
+    wait(t.output_send);
+    wait(t.grad_send);
+    if (!first_stage())
+        t.input_recv = pp_.recv_async(model_.stage_input(set), static_cast<size_t>(numel_),
+                                      DType::f32, pp_.rank() - 1, kActivationTag, kHostStream);
+}
+
+void PipelineRunner::prefetch_inputs() {
+    while (next_forward_ < micro_batches_ && !free_sets_.empty()) {
+        SetTransfers& t = transfers_[static_cast<size_t>(free_sets_.back())];
+        // Never block here: waiting on a send could wait for a neighbour that waits for us.
+        if ((t.output_send.pending() && !t.output_send.test()) ||
+            (t.grad_send.pending() && !t.grad_send.test()))
+            return;
+        acquire_set(next_forward_++);
+    }
+}
+
+std::array<double, 3> PipelineRunner::train_step(
+    const int32_t* tokens, const int32_t* targets, int64_t micro_stride,
+    const LossDenominators& den, const std::function<void()>& before_last_backward) {
+    times_ = {};
+    std::array<double, 3> losses{};
+    std::fill(set_of_.begin(), set_of_.end(), -1);
+    next_forward_ = 0;
+    int64_t backwards_done = 0;
+    for (const PipelineAction& action : order_) {
+        const int64_t micro = action.micro_batch;
+        if (action.op == PipelineAction::Op::forward) {
+            if (set_of_[static_cast<size_t>(micro)] < 0) {
+                MT_CHECK(micro == next_forward_, "[pipeline] forwards out of micro-batch order");
+                acquire_set(next_forward_++);
+            }
+            const int64_t set = set_of_[static_cast<size_t>(micro)];
+            SetTransfers& t = transfers_[static_cast<size_t>(set)];
+            wait(t.input_recv);
+            const double begin_s = Timer::now_s();
+            MicroBatchLosses l;
+            {
+                const TraceScope scope(recorder_, "pipeline forward");
+                l = model_.stage_forward(set, tokens + micro * micro_stride,
+                                         targets + micro * micro_stride, rows_, seq_len_, &den);
+            }
+            times_.busy_s += Timer::now_s() - begin_s;
+            losses[0] += l.lm_loss;
+            losses[1] += l.mtp_loss;
+            losses[2] += l.balance_loss;
+            if (!last_stage()) {
+                t.output_send =
+                    pp_.send_async(model_.stage_output(set), static_cast<size_t>(numel_),
+                                   DType::f32, pp_.rank() + 1, kActivationTag, kHostStream);
+                t.grad_recv = pp_.recv_async(model_.stage_grad(set), static_cast<size_t>(numel_),
+                                             DType::f32, pp_.rank() + 1, kGradientTag, kHostStream);
+            }
+        } else {
+            const int64_t set = set_of_[static_cast<size_t>(micro)];
+            MT_CHECK(set >= 0, "[pipeline] backward of micro-batch {} before its forward", micro);
+            SetTransfers& t = transfers_[static_cast<size_t>(set)];
+            wait(t.grad_recv);
+            if (++backwards_done == micro_batches_ && before_last_backward) before_last_backward();
+            const double begin_s = Timer::now_s();
+            {
+                const TraceScope scope(recorder_, "pipeline backward");
+                model_.stage_backward(set);
+            }
+            times_.busy_s += Timer::now_s() - begin_s;
+            if (!first_stage())
+                t.grad_send = pp_.send_async(model_.stage_grad(set), static_cast<size_t>(numel_),
+                                             DType::f32, pp_.rank() - 1, kGradientTag, kHostStream);
+            free_sets_.push_back(set);
+        }
+        prefetch_inputs();
+    }
+    // The step's last sends must land before the optimizer and the next step touch anything.
+    for (SetTransfers& t : transfers_) {
+        wait(t.output_send);
+        wait(t.grad_send);
+    }
+    return losses;
+}
+
+MicroBatchLosses PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {
+    constexpr int64_t kSet = 0;
+    MT_CHECK(free_sets_.size() == transfers_.size(),
+             "[pipeline] forward_only in the middle of a step");
+    SetTransfers& t = transfers_[kSet];
+    wait(t.output_send);
+    wait(t.grad_send);
+    if (!first_stage()) {
+        t.input_recv = pp_.recv_async(model_.stage_input(kSet), static_cast<size_t>(numel_),
+                                      DType::f32, pp_.rank() - 1, kActivationTag, kHostStream);
+        wait(t.input_recv);
+    }
+    const MicroBatchLosses l =
+        model_.stage_forward(kSet, tokens, targets, rows_, seq_len_, /*denominators=*/nullptr);
+    if (!last_stage()) {
+        t.output_send = pp_.send_async(model_.stage_output(kSet), static_cast<size_t>(numel_),
+                                       DType::f32, pp_.rank() + 1, kActivationTag, kHostStream);
+        wait(t.output_send);
+    }
+    return l;
+}
+
+}  // namespace moetron

@@ -1,0 +1,87 @@
+// Runs a step's micro-batches through this rank's pipeline stage, in a schedule's order
+// (train/pipeline_schedule.h): each forward takes one of the Model's activation sets and receives
+// the stream from the previous stage into it; each backward receives the gradient from the next
+// stage, and frees the set. Transfers are the pipeline group's send_async / recv_async, posted as
+// early as their buffers allow, so that they fly while the stage computes: a forward's output and
+// a backward's input gradient are sent without waiting, the gradient a backward will need is
+// received from the moment its forward is done, and the next forward's input from the moment a
+// set is free. Activations travel with tag 0, gradients with tag 1: each in micro-batch order on
+// both sides, so the messages match.
+// Everything is sized in the constructor; a step allocates nothing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "moetron/core/trace.h"
+#include "moetron/model/model.h"
+#include "moetron/parallel/communicator.h"
+#include "moetron/train/pipeline_schedule.h"
+
+namespace moetron {
+
+// Where a stage's step time went: computing its forwards and backwards, or waiting for its
+// neighbours (the pipeline bubble and exposed transfers).
+struct PipelineStageTimes {
+    double busy_s = 0;
+    double idle_s = 0;
+};
+
+class PipelineRunner {
+  public:
+    // model runs stage pp.rank() of pp.size() (ModelParallel::pipeline_chunk), with at least
+    // max_in_flight(order) activation sets. rows x seq_len: this rank's micro-batch. recorder
+    // (may be null) gets a compute span per forward and backward.
+    PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
+                   int64_t micro_batches, int64_t rows, int64_t seq_len, TraceRecorder* recorder);
+
+    // One step: micro-batch i's rows start at tokens + i * micro_stride (and targets likewise),
+    // normalized by den. before_last_backward runs just before the step's last backward (the
+    // trainer arms its gradient synchronization there). Returns this stage's shares of the lm,
+    // MTP and balance losses (the lm and MTP losses only on the last stage).
+    std::array<double, 3> train_step(const int32_t* tokens, const int32_t* targets,
+                                     int64_t micro_stride, const LossDenominators& den,
+                                     const std::function<void()>& before_last_backward);
+    // The forward of one micro-batch through every stage (validation); the losses on the last
+    // stage, zeros elsewhere.
+    MicroBatchLosses forward_only(const int32_t* tokens, const int32_t* targets);
+
+    const std::vector<PipelineAction>& order() const { return order_; }
+    PipelineStageTimes last_step_times() const { return times_; }
+
+    // The activation sets a stage of this schedule needs (for ModelParallel::pipeline_in_flight).
+    static int64_t sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
+                               int64_t micro_batches);
+
+  private:
+    static constexpr int kActivationTag = 0;
+    static constexpr int kGradientTag = 1;
+
+    bool first_stage() const { return pp_.rank() == 0; }
+    bool last_stage() const { return pp_.rank() + 1 == pp_.size(); }
+    // Takes a free set for micro-batch `micro` and posts the receive of its input.
+    void acquire_set(int64_t micro);
+    // Acquires sets ahead for the coming forwards while free ones have no send in flight.
+    void prefetch_inputs();
+    void wait(parallel::CollectiveHandle& handle);
+
+    Model& model_;
+    parallel::Communicator& pp_;
+    int64_t micro_batches_, rows_, seq_len_, numel_;
+    TraceRecorder* recorder_;
+    std::vector<PipelineAction> order_;
+    // Per micro-batch: its activation set (-1 before its forward's set is taken).
+    std::vector<int64_t> set_of_;
+    std::vector<int64_t> free_sets_;  // a stack
+    int64_t next_forward_ = 0;        // the next micro-batch to get a set
+    // Per activation set: the transfers in flight from or into its buffers.
+    struct SetTransfers {
+        parallel::CollectiveHandle input_recv, output_send, grad_recv, grad_send;
+    };
+    std::vector<SetTransfers> transfers_;
+    PipelineStageTimes times_;
+};
+
+}  // namespace moetron
