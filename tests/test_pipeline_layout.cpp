@@ -62,7 +62,8 @@ TEST(PipelineLayout, RefusesLayoutsThatDoNotFitTheModel) {
     EXPECT_NE(message("Et|ttL", 2, 1).find("places 0 MTP"), std::string::npos);
     EXPECT_NE(message("t|EttmL", 2, 1).find("first chunk"), std::string::npos);
     EXPECT_NE(message("EtL|ttm", 2, 1).find("last chunk"), std::string::npos);
-    EXPECT_NE(message("Etm|ttL", 2, 1).find("after an MTP module"), std::string::npos);
+    EXPECT_NE(message("EtmttL", 1, 1).find("after an MTP module"), std::string::npos);
+    EXPECT_NE(message("Ettm|tL", 2, 1).find("MTP modules go in the last chunk"), std::string::npos);
     EXPECT_NE(message("Ettt|tmL", 2, 1).find("more than the 3 layers"), std::string::npos);
 }
 
@@ -72,14 +73,17 @@ TEST(PipelineLayout, DefaultCountsEmbeddingAndHeadAsLayers) {
     EXPECT_EQ(default_pipeline_layout(tiny, 1, 1), "Et*3mL");
     EXPECT_EQ(default_pipeline_layout(tiny, 2, 1), "Et*2|tmL");
     EXPECT_EQ(default_pipeline_layout(tiny, 3, 0), "E|t*2|tL");
-    EXPECT_EQ(default_pipeline_layout(tiny, 4, 1), "E|t*2|tm|L");
+    // The MTP module stays with the head: the last chunk takes a block from the one before.
+    EXPECT_EQ(default_pipeline_layout(tiny, 4, 1), "E|t*2|t|mL");
+    EXPECT_EQ(default_pipeline_layout(tiny, 4, 0), "E|t*2|t|L");
+    EXPECT_THROW(default_pipeline_layout(tiny, 6, 1), UserError);  // E t t t mL: 5 at most
     EXPECT_THROW(default_pipeline_layout(tiny, 7, 1), UserError);
     // DeepSeek-V3: E, 61 layers, one MTP module, L = 64 blocks, 4 per chunk on 16 chunks.
     const ModelConfig v3 = load_model_config(kModels + "dsv3-671b.toml");
     const std::string v3_layout = default_pipeline_layout(v3, 16, 1);
     EXPECT_EQ(v3_layout, "Et*3|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4|t*2mL");
     // Every default is a valid layout for the model.
-    for (int64_t chunks : {1, 2, 4, 8, 16, 32, 64}) {
+    for (int64_t chunks : {1, 2, 4, 8, 16, 32, 63}) {
         const std::string text = default_pipeline_layout(v3, chunks, 1);
         EXPECT_EQ(static_cast<int64_t>(pipeline_chunks(v3, text, chunks, 1).size()), chunks);
     }

@@ -1,7 +1,7 @@
 // Checkpoints of distributed runs (train/checkpoint_sharded.h), under mpirun -np 1, 2 and 4:
 //  - resume in the same layout is bit-exact: 10 steps straight == 5 steps, save, a fresh trainer
 //    loads, 5 steps (losses compared with ==, parameters and moments with memcmp), also with
-//    tensor parallelism (tp2, tp2.ep2) and pipeline parallelism (pp2, the model without MTP);
+//    tensor parallelism (tp2, tp2.ep2) and pipeline parallelism (pp2);
 //  - resharding: a checkpoint saved under one layout resumes under another (4 ranks ep2 ->
 //    2 ranks ep2, 1 rank distributed, 1 process, 4 ranks dp4; 1 process -> 4 ranks ep2;
 //    4 ranks tp2.ep2 -> 1 process, 2 ranks ep2, 2 ranks tp2, 4 ranks dp4, 4 ranks tp4;
@@ -86,23 +86,14 @@ TrainConfig run_config() {
 struct Layout {
     std::string layout;  // as --layout; "" all data parallel
     bool zero1 = true;
-    // The model's MTP module; off (num_nextn_predict_layers 0) for pipeline layouts, whose last
-    // stage does not hold the embedding MTP needs.
-    bool mtp = true;
     std::string str() const {
-        return (layout.empty() ? "dp" : layout) + (zero1 ? "" : "+no-zero1") + (mtp ? "" : "-mtp");
+        return (layout.empty() ? "dp" : layout) + (zero1 ? "" : "+no-zero1");
     }
 };
 
-ModelConfig without_mtp(ModelConfig model) {
-    model.num_nextn_predict_layers = 0;
-    return model;
-}
-
 // world null: one process, no MPI.
 std::unique_ptr<Trainer> make_trainer(parallel::Communicator* world, const Layout& l,
-                                      const ModelConfig& preset = tiny_config()) {
-    const ModelConfig model = l.mtp ? preset : without_mtp(preset);
+                                      const ModelConfig& model = tiny_config()) {
     const TrainConfig c = run_config();
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/3, /*num_bytes=*/20000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
@@ -188,7 +179,8 @@ GlobalParams global_params(Trainer& t) {
         const bool contributes = expert           ? c.edp == 0
                                  : e.tp.sharded() ? c.dp == 0
                                                   : c.dp == 0 && c.tp == 0;
-        if (!contributes) continue;
+        // A pipeline's shared embedding: its first stage's copy.
+        if (!contributes || (e.name == "embed" && !t.model().pipeline_chunk().embedding)) continue;
         const int64_t first = expert ? shard.first * (e.numel / shard.count) : 0;
         float* global = g.values.data() + table.entry(e.name).offset + first;
         const float* local = t.model().params() + e.offset;
@@ -245,7 +237,7 @@ std::vector<Layout> layouts_for(int world_size) {
     if (world_size == 4) out.push_back({"ep2", false});
     if (world_size == 4) out.push_back({"tp2", false});
     if (world_size == 4) out.push_back({"tp2.ep2", true});
-    if (world_size % 2 == 0) out.push_back({"pp2", true, false});  // on 4 ranks pp2 x dp2
+    if (world_size % 2 == 0) out.push_back({"pp2", true});  // on 4 ranks pp2 x dp2
     return out;
 }
 
@@ -333,10 +325,7 @@ SubWorld first_ranks(int ranks) {
 class ReshardingFrom : public ::testing::Test {
   protected:
     explicit ReshardingFrom(Layout saved_layout) : saved_layout_(std::move(saved_layout)) {}
-    // A one-process trainer of the saved run's model.
-    std::unique_ptr<Trainer> single_process() const {
-        return make_trainer(nullptr, {"", true, saved_layout_.mtp});
-    }
+    static std::unique_ptr<Trainer> single_process() { return make_trainer(nullptr, {}); }
     void SetUp() override {
         if (mpi_world().size() != 4)
             GTEST_SKIP() << "saves with 4 ranks (" << saved_layout_.str() << " on 4)";
@@ -459,7 +448,7 @@ TEST_F(Resharding, OneProcessToFourRanksEp2) {
 // union of the shards is the whole model, whatever the stages.
 class ReshardingFromPp : public ReshardingFrom {
   protected:
-    ReshardingFromPp() : ReshardingFrom({"pp2", true, false}) {}
+    ReshardingFromPp() : ReshardingFrom({"pp2", true}) {}
 };
 
 TEST_F(ReshardingFromPp, FourRanksPp2ToOneProcess) {
@@ -475,7 +464,7 @@ TEST_F(ReshardingFromPp, OneProcessToTwoRanksPp2) {
     save_one_process_checkpoint();
     SubWorld sub = first_ranks(2);
     if (sub.member) {
-        auto t = make_trainer(sub.comm.get(), {"pp2", true, false});
+        auto t = make_trainer(sub.comm.get(), {"pp2", true});
         resume_and_compare(*t, "1 process -> 2 ranks pp2");
     }
     mpi_world().barrier();

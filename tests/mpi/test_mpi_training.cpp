@@ -569,20 +569,22 @@ TEST(MpiTrainer, AccumulationReplicatedOptimizerWithoutOverlapMatchesOneProcess)
 }
 
 // Pipeline parallelism: the stages of one model run their micro-batches in the 1F1B order and
-// train the same model as one process (the tiny model without its MTP module, which needs the
-// embedding on the last stage). 3 micro-batches over 2 stages and 6 over 4: not multiples of pp.
+// train the same model as one process. 3 micro-batches over 2 stages and 6 over 4: not multiples
+// of pp. The tiny model's MTP module sits on the last stage with a copy of the embedding, whose
+// gradient the first and last stages add up: its parameters match the reference on both. pp4
+// without MTP puts the head alone on the last stage.
 TEST(MpiTrainer, PipelineOneFOneBMatchesOneProcess) {
     const int n = mpi_world().size();
     if (n == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
-    run_trainer_case(
-        {.layout = "pp" + std::to_string(n), .grad_accum = n == 2 ? 3 : 6, .mtp = false});
+    run_trainer_case({.layout = "pp" + std::to_string(n), .grad_accum = n == 2 ? 3 : 6});
+    if (n == 4) run_trainer_case({.layout = "pp4", .grad_accum = 5, .mtp = false});
 }
 
 // A pipeline of data-parallel replicas (ZeRO-1 per stage), and expert parallelism inside a stage.
 TEST(MpiTrainer, PipelineWithDataOrExpertParallelMatchesOneProcess) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
-    run_trainer_case({.layout = "pp2.dp2", .grad_accum = 3, .mtp = false});
-    run_trainer_case({.layout = "pp2.ep2", .grad_accum = 2, .mtp = false});
+    run_trainer_case({.layout = "pp2.dp2", .grad_accum = 3});
+    run_trainer_case({.layout = "pp2.ep2", .grad_accum = 2});
 }
 
 // ZeRO-1 shards the routed experts' optimizer state over the expert-data-parallel group: with

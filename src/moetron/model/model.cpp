@@ -90,7 +90,9 @@ PipelineChunk whole_model_chunk(const ModelConfig& c) {
 // Binds the parameters of `chunk` in p, whose vectors sharded_tree() sized; the rest stay null.
 void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c,
                        const PipelineChunk& chunk) {
-    if (chunk.embedding) bind_embedding_params(b, p, c);
+    // The MTP modules embed their shifted tokens with the main model's embedding: a stage of MTP
+    // modules without the embedding holds a copy of it (Megatron-LM's shared embedding).
+    if (chunk.embedding || chunk.num_mtp > 0) bind_embedding_params(b, p, c);
     for (int64_t l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l)
         bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
     if (chunk.loss) bind_output_params(b, p, c);
@@ -483,15 +485,12 @@ struct PassContext {
     bool backward = false;       // the forward prepared a backward
 };
 
-// The chunk a Model runs, checked: an MTP module needs the embedding (the shared embedding of
-// DeepSeek-V3's MTP) and the head on its stage.
+// The chunk a Model runs, checked: the MTP modules share the head of their stage (the last).
 PipelineChunk checked_chunk(const ModelConfig& c, const ModelParallel& par) {
     if (!par.pipeline_chunk.has_value()) return whole_model_chunk(c);
     const PipelineChunk& chunk = *par.pipeline_chunk;
-    MT_USER_CHECK(chunk.num_mtp == 0 || (chunk.embedding && chunk.loss),
-                  "[model] a pipeline stage that runs MTP modules needs the embedding and the "
-                  "head on it too; MTP under pipeline parallelism is not supported yet (use a "
-                  "model without MTP, num_nextn_predict_layers = 0)");
+    MT_USER_CHECK(chunk.num_mtp == 0 || chunk.loss,
+                  "[model] a pipeline stage that runs MTP modules needs the head (L) on it too");
     MT_CHECK(par.pipeline_in_flight >= 1, "[model] pipeline_in_flight must be >= 1, got {}",
              par.pipeline_in_flight);
     return chunk;
@@ -592,6 +591,12 @@ struct Model::Impl {
                                         [d](ActivationSet& a) { return &a.mtp[d].block; }));
         plan_expert_loads();
         plan_grad_ranges();
+    }
+
+    // The embedding is on two pipeline stages: the first, and the one of the MTP modules.
+    bool shares_embedding() const {
+        return parallel.pipeline_chunk.has_value() && config.num_nextn_predict_layers > 0 &&
+               chunk.embedding != (chunk.num_mtp > 0);
     }
 
     bool owns_layer(int64_t l) const {
@@ -862,7 +867,8 @@ struct Model::Impl {
         if (chunk.embedding) {
             vocab_parallel_embedding_backward(ops, g.embed, a.d_stream, a.input_tokens,
                                               a.block_scratch.full, n, c.vocab_size, D, tp);
-            notify_grads_ready(embed_range);
+            // A shared embedding's gradient is final only once the other stage's is added.
+            if (!shares_embedding()) notify_grads_ready(embed_range);
         }
     }
 
@@ -977,6 +983,10 @@ const PipelineChunk& Model::pipeline_chunk() const {
     return impl_->chunk;
 }
 
+bool Model::shares_embedding() const {
+    return impl_->shares_embedding();
+}
+
 const float* Model::logits() const {
     return impl_->sets[0].head.logits;
 }
@@ -1075,7 +1085,9 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
                                   : parallel::ReplicaGroup::data_parallel;
         // A parameter the TP ranks replicate (not split) has the same copy on each of them; the
         // routed experts' EDP group already counts every rank.
-        const int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
+        int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
+        // The embedding's copy on the MTP stage counts once in the gradient norm over both.
+        if (e.name == "embed" && impl_->shares_embedding()) copies *= 2;
         spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay, copies});
     }
     return spans;

@@ -98,8 +98,8 @@ struct ModelParallel {
     parallel::Communicator* tp = nullptr;
     // Pipeline parallelism: the model chunk this rank runs (model/pipeline_layout.h). The Model
     // then holds only that chunk's parameters and activations, and the residual stream enters from
-    // the previous stage and leaves to the next through the stage_* calls. An MTP module needs the
-    // embedding on its stage (the whole model on one stage, for now). Unset: the whole model.
+    // the previous stage and leaves to the next through the stage_* calls. The MTP modules use
+    // their stage's copy of the embedding (shares_embedding). Unset: the whole model.
     std::optional<PipelineChunk> pipeline_chunk;
     // Micro-batches whose activations a pipeline stage keeps at once: each stage_forward fills one
     // of this many activation sets, which its stage_backward frees (1F1B: pp - stage).
@@ -191,6 +191,13 @@ class Model {
     int64_t stage_numel(int64_t batch, int64_t seq_len) const;
     // The chunk this rank runs (the whole model without pipelining).
     const PipelineChunk& pipeline_chunk() const;
+    // The MTP modules embed with the main model's embedding, which is on the first stage: the
+    // stage of the MTP modules holds a copy, as Megatron-LM shares embeddings between stages. On
+    // both stages this is true; param("embed") is initialized alike on both, its gradient is
+    // never announced to the GradReadyCallback, and the caller adds the other stage's gradient
+    // to grad("embed") before the gradient sync, so both copies take the same updates. (Its span
+    // counts twice as many copies, so the gradient norm counts it once.)
+    bool shares_embedding() const;
     // Forward only (validation, sampling). Afterwards logits() holds the (B*S, V) main-head logits.
     // Touches neither the gradients nor the load counts.
     MicroBatchLosses forward(const int32_t* tokens, const int32_t* targets, int64_t batch,

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 
 #include "moetron/core/user_error.h"
@@ -125,6 +126,10 @@ std::vector<PipelineChunk> pipeline_chunks(const ModelConfig& model, std::string
                 ++chunk.num_layers;
                 ++layers;
             } else if (c == 'm') {
+                MT_USER_CHECK(g + 1 == count,
+                              "[pp-layout] pipeline layout '{}' places an MTP module (m) in chunk "
+                              "{}; the MTP modules go in the last chunk, with the head they share",
+                              text, g);
                 MT_USER_CHECK(mtp < mtp_modules,
                               "[pp-layout] pipeline layout '{}' places more MTP modules (m) than "
                               "the {} that run (the model's num_nextn_predict_layers, or none "
@@ -162,10 +167,25 @@ std::string default_pipeline_layout(const ModelConfig& model, int64_t num_chunks
     // holding the embedding, and the one holding the head unless every chunk but the first gets
     // one, carry the fewest.
     const int64_t base = total / num_chunks, extra = total % num_chunks;
+    std::vector<int64_t> sizes(static_cast<size_t>(num_chunks));
+    for (int64_t g = 0; g < num_chunks; ++g) sizes[g] = base + (g >= 1 && g <= extra ? 1 : 0);
+    // The MTP modules stay with the head in the last chunk: it grows, the chunks before it give
+    // up their last blocks.
+    int64_t missing = mtp_modules + 1 - sizes.back();
+    for (int64_t g = num_chunks - 2; g >= 0 && missing > 0; --g) {
+        const int64_t give = std::min(missing, sizes[g] - 1);
+        sizes[g] -= give;
+        sizes.back() += give;
+        missing -= give;
+    }
+    MT_USER_CHECK(missing <= 0,
+                  "[pp-layout] pp*vpp = {} chunks for model '{}': with its {} MTP modules and the "
+                  "head in the last chunk, some chunk would be empty; use fewer stages",
+                  num_chunks, model.name, mtp_modules);
     std::string layout;
     int64_t begin = 0;
     for (int64_t g = 0; g < num_chunks; ++g) {
-        const int64_t size = base + (g >= 1 && g <= extra ? 1 : 0);
+        const int64_t size = sizes[static_cast<size_t>(g)];
         if (g > 0) layout += '|';
         layout +=
             compress_chunk(blocks.substr(static_cast<size_t>(begin), static_cast<size_t>(size)));

@@ -35,17 +35,19 @@ struct PipelineChunk {
 
 // The chunks of `text` checked against the model: exactly num_chunks chunks, every main layer
 // once and in order, exactly mtp_modules MTP modules (0 when MTP is not run or not simulated),
-// one E and one L. A chunk runs its blocks in the order E, t, m, L, whatever order the string
-// names them in. Throws moetron::UserError saying what does not fit.
+// in the last chunk, one E (first chunk) and one L (last chunk). A chunk runs its blocks in the
+// order E, t, m, L, whatever order the string names them in. Throws moetron::UserError saying what
+// does not fit.
 std::vector<PipelineChunk> pipeline_chunks(const ModelConfig& model, std::string_view text,
                                            int64_t num_chunks, int64_t mtp_modules);
 
 // The placement used when the user gives none: the blocks in model order (E, every layer, the
 // MTP modules, L), the embedding and the head each counted as one layer (Megatron-LM's
 // --account-for-embedding/loss-in-pipeline-split), cut into num_chunks contiguous runs whose
-// sizes differ by at most one. So the first and last chunks get one layer fewer than the rest
-// when the counts allow. Throws moetron::UserError when some chunk would hold no layer, MTP
-// module, embedding or head (more chunks than blocks).
+// sizes differ by at most one, except that the MTP modules stay in the last chunk with the head
+// (they share it): that chunk grows and the ones before it shrink. So the first and last chunks
+// get one layer fewer than the rest when the counts allow. Throws moetron::UserError when some
+// chunk would hold no block (more chunks than blocks).
 std::string default_pipeline_layout(const ModelConfig& model, int64_t num_chunks,
                                     int64_t mtp_modules);
 

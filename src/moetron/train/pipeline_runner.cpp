@@ -25,6 +25,13 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
     const int64_t sets = max_in_flight(order_);
     for (int64_t s = sets - 1; s >= 0; --s) free_sets_.push_back(s);
     transfers_.resize(static_cast<size_t>(sets));
+    if (model.shares_embedding()) {
+        for (const ParamEntry& e : model.param_entries())
+            if (e.name == "embed") embedding_ = e;
+        MT_CHECK(embedding_.numel > 0, "[pipeline] a shared embedding without an 'embed' tensor");
+        MT_CHECK(pp.size() > 1, "[pipeline] a shared embedding on a pipeline of one stage");
+        embedding_grad_.resize(static_cast<size_t>(embedding_.numel));
+    }
     // Both ends of the one-micro-batch forward of forward_only use set 0.
     MT_CHECK(sets >= 1, "[pipeline] a schedule without forwards");
 }
@@ -122,7 +129,22 @@ std::array<double, 3> PipelineRunner::train_step(
         wait(t.output_send);
         wait(t.grad_send);
     }
+    if (embedding_.numel > 0) sum_shared_embedding_grads();
     return losses;
+}
+
+void PipelineRunner::sum_shared_embedding_grads() {
+    const int peer = first_stage() ? pp_.size() - 1 : 0;
+    float* grad = model_.grads() + embedding_.offset;
+    const auto n = static_cast<size_t>(embedding_.numel);
+    parallel::CollectiveHandle recv =
+        pp_.recv_async(embedding_grad_.data(), n, DType::f32, peer, kEmbeddingTag, kHostStream);
+    parallel::CollectiveHandle send =
+        pp_.send_async(grad, n, DType::f32, peer, kEmbeddingTag, kHostStream);
+    wait(recv);
+    wait(send);
+    // a + b == b + a in floating point: both copies get the same sum.
+    model_.backend().add_inplace(grad, embedding_grad_.data(), embedding_.numel);
 }
 
 MicroBatchLosses PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {

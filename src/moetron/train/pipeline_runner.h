@@ -7,6 +7,9 @@
 // received from the moment its forward is done, and the next forward's input from the moment a
 // set is free. Activations travel with tag 0, gradients with tag 1: each in micro-batch order on
 // both sides, so the messages match.
+// With MTP the first stage and the last (the MTP modules') both hold the embedding
+// (Model::shares_embedding): after the step's last backward they exchange its gradient and each
+// adds the other's, before the gradient sync, so the two copies stay one.
 // Everything is sized in the constructor; a step allocates nothing.
 #pragma once
 
@@ -58,6 +61,7 @@ class PipelineRunner {
   private:
     static constexpr int kActivationTag = 0;
     static constexpr int kGradientTag = 1;
+    static constexpr int kEmbeddingTag = 2;
 
     bool first_stage() const { return pp_.rank() == 0; }
     bool last_stage() const { return pp_.rank() + 1 == pp_.size(); }
@@ -66,6 +70,8 @@ class PipelineRunner {
     // Acquires sets ahead for the coming forwards while free ones have no send in flight.
     void prefetch_inputs();
     void wait(parallel::CollectiveHandle& handle);
+    // The first and the MTP stage add each other's embedding gradient (Model::shares_embedding).
+    void sum_shared_embedding_grads();
 
     Model& model_;
     parallel::Communicator& pp_;
@@ -81,6 +87,8 @@ class PipelineRunner {
         parallel::CollectiveHandle input_recv, output_send, grad_recv, grad_send;
     };
     std::vector<SetTransfers> transfers_;
+    ParamEntry embedding_;               // the shared embedding's entry (numel 0: none)
+    std::vector<float> embedding_grad_;  // the other stage's gradient of it
     PipelineStageTimes times_;
 };
 
