@@ -481,6 +481,7 @@ struct TrainerRun {
     RunResult result;
     std::vector<double> grad_norms;
     double val_loss = 0;
+    StepRecord last_step;
 };
 
 TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const TrainParallel& p) {
@@ -493,6 +494,7 @@ TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const Tra
         const StepRecord r = trainer.step();
         run.result.losses.push_back({r.loss, r.mtp_loss, r.balance_loss});
         run.grad_norms.push_back(r.grad_norm);
+        run.last_step = r;
     }
     run.val_loss = trainer.evaluate();
     Model& m = trainer.model();
@@ -528,8 +530,19 @@ void run_trainer_case(const TrainerCase& k) {
                              (k.zero1 ? "+zero1" : "") + (k.overlap ? "" : " no-overlap") + " x" +
                              std::to_string(k.grad_accum) + " micro" +
                              (k.layout.find("pp") != std::string::npos ? " " + k.pp_schedule : "");
-    expect_matches_reference(got.result, want.result, what,
-                             k.layout.find("pp") != std::string::npos);
+    const bool pipelined = k.layout.find("pp") != std::string::npos;
+    expect_matches_reference(got.result, want.result, what, pipelined);
+    // Each stage of the pipeline reports its busy and idle time (one process: no pipeline).
+    const parallel::Topology topo =
+        parallel::make_topology(parallel::parse_layout(k.layout), mpi_world().size());
+    const StepRecord& last = got.last_step;
+    EXPECT_EQ(last.stage_busy_s.size(), pipelined ? static_cast<size_t>(topo.pp) : 0u) << what;
+    EXPECT_EQ(last.stage_idle_s.size(), last.stage_busy_s.size()) << what;
+    for (size_t s = 0; s < last.stage_busy_s.size(); ++s) {
+        EXPECT_GT(last.stage_busy_s[s], 0.0) << what << " stage " << s;
+        EXPECT_GE(last.stage_idle_s[s], 0.0) << what << " stage " << s;
+    }
+    EXPECT_TRUE(want.last_step.stage_busy_s.empty());
     for (size_t s = 0; s < want.grad_norms.size(); ++s)
         EXPECT_NEAR(got.grad_norms[s], want.grad_norms[s], 1e-5 * want.grad_norms[s])
             << what << " step " << s + 1;

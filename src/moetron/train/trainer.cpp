@@ -271,6 +271,7 @@ StepRecord Trainer::step() {
     const ExpertLoadStats load = model_->expert_load();
     r.expert_load_max_over_mean = load.max_over_mean;
     r.expert_load_min_over_mean = load.min_over_mean;
+    if (pipeline_ != nullptr) record_stage_times(r);
     timer.reset();
     model_->update_router_bias(static_cast<float>(config_.bias_update_speed));
     {
@@ -300,6 +301,19 @@ StepRecord Trainer::step() {
                 ? model_flops_per_step_ / ranks / compute_s / (gemm_peak_gflops_ * 1e9)
                 : 0.0;
     return r;
+}
+
+// Every stage's busy and idle time, gathered over rank's pipeline (outside the step's timing:
+// the record's vectors allocate).
+void Trainer::record_stage_times(StepRecord& r) {
+    const PipelineStageTimes mine = pipeline_->last_step_times();
+    const std::array<double, 2> own{mine.busy_s, mine.idle_s};
+    std::vector<double> all(2 * static_cast<size_t>(groups_.pp->size()));
+    groups_.pp->all_gather(all.data(), own.data(), 2, DType::f64, kHostStream);
+    for (size_t s = 0; s < all.size(); s += 2) {
+        r.stage_busy_s.push_back(all[s]);
+        r.stage_idle_s.push_back(all[s + 1]);
+    }
 }
 
 double Trainer::evaluate() {

@@ -159,6 +159,7 @@ class Trainer {
 
   private:
     void write_trace();
+    void record_stage_times(StepRecord& r);
 
     TrainConfig config_;
     std::unique_ptr<parallel::Communicator> own_world_;  // one process: the world of one
