@@ -180,7 +180,7 @@ GlobalParams global_params(Trainer& t) {
                                  : e.tp.sharded() ? c.dp == 0
                                                   : c.dp == 0 && c.tp == 0;
         // A pipeline's shared embedding: its first stage's copy.
-        if (!contributes || (e.name == "embed" && !t.model().pipeline_chunk().embedding)) continue;
+        if (!contributes || (e.name == "embed" && !t.model().runs_embedding())) continue;
         const int64_t first = expert ? shard.first * (e.numel / shard.count) : 0;
         float* global = g.values.data() + table.entry(e.name).offset + first;
         const float* local = t.model().params() + e.offset;

@@ -593,6 +593,17 @@ TEST(MpiTrainer, PipelineOneFOneBMatchesOneProcess) {
     if (n == 4) run_trainer_case({.layout = "pp4", .grad_accum = 5, .mtp = false});
 }
 
+// Virtual stages (Megatron-LM's interleaved 1F1B): tiny's E|t*2|t|mL, chunks 0 and 2 on the first
+// rank and 1 and 3 on the second, so the stream goes round the pipeline twice; on 4 ranks with
+// the experts of each stage's MoE layers over two ranks.
+TEST(MpiTrainer, PipelineInterleavedMatchesOneProcess) {
+    const int n = mpi_world().size();
+    if (n == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+    if (n == 2) run_trainer_case({.layout = "pp2.vpp2", .grad_accum = 4});
+    if (n == 4)
+        run_trainer_case({.layout = "pp2.vpp2.ep2", .grad_accum = 2, .pp_schedule = "interleaved"});
+}
+
 // A pipeline of data-parallel replicas (ZeRO-1 per stage), and expert parallelism inside a stage.
 TEST(MpiTrainer, PipelineWithDataOrExpertParallelMatchesOneProcess) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";

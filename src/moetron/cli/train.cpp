@@ -484,10 +484,11 @@ void register_train(CLI::App& app) {
         "--layout", o->layout,
         "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2, tp2.ep2, pp2.ep2 (dp: "
         "data-parallel ranks, ep: ranks the routed experts are split over, tp: tensor-parallel "
-        "ranks, pp: pipeline stages). "
+        "ranks, pp: pipeline stages, vpp: model chunks per stage). "
         "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
     cmd->add_option("--pp-schedule", o->pp_schedule,
-                    "pipeline schedule with pp > 1: 1f1b (PipeDream-flush)")
+                    "pipeline schedule with pp > 1: 1f1b (PipeDream-flush; with vpp > 1 "
+                    "interleaved, as Megatron-LM's) or interleaved (needs vpp > 1)")
         ->capture_default_str();
     cmd->add_option("--pp-layout", o->pp_layout,
                     "blocks per pipeline stage as Megatron-LM's layout, e.g. 'Et|tt|tL' "

@@ -27,7 +27,8 @@ void validate_layout_for_model(const parallel::Layout& l, const ModelConfig& mod
 
 void validate_topology_for_model(const parallel::Topology& t, const ModelConfig& model) {
     validate_layout_for_model(
-        parallel::Layout{.tp = t.tp, .pp = t.pp, .ep = t.ep, .cp = t.cp, .dp = t.dp}, model);
+        parallel::Layout{.tp = t.tp, .pp = t.pp, .vpp = t.vpp, .ep = t.ep, .cp = t.cp, .dp = t.dp},
+        model);
     MT_USER_CHECK(model.vocab_size % t.tp == 0,
                   "[layout] tp {} does not divide vocab_size {} (vocabulary-parallel embedding and "
                   "head) of model '{}'",

@@ -87,17 +87,27 @@ PipelineChunk whole_model_chunk(const ModelConfig& c) {
             .loss = true};
 }
 
-// Binds the parameters of `chunk` in p, whose vectors sharded_tree() sized; the rest stay null.
+template <class Pred>
+bool any_chunk(const std::vector<PipelineChunk>& chunks, Pred pred) {
+    return std::any_of(chunks.begin(), chunks.end(), pred);
+}
+
+// Binds the parameters of `chunks` (in model order) in p, whose vectors sharded_tree() sized; the
+// rest stay null. The entries come in the whole model's order whatever the chunks.
 void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c,
-                       const PipelineChunk& chunk) {
+                       const std::vector<PipelineChunk>& chunks) {
     // The MTP modules embed their shifted tokens with the main model's embedding: a stage of MTP
     // modules without the embedding holds a copy of it (Megatron-LM's shared embedding).
-    if (chunk.embedding || chunk.num_mtp > 0) bind_embedding_params(b, p, c);
-    for (int64_t l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l)
-        bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
-    if (chunk.loss) bind_output_params(b, p, c);
-    for (int64_t d = chunk.first_mtp; d < chunk.first_mtp + chunk.num_mtp; ++d)
-        bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.embedding || k.num_mtp > 0; }))
+        bind_embedding_params(b, p, c);
+    for (const PipelineChunk& chunk : chunks)
+        for (int64_t l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l)
+            bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.loss; }))
+        bind_output_params(b, p, c);
+    for (const PipelineChunk& chunk : chunks)
+        for (int64_t d = chunk.first_mtp; d < chunk.first_mtp + chunk.num_mtp; ++d)
+            bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
 }
 
 // The routed experts of the first rank of an EP group of ep (every rank holds as many).
@@ -119,12 +129,13 @@ RankParamCount count_specs(const std::vector<TensorSpec>& specs) {
 }
 
 std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard,
-                                            int tp_rank, int tp_size, const PipelineChunk& chunk) {
+                                            int tp_rank, int tp_size,
+                                            const std::vector<PipelineChunk>& chunks) {
     std::vector<TensorSpec> specs;
     ParamBinder binder(&specs, static_cast<float>(c.initializer_range));
     binder.set_tensor_parallel(tp_rank, tp_size);
     ModelParams tree = sharded_tree(c, shard);
-    bind_model_params(binder, tree, c, chunk);
+    bind_model_params(binder, tree, c, chunks);
     return specs;
 }
 
@@ -305,7 +316,7 @@ void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
 }  // namespace
 
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config) {
-    return sharded_param_specs(config, {}, 0, 1, whole_model_chunk(config));
+    return sharded_param_specs(config, {}, 0, 1, {whole_model_chunk(config)});
 }
 
 RankParamCount& RankParamCount::operator+=(const RankParamCount& other) {
@@ -444,33 +455,37 @@ struct ActivationSet {
 // capacity_rows).
 void bind_model_activations(BufferBinder b, ActivationSet& a, const ModelConfig& c,
                             const ModelRuntime& runtime, int tp_size, int64_t expert_rows,
-                            const PipelineChunk& chunk, const std::string& prefix = "") {
+                            const std::vector<PipelineChunk>& chunks,
+                            const std::string& prefix = "") {
     const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
     const int64_t rows = n / tp_size;  // the stream's token rows on this rank
-    const int64_t first = chunk.first_layer, last = chunk.first_layer + chunk.num_layers;
     b(a.input_tokens, prefix + "input.tokens", {n});
     b(a.input_targets, prefix + "input.targets", {n});
     b(a.rope_cos, prefix + "rope.cos", {S, c.qk_rope_head_dim / 2});
     b(a.rope_sin, prefix + "rope.sin", {S, c.qk_rope_head_dim / 2});
     a.residual.assign(static_cast<size_t>(c.num_hidden_layers + 1), nullptr);
-    for (int64_t l = first; l <= last; ++l)
-        b(a.residual[l], prefix + "residual." + std::to_string(l), {rows, D});
     a.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-    for (int64_t l = first; l < last; ++l) {
-        a.layers[l].moe.expert_rows = expert_rows;
-        bind_block_activations(b, a.layers[l], prefix + main_layer_prefix(l), c, c.is_moe_layer(l),
-                               tp_size, B, S);
-    }
     a.mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
-    for (int64_t d = chunk.first_mtp; d < chunk.first_mtp + chunk.num_mtp; ++d) {
-        a.mtp[d].block.moe.expert_rows = expert_rows;
-        bind_mtp_activations(b, a.mtp[d], prefix + mtp_prefix(d), c, d, tp_size, B, S);
+    for (const PipelineChunk& chunk : chunks) {
+        const int64_t first = chunk.first_layer, last = chunk.first_layer + chunk.num_layers;
+        for (int64_t l = first; l <= last; ++l)
+            b(a.residual[l], prefix + "residual." + std::to_string(l), {rows, D});
+        for (int64_t l = first; l < last; ++l) {
+            a.layers[l].moe.expert_rows = expert_rows;
+            bind_block_activations(b, a.layers[l], prefix + main_layer_prefix(l), c,
+                                   c.is_moe_layer(l), tp_size, B, S);
+        }
+        for (int64_t d = chunk.first_mtp; d < chunk.first_mtp + chunk.num_mtp; ++d) {
+            a.mtp[d].block.moe.expert_rows = expert_rows;
+            bind_mtp_activations(b, a.mtp[d], prefix + mtp_prefix(d), c, d, tp_size, B, S);
+        }
     }
     a.block_scratch.moe.expert_rows = expert_rows;
     bind_block_scratch(b, a.block_scratch, prefix + "scratch.block.", c, tp_size, n);
-    if (chunk.num_mtp > 0)
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.num_mtp > 0; }))
         bind_mtp_scratch(b, a.mtp_scratch, prefix + "scratch.mtp.", c, tp_size, n);
-    if (chunk.loss) bind_head_scratch(b, a.head, c, tp_size, n, prefix);
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.loss; }))
+        bind_head_scratch(b, a.head, c, tp_size, n, prefix);
     b(a.d_stream, prefix + "d_stream", {rows, D});
     b(a.d_h_prev, prefix + "d_h_prev", {rows, D});
 }
@@ -483,17 +498,18 @@ struct PassContext {
     float grad_scale = 1.0f;
     float balance_scale = 1.0f;  // this micro-batch's share of the balance loss's mean
     bool backward = false;       // the forward prepared a backward
+    size_t chunk = 0;            // which of the rank's chunks ran
 };
 
 // The chunk a Model runs, checked: the MTP modules share the head of their stage (the last).
-PipelineChunk checked_chunk(const ModelConfig& c, const ModelParallel& par) {
-    if (!par.pipeline_chunk.has_value()) return whole_model_chunk(c);
-    const PipelineChunk& chunk = *par.pipeline_chunk;
-    MT_USER_CHECK(chunk.num_mtp == 0 || chunk.loss,
-                  "[model] a pipeline stage that runs MTP modules needs the head (L) on it too");
+std::vector<PipelineChunk> checked_chunks(const ModelConfig& c, const ModelParallel& par) {
+    if (par.pipeline_chunks.empty()) return {whole_model_chunk(c)};
+    for (const PipelineChunk& chunk : par.pipeline_chunks)
+        MT_USER_CHECK(chunk.num_mtp == 0 || chunk.loss,
+                      "[model] a pipeline chunk that runs MTP modules needs the head (L) too");
     MT_CHECK(par.pipeline_in_flight >= 1, "[model] pipeline_in_flight must be >= 1, got {}",
              par.pipeline_in_flight);
-    return chunk;
+    return par.pipeline_chunks;
 }
 
 struct Model::Impl {
@@ -502,8 +518,8 @@ struct Model::Impl {
     ModelRuntime runtime;
     LossWeights loss_weights;
     ModelParallel parallel;
-    PipelineChunk chunk;          // the blocks this rank runs
-    parallel::TensorParallel tp;  // declared before table: the specs read it
+    std::vector<PipelineChunk> chunks;  // the blocks this rank runs, in model order
+    parallel::TensorParallel tp;        // declared before table: the specs read it
     ExpertShard shard;
     ParamTable table;
     Arena params, grads, acts;
@@ -541,10 +557,10 @@ struct Model::Impl {
           runtime(r),
           loss_weights(lw),
           parallel(par),
-          chunk(checked_chunk(c, par)),
+          chunks(checked_chunks(c, par)),
           tp(par.tp, ops),
           shard(expert_shard_of(c, par)),
-          table(sharded_param_specs(c, shard, tp.rank(), tp.size(), chunk)),
+          table(sharded_param_specs(c, shard, tp.rank(), tp.size(), chunks)),
           w(sharded_tree(c, shard)),
           g(sharded_tree(c, shard)) {
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
@@ -556,8 +572,8 @@ struct Model::Impl {
         ParamBinder bind_g(table, static_cast<float*>(grads.base()));
         bind_w.set_tensor_parallel(tp.rank(), tp.size());
         bind_g.set_tensor_parallel(tp.rank(), tp.size());
-        bind_model_params(bind_w, w, c, chunk);
-        bind_model_params(bind_g, g, c, chunk);
+        bind_model_params(bind_w, w, c, chunks);
+        bind_model_params(bind_g, g, c, chunks);
 
         if (c.n_routed_experts > 0) {
             parallel::ExpertDispatchConfig dc = expert_dispatch_config(
@@ -595,15 +611,23 @@ struct Model::Impl {
 
     // The embedding is on two pipeline stages: the first, and the one of the MTP modules.
     bool shares_embedding() const {
-        return parallel.pipeline_chunk.has_value() && config.num_nextn_predict_layers > 0 &&
-               chunk.embedding != (chunk.num_mtp > 0);
+        return !parallel.pipeline_chunks.empty() && config.num_nextn_predict_layers > 0 &&
+               runs_embedding() !=
+                   any_chunk(chunks, [](const PipelineChunk& k) { return k.num_mtp > 0; });
     }
 
+    bool runs_embedding() const {
+        return any_chunk(chunks, [](const PipelineChunk& k) { return k.embedding; });
+    }
     bool owns_layer(int64_t l) const {
-        return l >= chunk.first_layer && l < chunk.first_layer + chunk.num_layers;
+        return any_chunk(chunks, [l](const PipelineChunk& k) {
+            return l >= k.first_layer && l < k.first_layer + k.num_layers;
+        });
     }
     bool owns_mtp(int64_t d) const {
-        return d >= chunk.first_mtp && d < chunk.first_mtp + chunk.num_mtp;
+        return any_chunk(chunks, [d](const PipelineChunk& k) {
+            return d >= k.first_mtp && d < k.first_mtp + k.num_mtp;
+        });
     }
 
     // Numbers a MoE block of the whole model; when this rank runs it (bp not null), points each
@@ -677,7 +701,7 @@ struct Model::Impl {
     void bind_activations(const BufferBinder& b) {
         const int64_t expert_rows = dispatcher ? dispatcher->capacity_rows() : 0;
         for (size_t k = 0; k < sets.size(); ++k)
-            bind_model_activations(b, sets[k], config, runtime, tp.size(), expert_rows, chunk,
+            bind_model_activations(b, sets[k], config, runtime, tp.size(), expert_rows, chunks,
                                    k == 0 ? std::string() : fmt::format("set{}.", k));
     }
 
@@ -757,25 +781,31 @@ struct Model::Impl {
 
     // The forward of the chunk for one micro-batch into activation set k; with `backward`, also
     // the loss gradients that stage_backward starts from (on the chunk with the loss).
-    MicroBatchLosses forward_pass(size_t k, const int32_t* tokens, const int32_t* targets,
-                                  int64_t batch, int64_t seq_len, bool backward, float grad_scale,
-                                  const LossDenominators* den) {
+    MicroBatchLosses forward_pass(size_t ci, size_t k, const int32_t* tokens,
+                                  const int32_t* targets, int64_t batch, int64_t seq_len,
+                                  bool backward, float grad_scale, const LossDenominators* den) {
         check_inputs(tokens, targets, batch, seq_len);
         if (den != nullptr) check_denominators(*den, targets, batch, seq_len);
         MT_CHECK(!(backward && load_summed),
                  "[model] forward_backward after sum_expert_load_over_ranks() and before "
                  "update_router_bias(): its loads would not be summed");
-        MT_CHECK(k < sets.size(), "[model] activation set {} of {}", k, sets.size());
+        MT_CHECK(k < sets.size() && ci < chunks.size(),
+                 "[model] activation set {} of {}, chunk {} of {}", k, sets.size(), ci,
+                 chunks.size());
         ActivationSet& a = sets[k];
+        const PipelineChunk& chunk = chunks[ci];
         const ModelConfig& c = config;
         const int64_t n = batch * seq_len, D = c.hidden_size;
         const int64_t first = chunk.first_layer, last = chunk.first_layer + chunk.num_layers;
         PassContext& ctx = contexts[k];
-        ctx = {batch, seq_len, grad_scale,
+        ctx = {batch,
+               seq_len,
+               grad_scale,
                den == nullptr ? 1.0f
                               : static_cast<float>(static_cast<double>(batch) /
                                                    static_cast<double>(den->sequences)),
-               backward};
+               backward,
+               ci};
         auto moe = [&](int64_t slot, bool counting) {
             return moe_options(slot, counting, ctx.grad_scale, ctx.balance_scale);
         };
@@ -835,6 +865,7 @@ struct Model::Impl {
         ActivationSet& a = sets[k];
         PassContext& ctx = contexts[k];
         ctx.backward = false;
+        const PipelineChunk& chunk = chunks[ctx.chunk];
         const ModelConfig& c = config;
         const int64_t batch = ctx.batch, seq_len = ctx.seq_len;
         const int64_t n = batch * seq_len, D = c.hidden_size;
@@ -875,11 +906,11 @@ struct Model::Impl {
     MicroBatchLosses run(const int32_t* tokens, const int32_t* targets, int64_t batch,
                          int64_t seq_len, bool backward, float grad_scale,
                          const LossDenominators* den) {
-        MT_CHECK(chunk.embedding && chunk.loss,
+        MT_CHECK(chunks.size() == 1 && chunks[0].embedding && chunks[0].loss,
                  "[model] forward_backward and forward run the whole model; a pipeline stage "
                  "runs stage_forward and stage_backward");
         const MicroBatchLosses losses =
-            forward_pass(0, tokens, targets, batch, seq_len, backward, grad_scale, den);
+            forward_pass(0, 0, tokens, targets, batch, seq_len, backward, grad_scale, den);
         if (backward) backward_pass(0);
         return losses;
     }
@@ -951,24 +982,26 @@ void Model::set_grad_ready_callback(GradReadyCallback callback) {
     impl_->grad_ready = std::move(callback);
 }
 
-MicroBatchLosses Model::stage_forward(int64_t set, const int32_t* tokens, const int32_t* targets,
-                                      int64_t batch, int64_t seq_len,
+MicroBatchLosses Model::stage_forward(int64_t chunk, int64_t set, const int32_t* tokens,
+                                      const int32_t* targets, int64_t batch, int64_t seq_len,
                                       const LossDenominators* denominators) {
-    return impl_->forward_pass(static_cast<size_t>(set), tokens, targets, batch, seq_len,
-                               denominators != nullptr, 1.0f, denominators);
+    return impl_->forward_pass(static_cast<size_t>(chunk), static_cast<size_t>(set), tokens,
+                               targets, batch, seq_len, denominators != nullptr, 1.0f,
+                               denominators);
 }
 
 void Model::stage_backward(int64_t set) {
     impl_->backward_pass(static_cast<size_t>(set));
 }
 
-float* Model::stage_input(int64_t set) {
-    return impl_->sets.at(static_cast<size_t>(set)).residual[impl_->chunk.first_layer];
+float* Model::stage_input(int64_t chunk, int64_t set) {
+    const PipelineChunk& k = impl_->chunks.at(static_cast<size_t>(chunk));
+    return impl_->sets.at(static_cast<size_t>(set)).residual[k.first_layer];
 }
 
-const float* Model::stage_output(int64_t set) const {
-    const PipelineChunk& chunk = impl_->chunk;
-    return impl_->sets.at(static_cast<size_t>(set)).residual[chunk.first_layer + chunk.num_layers];
+const float* Model::stage_output(int64_t chunk, int64_t set) const {
+    const PipelineChunk& k = impl_->chunks.at(static_cast<size_t>(chunk));
+    return impl_->sets.at(static_cast<size_t>(set)).residual[k.first_layer + k.num_layers];
 }
 
 float* Model::stage_grad(int64_t set) {
@@ -979,8 +1012,12 @@ int64_t Model::stage_numel(int64_t batch, int64_t seq_len) const {
     return impl_->tp.local_rows(batch * seq_len) * impl_->config.hidden_size;
 }
 
-const PipelineChunk& Model::pipeline_chunk() const {
-    return impl_->chunk;
+const std::vector<PipelineChunk>& Model::pipeline_chunks() const {
+    return impl_->chunks;
+}
+
+bool Model::runs_embedding() const {
+    return impl_->runs_embedding();
 }
 
 bool Model::shares_embedding() const {
@@ -1128,7 +1165,7 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
     // (what a Model allocates; every rank holds as many) must hold exactly that.
     const RankParamCount count = rank_param_count(c, layout.tp, layout.ep);
     const ParamTable table(sharded_param_specs(c, first_expert_shard(c, layout.ep), 0, layout.tp,
-                                               whole_model_chunk(c)));
+                                               {whole_model_chunk(c)}));
     MT_CHECK(table.total_numel() == count.total(),
              "[model] the parameter table holds {} floats, its parts count {}", table.total_numel(),
              count.total());
@@ -1153,7 +1190,7 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
     ArenaPlan acts("activations");
     ActivationSet set;
     bind_model_activations(BufferBinder(acts), set, c, runtime, layout.tp, plan.expert_rows,
-                           whole_model_chunk(c));
+                           {whole_model_chunk(c)});
     for (const ArenaEntry& e : acts.entries())
         if (is_expert_side_buffer(e.name)) plan.expert_side += e.size_bytes;
     plan.activations = acts.total_bytes() - plan.expert_side;

@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,13 +95,15 @@ struct ModelParallel {
     // of the tokens to the routed experts, so `load` must then count every rank (the world). Null
     // or one rank: none.
     parallel::Communicator* tp = nullptr;
-    // Pipeline parallelism: the model chunk this rank runs (model/pipeline_layout.h). The Model
-    // then holds only that chunk's parameters and activations, and the residual stream enters from
-    // the previous stage and leaves to the next through the stage_* calls. The MTP modules use
-    // their stage's copy of the embedding (shares_embedding). Unset: the whole model.
-    std::optional<PipelineChunk> pipeline_chunk;
-    // Micro-batches whose activations a pipeline stage keeps at once: each stage_forward fills one
-    // of this many activation sets, which its stage_backward frees (1F1B: pp - stage).
+    // Pipeline parallelism: the model chunks this rank runs (model/pipeline_layout.h), in model
+    // order: one per stage, or vpp of them (chunks s, s + pp, ...) with virtual stages. The Model
+    // then holds only their parameters and activations, and the residual stream enters from the
+    // previous virtual stage and leaves to the next through the stage_* calls. The MTP modules
+    // use their stage's copy of the embedding (shares_embedding). Empty: the whole model.
+    std::vector<PipelineChunk> pipeline_chunks;
+    // (chunk, micro-batch) pairs whose activations a pipeline stage keeps at once: each
+    // stage_forward fills one of this many activation sets (each covers all of the rank's chunks),
+    // which its stage_backward frees (1F1B: pp - stage).
     int64_t pipeline_in_flight = 1;
 };
 
@@ -169,28 +170,33 @@ class Model {
     void set_grad_ready_callback(GradReadyCallback callback);
 
     // ---- pipeline stages (ModelParallel::pipeline_chunk; also fine for the whole model) ----
-    // The forward of this rank's chunk for one micro-batch (as forward_backward's arguments),
-    // into activation set `set` in [0, pipeline_in_flight), which stays taken until
-    // stage_backward(set). Without the embedding, stage_input(set) must hold the stream from the
-    // previous stage first. With the loss (the last chunk), returns the losses and prepares their
-    // gradient; elsewhere only the balance loss of its MoE layers. denominators null: evaluation
-    // (forward only, no backward may follow; losses are this micro-batch's means).
-    MicroBatchLosses stage_forward(int64_t set, const int32_t* tokens, const int32_t* targets,
-                                   int64_t batch, int64_t seq_len,
+    // The forward of this rank's chunk `chunk` (an index into pipeline_chunks()) for one
+    // micro-batch (as forward_backward's arguments), into activation set `set` in
+    // [0, pipeline_in_flight), which stays taken until stage_backward(set). Without the
+    // embedding, stage_input(chunk, set) must hold the stream from the previous virtual stage
+    // first. With the loss (the last chunk), returns the losses and prepares their gradient;
+    // elsewhere only the balance loss of its MoE layers. denominators null: evaluation (forward
+    // only, no backward may follow; losses are this micro-batch's means).
+    MicroBatchLosses stage_forward(int64_t chunk, int64_t set, const int32_t* tokens,
+                                   const int32_t* targets, int64_t batch, int64_t seq_len,
                                    const LossDenominators* denominators);
-    // The backward of the micro-batch in `set`. Without the loss, stage_grad(set) must hold the
-    // gradient of stage_output(set) from the next stage first; afterwards stage_grad(set) holds
-    // the gradient of stage_input(set), for the previous stage. Gradients accumulate into grads().
+    // The backward of the micro-batch and chunk in `set`. Without the loss, stage_grad(set) must
+    // hold the gradient of stage_output from the next virtual stage first; afterwards
+    // stage_grad(set) holds the gradient of stage_input, for the previous one. Gradients
+    // accumulate into grads().
     void stage_backward(int64_t set);
     // (B*S/tp, D) rows of the residual stream entering and leaving the chunk, and the gradient
     // buffer above; planned for the runtime's batch, in the backend's memory.
-    float* stage_input(int64_t set);
-    const float* stage_output(int64_t set) const;
+    float* stage_input(int64_t chunk, int64_t set);
+    const float* stage_output(int64_t chunk, int64_t set) const;
     float* stage_grad(int64_t set);
     // Floats of those buffers for a micro-batch of batch x seq_len.
     int64_t stage_numel(int64_t batch, int64_t seq_len) const;
-    // The chunk this rank runs (the whole model without pipelining).
-    const PipelineChunk& pipeline_chunk() const;
+    // The chunks this rank runs (the whole model without pipelining).
+    const std::vector<PipelineChunk>& pipeline_chunks() const;
+    // Whether one of them is the first, with the embedding (the first stage; every rank without
+    // pipelining).
+    bool runs_embedding() const;
     // The MTP modules embed with the main model's embedding, which is on the first stage: the
     // stage of the MTP modules holds a copy, as Megatron-LM shares embeddings between stages. On
     // both stages this is true; param("embed") is initialized alike on both, its gradient is

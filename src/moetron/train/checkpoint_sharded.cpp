@@ -156,7 +156,7 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
     const parallel::RankCoordinates c =
         parallel::coordinates_of(trainer.topology(), trainer.rank());
     // The MTP stage's copy of a pipeline's shared embedding: the first stage writes it.
-    const bool embedding_copy = !model.pipeline_chunk().embedding;
+    const bool embedding_copy = !model.runs_embedding();
     auto writes = [&](const ParamEntry& e) {
         return tp_replica_writes(e, c) && !(embedding_copy && e.name == "embed");
     };

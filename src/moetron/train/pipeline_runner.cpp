@@ -1,13 +1,15 @@
 #include "moetron/train/pipeline_runner.h"
 
+#include <algorithm>
+
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 
 namespace moetron {
 
 int64_t PipelineRunner::sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
-                                    int64_t micro_batches) {
-    return max_in_flight(pipeline_order(kind, pp, stage, micro_batches));
+                                    int64_t micro_batches, int64_t vpp) {
+    return max_in_flight(pipeline_order(kind, pp, stage, micro_batches, vpp));
 }
 
 PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
@@ -16,15 +18,20 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
     : model_(model),
       pp_(pp),
       micro_batches_(micro_batches),
+      vpp_(static_cast<int64_t>(model.pipeline_chunks().size())),
+      num_virtual_(vpp_ * pp.size()),
       rows_(rows),
       seq_len_(seq_len),
       numel_(model.stage_numel(rows, seq_len)),
       recorder_(recorder),
-      order_(pipeline_order(kind, pp.size(), pp.rank(), micro_batches)),
-      set_of_(static_cast<size_t>(micro_batches), -1) {
+      order_(pipeline_order(kind, pp.size(), pp.rank(), micro_batches, vpp_)),
+      set_of_(static_cast<size_t>(vpp_ * micro_batches), -1) {
+    for (const PipelineAction& a : order_)
+        if (a.op == PipelineAction::Op::forward) forwards_.push_back(a);
     const int64_t sets = max_in_flight(order_);
     for (int64_t s = sets - 1; s >= 0; --s) free_sets_.push_back(s);
     transfers_.resize(static_cast<size_t>(sets));
+    MT_CHECK(sets >= 1, "[pipeline] a schedule without forwards");
     if (model.shares_embedding()) {
         for (const ParamEntry& e : model.param_entries())
             if (e.name == "embed") embedding_ = e;
@@ -32,8 +39,6 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
         MT_CHECK(pp.size() > 1, "[pipeline] a shared embedding on a pipeline of one stage");
         embedding_grad_.resize(static_cast<size_t>(embedding_.numel));
     }
-    // Both ends of the one-micro-batch forward of forward_only use set 0.
-    MT_CHECK(sets >= 1, "[pipeline] a schedule without forwards");
 }
 
 void PipelineRunner::wait(parallel::CollectiveHandle& handle) {
@@ -43,23 +48,26 @@ void PipelineRunner::wait(parallel::CollectiveHandle& handle) {
     times_.idle_s += Timer::now_s() - begin_s;
 }
 
-void PipelineRunner::acquire_set(int64_t micro) {
-    MT_CHECK(!free_sets_.empty(), "[pipeline] stage {}: no free activation set for micro-batch {}",
-             pp_.rank(), micro);
+void PipelineRunner::acquire_set(size_t index) {
+    const PipelineAction& f = forwards_[index];
+    MT_CHECK(!free_sets_.empty(),
+             "[pipeline] stage {}: no free activation set for micro-batch {} of chunk {}",
+             pp_.rank(), f.micro_batch, f.chunk);
     const int64_t set = free_sets_.back();
     free_sets_.pop_back();
-    set_of_[static_cast<size_t>(micro)] = set;
+    set_of(f.chunk, f.micro_batch) = set;
     SetTransfers& t = transfers_[static_cast<size_t>(set)];
     // The set's buffers are rewritten from here on: its last micro-batch's sends must be done.
     wait(t.output_send);
     wait(t.grad_send);
-    if (!first_stage())
-        t.input_recv = pp_.recv_async(model_.stage_input(set), static_cast<size_t>(numel_),
-                                      DType::f32, pp_.rank() - 1, kActivationTag, kHostStream);
+    if (!first_virtual(f.chunk))
+        t.input_recv = pp_.recv_async(model_.stage_input(f.chunk, set), static_cast<size_t>(numel_),
+                                      DType::f32, prev_rank(),
+                                      activation_tag(virtual_stage(f.chunk)), kHostStream);
 }
 
 void PipelineRunner::prefetch_inputs() {
-    while (next_forward_ < micro_batches_ && !free_sets_.empty()) {
+    while (next_forward_ < forwards_.size() && !free_sets_.empty()) {
         SetTransfers& t = transfers_[static_cast<size_t>(free_sets_.back())];
         // Never block here: waiting on a send could wait for a neighbour that waits for us.
         if ((t.output_send.pending() && !t.output_send.test()) ||
@@ -76,50 +84,57 @@ std::array<double, 3> PipelineRunner::train_step(
     std::array<double, 3> losses{};
     std::fill(set_of_.begin(), set_of_.end(), -1);
     next_forward_ = 0;
+    const auto backwards = static_cast<int64_t>(order_.size() - forwards_.size());
     int64_t backwards_done = 0;
     for (const PipelineAction& action : order_) {
-        const int64_t micro = action.micro_batch;
+        const int64_t micro = action.micro_batch, chunk = action.chunk;
+        const int64_t v = virtual_stage(chunk);
         if (action.op == PipelineAction::Op::forward) {
-            if (set_of_[static_cast<size_t>(micro)] < 0) {
-                MT_CHECK(micro == next_forward_, "[pipeline] forwards out of micro-batch order");
+            if (set_of(chunk, micro) < 0) {
+                MT_CHECK(forwards_[next_forward_] == action,
+                         "[pipeline] forwards out of the schedule's order");
                 acquire_set(next_forward_++);
             }
-            const int64_t set = set_of_[static_cast<size_t>(micro)];
+            const int64_t set = set_of(chunk, micro);
             SetTransfers& t = transfers_[static_cast<size_t>(set)];
             wait(t.input_recv);
             const double begin_s = Timer::now_s();
             MicroBatchLosses l;
             {
                 const TraceScope scope(recorder_, "pipeline forward");
-                l = model_.stage_forward(set, tokens + micro * micro_stride,
+                l = model_.stage_forward(chunk, set, tokens + micro * micro_stride,
                                          targets + micro * micro_stride, rows_, seq_len_, &den);
             }
             times_.busy_s += Timer::now_s() - begin_s;
             losses[0] += l.lm_loss;
             losses[1] += l.mtp_loss;
             losses[2] += l.balance_loss;
-            if (!last_stage()) {
+            if (!last_virtual(chunk)) {
                 t.output_send =
-                    pp_.send_async(model_.stage_output(set), static_cast<size_t>(numel_),
-                                   DType::f32, pp_.rank() + 1, kActivationTag, kHostStream);
+                    pp_.send_async(model_.stage_output(chunk, set), static_cast<size_t>(numel_),
+                                   DType::f32, next_rank(), activation_tag(v + 1), kHostStream);
                 t.grad_recv = pp_.recv_async(model_.stage_grad(set), static_cast<size_t>(numel_),
-                                             DType::f32, pp_.rank() + 1, kGradientTag, kHostStream);
+                                             DType::f32, next_rank(), gradient_tag(v), kHostStream);
             }
         } else {
-            const int64_t set = set_of_[static_cast<size_t>(micro)];
-            MT_CHECK(set >= 0, "[pipeline] backward of micro-batch {} before its forward", micro);
+            const int64_t set = set_of(chunk, micro);
+            MT_CHECK(set >= 0,
+                     "[pipeline] backward of micro-batch {} of chunk {} before its "
+                     "forward",
+                     micro, chunk);
             SetTransfers& t = transfers_[static_cast<size_t>(set)];
             wait(t.grad_recv);
-            if (++backwards_done == micro_batches_ && before_last_backward) before_last_backward();
+            if (++backwards_done == backwards && before_last_backward) before_last_backward();
             const double begin_s = Timer::now_s();
             {
                 const TraceScope scope(recorder_, "pipeline backward");
                 model_.stage_backward(set);
             }
             times_.busy_s += Timer::now_s() - begin_s;
-            if (!first_stage())
-                t.grad_send = pp_.send_async(model_.stage_grad(set), static_cast<size_t>(numel_),
-                                             DType::f32, pp_.rank() - 1, kGradientTag, kHostStream);
+            if (!first_virtual(chunk))
+                t.grad_send =
+                    pp_.send_async(model_.stage_grad(set), static_cast<size_t>(numel_), DType::f32,
+                                   prev_rank(), gradient_tag(v - 1), kHostStream);
             free_sets_.push_back(set);
         }
         prefetch_inputs();
@@ -138,9 +153,9 @@ void PipelineRunner::sum_shared_embedding_grads() {
     float* grad = model_.grads() + embedding_.offset;
     const auto n = static_cast<size_t>(embedding_.numel);
     parallel::CollectiveHandle recv =
-        pp_.recv_async(embedding_grad_.data(), n, DType::f32, peer, kEmbeddingTag, kHostStream);
+        pp_.recv_async(embedding_grad_.data(), n, DType::f32, peer, embedding_tag(), kHostStream);
     parallel::CollectiveHandle send =
-        pp_.send_async(grad, n, DType::f32, peer, kEmbeddingTag, kHostStream);
+        pp_.send_async(grad, n, DType::f32, peer, embedding_tag(), kHostStream);
     wait(recv);
     wait(send);
     // a + b == b + a in floating point: both copies get the same sum.
@@ -152,21 +167,31 @@ MicroBatchLosses PipelineRunner::forward_only(const int32_t* tokens, const int32
     MT_CHECK(free_sets_.size() == transfers_.size(),
              "[pipeline] forward_only in the middle of a step");
     SetTransfers& t = transfers_[kSet];
-    wait(t.output_send);
-    wait(t.grad_send);
-    if (!first_stage()) {
-        t.input_recv = pp_.recv_async(model_.stage_input(kSet), static_cast<size_t>(numel_),
-                                      DType::f32, pp_.rank() - 1, kActivationTag, kHostStream);
-        wait(t.input_recv);
-    }
-    const MicroBatchLosses l =
-        model_.stage_forward(kSet, tokens, targets, rows_, seq_len_, /*denominators=*/nullptr);
-    if (!last_stage()) {
-        t.output_send = pp_.send_async(model_.stage_output(kSet), static_cast<size_t>(numel_),
-                                       DType::f32, pp_.rank() + 1, kActivationTag, kHostStream);
+    MicroBatchLosses total;
+    // Through the virtual stages in order: this rank's chunk c waits for virtual stage
+    // c * pp + stage - 1, so the ranks take turns along the chain.
+    for (int64_t chunk = 0; chunk < vpp_; ++chunk) {
+        const int64_t v = virtual_stage(chunk);
         wait(t.output_send);
+        if (!first_virtual(chunk)) {
+            t.input_recv =
+                pp_.recv_async(model_.stage_input(chunk, kSet), static_cast<size_t>(numel_),
+                               DType::f32, prev_rank(), activation_tag(v), kHostStream);
+            wait(t.input_recv);
+        }
+        const MicroBatchLosses l = model_.stage_forward(chunk, kSet, tokens, targets, rows_,
+                                                        seq_len_, /*denominators=*/nullptr);
+        total.lm_loss += l.lm_loss;
+        total.mtp_loss += l.mtp_loss;
+        total.balance_loss += l.balance_loss;
+        total.num_tokens += l.num_tokens;
+        if (!last_virtual(chunk))
+            t.output_send =
+                pp_.send_async(model_.stage_output(chunk, kSet), static_cast<size_t>(numel_),
+                               DType::f32, next_rank(), activation_tag(v + 1), kHostStream);
     }
-    return l;
+    wait(t.output_send);
+    return total;
 }
 
 }  // namespace moetron

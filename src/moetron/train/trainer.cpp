@@ -25,13 +25,21 @@ namespace moetron {
 
 namespace {
 
-// This rank's pipeline chunk: stage pp_rank of the layout (the default placement when none).
-PipelineChunk pipeline_chunk_of(const ModelConfig& model, const TrainParallel& p, int64_t pp,
-                                int64_t pp_rank) {
+// This rank's pipeline chunks: pp_rank, pp_rank + pp, ... of the layout's pp * vpp (the default
+// placement when none is given).
+std::vector<PipelineChunk> pipeline_chunks_of(const ModelConfig& model, const TrainParallel& p,
+                                              int64_t pp, int64_t vpp, int64_t pp_rank) {
     const int64_t mtp_modules = model.num_nextn_predict_layers;
     const std::string layout =
-        p.pp_layout.empty() ? default_pipeline_layout(model, pp, mtp_modules) : p.pp_layout;
-    return pipeline_chunks(model, layout, pp, mtp_modules).at(static_cast<size_t>(pp_rank));
+        p.pp_layout.empty() ? default_pipeline_layout(model, pp * vpp, mtp_modules) : p.pp_layout;
+    const std::vector<PipelineChunk> all = pipeline_chunks(model, layout, pp * vpp, mtp_modules);
+    std::vector<PipelineChunk> mine;
+    for (int64_t c = 0; c < vpp; ++c) mine.push_back(all[static_cast<size_t>(c * pp + pp_rank)]);
+    return mine;
+}
+
+PipelineScheduleKind schedule_of(const TrainParallel& p, const parallel::Topology& topology) {
+    return schedule_for_chunks(parse_pipeline_schedule(p.pp_schedule), topology.vpp);
 }
 
 ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communicator& world,
@@ -40,9 +48,9 @@ ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communi
     ModelParallel mp;
     if (topology.pp > 1) {
         const int stage = groups.pp->rank();
-        mp.pipeline_chunk = pipeline_chunk_of(model, p, topology.pp, stage);
-        mp.pipeline_in_flight = PipelineRunner::sets_needed(parse_pipeline_schedule(p.pp_schedule),
-                                                            topology.pp, stage, config.grad_accum);
+        mp.pipeline_chunks = pipeline_chunks_of(model, p, topology.pp, topology.vpp, stage);
+        mp.pipeline_in_flight = PipelineRunner::sets_needed(schedule_of(p, topology), topology.pp,
+                                                            stage, config.grad_accum, topology.vpp);
     }
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
@@ -169,8 +177,8 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     });
     if (topology_.pp > 1)
         pipeline_ = std::make_unique<PipelineRunner>(
-            *model_, *groups_.pp, parse_pipeline_schedule(parallel.pp_schedule), config.grad_accum,
-            rank_rows_, config.seq_len, &trace_);
+            *model_, *groups_.pp, schedule_of(parallel, topology_), config.grad_accum, rank_rows_,
+            config.seq_len, &trace_);
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
