@@ -300,8 +300,10 @@ constexpr double kParamL2Tolerance = 1e-4;
 constexpr double kParamMaxAbsTolerance = 0.1 * kLr;
 constexpr double kLossTolerance = 1e-5;
 
+// holders: the ranks that hold this rank's tensors (null: the world); with pipeline parallelism
+// the ranks of its stage, over which a tensor split by TP is measured whole.
 void expect_matches_reference(const RunResult& got, const RunResult& want, const std::string& what,
-                              bool pipelined = false) {
+                              bool pipelined = false, parallel::Communicator* holders = nullptr) {
     ASSERT_EQ(got.losses.size(), want.losses.size());
     auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); };
     double worst_loss = 0;
@@ -339,7 +341,8 @@ void expect_matches_reference(const RunResult& got, const RunResult& want, const
             continue;
         }
         const TensorError e =
-            tensor_error(g, w, ge.numel, ge.tp.sharded() ? &mpi_world() : nullptr);
+            tensor_error(g, w, ge.numel,
+                         ge.tp.sharded() ? (holders != nullptr ? holders : &mpi_world()) : nullptr);
         EXPECT_LE(e.l2_rel, kParamL2Tolerance) << what << " " << ge.name;
         EXPECT_LE(e.max_abs, kParamMaxAbsTolerance) << what << " " << ge.name;
         worst.max_abs = std::max(worst.max_abs, e.max_abs);
@@ -531,10 +534,13 @@ void run_trainer_case(const TrainerCase& k) {
                              std::to_string(k.grad_accum) + " micro" +
                              (k.layout.find("pp") != std::string::npos ? " " + k.pp_schedule : "");
     const bool pipelined = k.layout.find("pp") != std::string::npos;
-    expect_matches_reference(got.result, want.result, what, pipelined);
-    // Each stage of the pipeline reports its busy and idle time (one process: no pipeline).
     const parallel::Topology topo =
         parallel::make_topology(parallel::parse_layout(k.layout), mpi_world().size());
+    // The ranks of this rank's pipeline stage (a collective over the world).
+    const std::unique_ptr<parallel::Communicator> stage = mpi_world().split(
+        parallel::coordinates_of(topo, mpi_world().rank()).pp, mpi_world().rank(), "stage");
+    expect_matches_reference(got.result, want.result, what, pipelined, stage.get());
+    // Each stage of the pipeline reports its busy and idle time (one process: no pipeline).
     const StepRecord& last = got.last_step;
     EXPECT_EQ(last.stage_busy_s.size(), pipelined ? static_cast<size_t>(topo.pp) : 0u) << what;
     EXPECT_EQ(last.stage_idle_s.size(), last.stage_busy_s.size()) << what;
@@ -602,6 +608,13 @@ TEST(MpiTrainer, PipelineInterleavedMatchesOneProcess) {
     if (n == 2) run_trainer_case({.layout = "pp2.vpp2", .grad_accum = 4});
     if (n == 4)
         run_trainer_case({.layout = "pp2.vpp2.ep2", .grad_accum = 2, .pp_schedule = "interleaved"});
+}
+
+// Tensor parallelism inside each stage: each TP rank sends its sequence-parallel rows of the
+// stream to the same TP rank of the next stage.
+TEST(MpiTrainer, PipelineWithTensorParallelMatchesOneProcess) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    run_trainer_case({.layout = "tp2.pp2", .grad_accum = 3});
 }
 
 // A pipeline of data-parallel replicas (ZeRO-1 per stage), and expert parallelism inside a stage.
