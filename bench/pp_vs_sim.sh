@@ -2,12 +2,13 @@
 # Measured (moetron train --log-jsonl) vs predicted (moetron simulate on a cluster file written by
 # moetron calibrate) pipeline bubble of the tiny and small presets.
 #   bench/pp_vs_sim.sh [build_dir] [pp list] [micro-batch list] [models list] [schedules list]
-# e.g. bench/pp_vs_sim.sh build "2 4" "4 8" "tiny small" "1f1b"
+# e.g. bench/pp_vs_sim.sh build "2 4" "4 8" "tiny small" "1f1b interleaved"
+# (interleaved runs ppN.vpp2; the micro-batch counts must then be multiples of pp.)
 # Environment: STEPS (measured steps after two warm-up ones; default 6), SMALL_BATCH / SMALL_SEQ
 # (default 8 x 256), THREADS (per rank; default cores / pp, at least 1), OUT (work folder;
 # default a temporary one).
 # For each pp the machine is calibrated once under the same mpirun (the kernels measured with as
-# many ranks competing for the cores). Each run trains with --layout ppN, the schedule and
+# many ranks competing for the cores). Each run trains with --layout ppN (ppN.vpp2), the schedule and
 # --grad-accum M (M micro-batches of the preset's batch) and is simulated with the same global
 # batch, micro-batch, layout, schedule, sequence length, precision fp32 and the engine's default
 # block placement (--pp-layout, so that both place the same blocks on the same stages).
@@ -68,8 +69,13 @@ for pp in $pp_list; do
         fi
         layers=$(sed -n 's/^num_hidden_layers *= *\([0-9]*\).*/\1/p' "$config")
         mtp=$(sed -n 's/^num_nextn_predict_layers *= *\([0-9]*\).*/\1/p' "$config")
-        # The engine's default placement (model/pipeline_layout.h), written out for simulate.
-        pp_layout=$(python3 - "$layers" "${mtp:-0}" "$pp" <<'EOF'
+        for schedule in $schedules; do
+            vpp=1
+            [[ $schedule == interleaved ]] && vpp=2
+            layout="pp$pp"
+            (( vpp > 1 )) && layout="pp$pp.vpp$vpp"
+            # The engine's default placement (model/pipeline_layout.h), written out for simulate.
+            pp_layout=$(python3 - "$layers" "${mtp:-0}" "$(( pp * vpp ))" <<'EOF'
 import sys
 layers, mtp, chunks = map(int, sys.argv[1:])
 blocks = "E" + "t" * layers + "m" * mtp + "L"
@@ -85,20 +91,21 @@ for s in sizes:
 print("|".join(out))
 EOF
 )
-        for schedule in $schedules; do
+            sim_schedule=$schedule
+            [[ $schedule == interleaved ]] && sim_schedule=1f1b  # simulate's name for it with vpp
             for micro in $micro_list; do
                 name="$model-pp$pp-$schedule-m$micro"
                 log="$out/$name.jsonl"
                 mpirun --oversubscribe --bind-to none -np "$pp" "$exe" train --config "$config" \
                     --steps $(( ${STEPS:-6} + 2 )) --batch-size "$batch" --seq-len "$seq" \
                     --grad-accum "$micro" --eval-every 0 --threads "$threads" \
-                    --layout "pp$pp" --pp-schedule "$schedule" --log-jsonl "$log" \
+                    --layout "$layout" --pp-schedule "$schedule" --log-jsonl "$log" \
                     > "$out/$name.train.txt"
                 measured=$(median_of "$log" bubble_fraction)
                 step_ms=$(median_of "$log" step_ms)
                 sim_json="$out/$name.sim.json"
                 "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$pp" \
-                    --layout "pp$pp" --pp-schedule "$schedule" --pp-layout "$pp_layout" \
+                    --layout "$layout" --pp-schedule "$sim_schedule" --pp-layout "$pp_layout" \
                     --gbs $(( batch * micro )) --mbs "$batch" --seq-len "$seq" --precision fp32 \
                     --json > "$sim_json"
                 predicted=$(predicted_bubble "$sim_json")
