@@ -17,6 +17,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -615,6 +616,38 @@ TEST(MpiTrainer, PipelineInterleavedMatchesOneProcess) {
 TEST(MpiTrainer, PipelineWithTensorParallelMatchesOneProcess) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
     run_trainer_case({.layout = "tp2.pp2", .grad_accum = 3});
+}
+
+// A NaN gradient on one stage skips the step on every stage: the gradient norm is the world's, so
+// all stages see it non-finite, and none moves its parameters (nor its router biases).
+TEST(MpiTrainer, PipelineStagesSkipANonFiniteStepTogether) {
+    if (mpi_world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = trainer_config(2);
+    TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
+    DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
+                      c.val_fraction, c.seed);
+    TrainParallel p;
+    p.world = &mpi_world();
+    p.layout = "pp2";
+    Trainer trainer(model, c, std::move(loader), p);
+    // Only the last stage's gradient is poisoned, at step 2.
+    const bool poisoner = mpi_world().rank() == 1;
+    trainer.set_grad_hook([poisoner](int64_t step, float* grads) {
+        if (poisoner && step == 2) grads[0] = std::numeric_limits<float>::quiet_NaN();
+    });
+    trainer.step();
+    const std::vector<float> before(trainer.model().params(),
+                                    trainer.model().params() + trainer.model().num_params());
+    const StepRecord skipped = trainer.step();
+    EXPECT_FALSE(std::isfinite(skipped.grad_norm)) << "rank " << mpi_world().rank();
+    EXPECT_TRUE(trainer.last_step_skipped()) << "rank " << mpi_world().rank();
+    EXPECT_EQ(trainer.skipped_steps(), 1);
+    const std::vector<float> after(trainer.model().params(),
+                                   trainer.model().params() + trainer.model().num_params());
+    EXPECT_EQ(before, after) << "rank " << mpi_world().rank() << " moved in a skipped step";
+    trainer.step();
+    EXPECT_FALSE(trainer.last_step_skipped());
 }
 
 // A pipeline of data-parallel replicas (ZeRO-1 per stage), and expert parallelism inside a stage.
