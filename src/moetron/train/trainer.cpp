@@ -108,6 +108,11 @@ parallel::Topology make_train_topology(const ModelConfig& model, const TrainConf
              "layout '{}'; use a multiple of {}",
              config.batch_size, t.dp, p.layout, t.dp);
     MT_CHECK(p.bucket_mb > 0, "[train] --bucket-mb must be positive, got {}", p.bucket_mb);
+    // A mistaken --pp-schedule or --pp-layout is refused on any layout, not only a pipelined one.
+    schedule_for_chunks(parse_pipeline_schedule(p.pp_schedule), t.vpp);
+    if (!p.pp_layout.empty())
+        pipeline_chunks(model, p.pp_layout, static_cast<int64_t>(t.pp) * t.vpp,
+                        model.num_nextn_predict_layers);
     return t;
 }
 
