@@ -312,8 +312,9 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     trainer.set_run_control(&control);
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
-    std::fprintf(out, "params  %.3fM (main model and MTP%s); model arenas %.1f MiB\n",
+    std::fprintf(out, "params  %.3fM (main model and MTP%s%s); model arenas %.1f MiB\n",
                  static_cast<double>(trainer.model().num_params()) / 1e6,
+                 trainer.topology().pp > 1 ? ", this rank's pipeline stage" : "",
                  trainer.topology().ep > 1 ? ", this rank's experts" : "",
                  to_mib(static_cast<double>(trainer.model().planned_bytes())));
     if (trainer.world_size() > 1) {
@@ -324,6 +325,28 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         std::fprintf(out, "        per rank: %lld of the %lld sequences of each micro-batch\n",
                      static_cast<long long>(config.batch_size / trainer.topology().dp),
                      static_cast<long long>(config.batch_size));
+        if (const PipelineRunner* pipeline = trainer.pipeline()) {
+            // This rank's blocks, in the layout grammar's letters (model/pipeline_layout.h).
+            std::string blocks;
+            for (const PipelineChunk& chunk : trainer.model().pipeline_chunks()) {
+                std::vector<std::string> parts;
+                if (chunk.embedding) parts.emplace_back("E");
+                if (chunk.num_layers > 0)
+                    parts.push_back(fmt::format("t{}-{}", chunk.first_layer,
+                                                chunk.first_layer + chunk.num_layers - 1));
+                if (chunk.num_mtp > 0) parts.emplace_back(static_cast<size_t>(chunk.num_mtp), 'm');
+                if (chunk.loss) parts.emplace_back("L");
+                if (!blocks.empty()) blocks += " | ";
+                for (size_t i = 0; i < parts.size(); ++i) blocks += (i > 0 ? " " : "") + parts[i];
+            }
+            std::fprintf(out,
+                         "        pipeline: pp%d x vpp%d, %s schedule, %lld micro-batches; this "
+                         "rank's stage runs %s, keeping up to %lld in flight\n",
+                         trainer.topology().pp, trainer.topology().vpp,
+                         trainer.topology().vpp > 1 ? "interleaved" : parallel.pp_schedule.c_str(),
+                         static_cast<long long>(config.grad_accum), blocks.c_str(),
+                         static_cast<long long>(max_in_flight(pipeline->order())));
+        }
         if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
             std::fprintf(out,
                          "        experts: %s; MoE overlap %s; expert-side buffers of %lld rows "
