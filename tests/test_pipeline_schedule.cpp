@@ -115,6 +115,17 @@ TEST(PipelineSchedule, InterleavedRunsRoundsOfPpMicroBatchesPerChunk) {
         expect_each_action_once(pipeline_order(PipelineScheduleKind::interleaved, 2, s, 6, 3), 6,
                                 3);
     EXPECT_THROW(pipeline_order(PipelineScheduleKind::interleaved, 2, 0, 3, 2), UserError);
+    // Activation sets per chunk: on pp4 with 8 micro-batches, stage 0 keeps up to 11 (chunk,
+    // micro-batch) pairs in flight, chunk 0 up to 8 of them and chunk 1 up to 4 (not at once).
+    const auto stage0 = pipeline_order(PipelineScheduleKind::interleaved, 4, 0, 8, 2);
+    EXPECT_EQ(max_in_flight(stage0), 11);
+    EXPECT_EQ(max_in_flight_per_chunk(stage0, 2), (std::vector<int64_t>{8, 4}));
+    EXPECT_EQ(
+        max_in_flight_per_chunk(pipeline_order(PipelineScheduleKind::interleaved, 4, 3, 8, 2), 2),
+        (std::vector<int64_t>{5, 1}));
+    EXPECT_EQ(
+        max_in_flight_per_chunk(pipeline_order(PipelineScheduleKind::one_f_one_b, 4, 1, 8), 1),
+        (std::vector<int64_t>{3}));
 }
 
 TEST(PipelineSchedule, NamesAndChunkCounts) {

@@ -19,12 +19,12 @@
 // the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h); the losses come out
 // the same on every TP rank.
 //
-// Pipeline parallelism (ModelParallel::pipeline_chunk): the rank holds and runs one chunk of the
-// blocks above (model/pipeline_layout.h); stage_forward and stage_backward are the two halves of
-// forward_backward, each on one of pipeline_in_flight activation sets (and dispatcher slots), so
-// that a schedule (train/pipeline_schedule.h) can run several micro-batches' forwards before their
-// backwards. MoE slots keep the whole model's numbering, so expert loads summed over the world
-// line up layer by layer.
+// Pipeline parallelism (ModelParallel::pipeline_chunks): the rank holds and runs one or more
+// chunks of the blocks above (model/pipeline_layout.h); stage_forward and stage_backward are the
+// two halves of forward_backward, each on one of its chunk's activation sets (and dispatcher
+// slots; pipeline_in_flight of them per chunk), so that a schedule (train/pipeline_schedule.h)
+// can run several micro-batches' forwards before their backwards. MoE slots keep the whole model's
+// numbering, so expert loads summed over the world line up layer by layer.
 #include "moetron/model/model.h"
 
 #include <algorithm>
@@ -507,9 +507,23 @@ std::vector<PipelineChunk> checked_chunks(const ModelConfig& c, const ModelParal
     for (const PipelineChunk& chunk : par.pipeline_chunks)
         MT_USER_CHECK(chunk.num_mtp == 0 || chunk.loss,
                       "[model] a pipeline chunk that runs MTP modules needs the head (L) too");
-    MT_CHECK(par.pipeline_in_flight >= 1, "[model] pipeline_in_flight must be >= 1, got {}",
-             par.pipeline_in_flight);
+    MT_CHECK(par.pipeline_in_flight.empty() ||
+                 par.pipeline_in_flight.size() == par.pipeline_chunks.size(),
+             "[model] pipeline_in_flight has {} counts for {} chunks",
+             par.pipeline_in_flight.size(), par.pipeline_chunks.size());
+    for (int64_t n : par.pipeline_in_flight)
+        MT_CHECK(n >= 1, "[model] a pipeline chunk needs at least one activation set, got {}", n);
     return par.pipeline_chunks;
+}
+
+// Which chunk each activation set serves: pipeline_in_flight[c] sets for chunk c, in chunk order.
+std::vector<size_t> sets_by_chunk(const ModelParallel& par, size_t num_chunks) {
+    std::vector<size_t> out;
+    for (size_t c = 0; c < num_chunks; ++c) {
+        const int64_t n = par.pipeline_in_flight.empty() ? 1 : par.pipeline_in_flight[c];
+        out.insert(out.end(), static_cast<size_t>(n), c);
+    }
+    return out;
 }
 
 struct Model::Impl {
@@ -526,8 +540,11 @@ struct Model::Impl {
     ModelParams w, g;  // the same tree, pointing into params and into grads
     std::unique_ptr<parallel::ExpertDispatcher> dispatcher;  // null without routed experts
 
-    // One activation set per micro-batch in flight (ModelParallel::pipeline_in_flight).
+    // One activation set per micro-batch in flight, chunk by chunk
+    // (ModelParallel::pipeline_in_flight): set k holds chunk set_chunk[k]'s activations.
     std::vector<ActivationSet> sets;
+    std::vector<size_t> set_chunk;
+    std::vector<int64_t> first_set;  // per chunk
     std::vector<PassContext> contexts;
     RopeTables rope;
 
@@ -563,6 +580,10 @@ struct Model::Impl {
           table(sharded_param_specs(c, shard, tp.rank(), tp.size(), chunks)),
           w(sharded_tree(c, shard)),
           g(sharded_tree(c, shard)) {
+        set_chunk = sets_by_chunk(par, chunks.size());
+        for (size_t k = 0; k < set_chunk.size(); ++k)
+            if (k == 0 || set_chunk[k] != set_chunk[k - 1])
+                first_set.push_back(static_cast<int64_t>(k));
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
         for (const ParamEntry& e : table.entries()) param_plan.add(e.name, e.shape);
         check_fits_before_allocating(param_plan);
@@ -579,7 +600,7 @@ struct Model::Impl {
             parallel::ExpertDispatchConfig dc = expert_dispatch_config(
                 c, r.batch_size * r.seq_len, par.moe, ep_ranks_per_domain(par));
             // Each micro-batch in flight keeps its own routings until its backward.
-            dc.num_slots *= par.pipeline_in_flight;
+            dc.num_slots *= static_cast<int64_t>(set_chunk.size());
             check_domain_limited_routing(c, dc, par);
             parallel::ExpertGroups groups;
             groups.ep = shard.count > 0 ? par.ep : nullptr;
@@ -588,7 +609,7 @@ struct Model::Impl {
             dispatcher = parallel::make_expert_dispatcher(dc, groups, ops);
         }
 
-        sets.resize(static_cast<size_t>(par.pipeline_in_flight));
+        sets.resize(set_chunk.size());
         contexts.resize(sets.size());
         ArenaPlan act_plan("activations");
         bind_activations(BufferBinder(act_plan));
@@ -701,7 +722,8 @@ struct Model::Impl {
     void bind_activations(const BufferBinder& b) {
         const int64_t expert_rows = dispatcher ? dispatcher->capacity_rows() : 0;
         for (size_t k = 0; k < sets.size(); ++k)
-            bind_model_activations(b, sets[k], config, runtime, tp.size(), expert_rows, chunks,
+            bind_model_activations(b, sets[k], config, runtime, tp.size(), expert_rows,
+                                   {chunks[set_chunk[k]]},
                                    k == 0 ? std::string() : fmt::format("set{}.", k));
     }
 
@@ -789,9 +811,8 @@ struct Model::Impl {
         MT_CHECK(!(backward && load_summed),
                  "[model] forward_backward after sum_expert_load_over_ranks() and before "
                  "update_router_bias(): its loads would not be summed");
-        MT_CHECK(k < sets.size() && ci < chunks.size(),
-                 "[model] activation set {} of {}, chunk {} of {}", k, sets.size(), ci,
-                 chunks.size());
+        MT_CHECK(k < sets.size() && ci < chunks.size() && set_chunk[k] == ci,
+                 "[model] activation set {} of {} is not one of chunk {}'s", k, sets.size(), ci);
         ActivationSet& a = sets[k];
         const PipelineChunk& chunk = chunks[ci];
         const ModelConfig& c = config;
@@ -1002,6 +1023,14 @@ float* Model::stage_input(int64_t chunk, int64_t set) {
 const float* Model::stage_output(int64_t chunk, int64_t set) const {
     const PipelineChunk& k = impl_->chunks.at(static_cast<size_t>(chunk));
     return impl_->sets.at(static_cast<size_t>(set)).residual[k.first_layer + k.num_layers];
+}
+
+Model::SetRange Model::stage_sets(int64_t chunk) const {
+    const auto c = static_cast<size_t>(chunk);
+    const auto& first = impl_->first_set;
+    const int64_t end =
+        c + 1 < first.size() ? first[c + 1] : static_cast<int64_t>(impl_->set_chunk.size());
+    return {first.at(c), end - first.at(c)};
 }
 
 float* Model::stage_grad(int64_t set) {

@@ -101,10 +101,10 @@ struct ModelParallel {
     // previous virtual stage and leaves to the next through the stage_* calls. The MTP modules
     // use their stage's copy of the embedding (shares_embedding). Empty: the whole model.
     std::vector<PipelineChunk> pipeline_chunks;
-    // (chunk, micro-batch) pairs whose activations a pipeline stage keeps at once: each
-    // stage_forward fills one of this many activation sets (each covers all of the rank's chunks),
-    // which its stage_backward frees (1F1B: pp - stage).
-    int64_t pipeline_in_flight = 1;
+    // For each of pipeline_chunks, the micro-batches whose activations it keeps at once: the
+    // activation sets planned for it (stage_sets), each stage_forward of the chunk filling one
+    // and its stage_backward freeing it (1F1B: pp - stage). Empty: one set per chunk.
+    std::vector<int64_t> pipeline_in_flight;
 };
 
 inline constexpr int64_t kMaxMtpDepths = 8;
@@ -171,8 +171,8 @@ class Model {
 
     // ---- pipeline stages (ModelParallel::pipeline_chunk; also fine for the whole model) ----
     // The forward of this rank's chunk `chunk` (an index into pipeline_chunks()) for one
-    // micro-batch (as forward_backward's arguments), into activation set `set` in
-    // [0, pipeline_in_flight), which stays taken until stage_backward(set). Without the
+    // micro-batch (as forward_backward's arguments), into activation set `set`, one of the
+    // chunk's stage_sets, which stays taken until stage_backward(set). Without the
     // embedding, stage_input(chunk, set) must hold the stream from the previous virtual stage
     // first. With the loss (the last chunk), returns the losses and prepares their gradient;
     // elsewhere only the balance loss of its MoE layers. denominators null: evaluation (forward
@@ -192,6 +192,11 @@ class Model {
     float* stage_grad(int64_t set);
     // Floats of those buffers for a micro-batch of batch x seq_len.
     int64_t stage_numel(int64_t batch, int64_t seq_len) const;
+    // The activation sets of chunk `chunk`: [first, first + count).
+    struct SetRange {
+        int64_t first = 0, count = 0;
+    };
+    SetRange stage_sets(int64_t chunk) const;
     // The chunks this rank runs (the whole model without pipelining).
     const std::vector<PipelineChunk>& pipeline_chunks() const;
     // Whether one of them is the first, with the embedding (the first stage; every rank without

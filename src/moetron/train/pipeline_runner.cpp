@@ -7,9 +7,10 @@
 
 namespace moetron {
 
-int64_t PipelineRunner::sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
-                                    int64_t micro_batches, int64_t vpp) {
-    return max_in_flight(pipeline_order(kind, pp, stage, micro_batches, vpp));
+std::vector<int64_t> PipelineRunner::sets_needed(PipelineScheduleKind kind, int64_t pp,
+                                                 int64_t stage, int64_t micro_batches,
+                                                 int64_t vpp) {
+    return max_in_flight_per_chunk(pipeline_order(kind, pp, stage, micro_batches, vpp), vpp);
 }
 
 PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
@@ -28,10 +29,19 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
       set_of_(static_cast<size_t>(vpp_ * micro_batches), -1) {
     for (const PipelineAction& a : order_)
         if (a.op == PipelineAction::Op::forward) forwards_.push_back(a);
-    const int64_t sets = max_in_flight(order_);
-    for (int64_t s = sets - 1; s >= 0; --s) free_sets_.push_back(s);
+    const std::vector<int64_t> needed = max_in_flight_per_chunk(order_, vpp_);
+    int64_t sets = 0;
+    free_sets_.resize(static_cast<size_t>(vpp_));
+    for (int64_t c = 0; c < vpp_; ++c) {
+        const Model::SetRange range = model.stage_sets(c);
+        MT_CHECK(range.count >= needed[static_cast<size_t>(c)],
+                 "[pipeline] chunk {} has {} activation sets, the schedule keeps {} in flight", c,
+                 range.count, needed[static_cast<size_t>(c)]);
+        for (int64_t s = range.first + range.count - 1; s >= range.first; --s)
+            free_sets_[static_cast<size_t>(c)].push_back(s);
+        sets = std::max(sets, range.first + range.count);
+    }
     transfers_.resize(static_cast<size_t>(sets));
-    MT_CHECK(sets >= 1, "[pipeline] a schedule without forwards");
     if (model.shares_embedding()) {
         for (const ParamEntry& e : model.param_entries())
             if (e.name == "embed") embedding_ = e;
@@ -50,11 +60,12 @@ void PipelineRunner::wait(parallel::CollectiveHandle& handle) {
 
 void PipelineRunner::acquire_set(size_t index) {
     const PipelineAction& f = forwards_[index];
-    MT_CHECK(!free_sets_.empty(),
+    std::vector<int64_t>& free = free_sets_[static_cast<size_t>(f.chunk)];
+    MT_CHECK(!free.empty(),
              "[pipeline] stage {}: no free activation set for micro-batch {} of chunk {}",
              pp_.rank(), f.micro_batch, f.chunk);
-    const int64_t set = free_sets_.back();
-    free_sets_.pop_back();
+    const int64_t set = free.back();
+    free.pop_back();
     set_of(f.chunk, f.micro_batch) = set;
     SetTransfers& t = transfers_[static_cast<size_t>(set)];
     // The set's buffers are rewritten from here on: its last micro-batch's sends must be done.
@@ -67,8 +78,11 @@ void PipelineRunner::acquire_set(size_t index) {
 }
 
 void PipelineRunner::prefetch_inputs() {
-    while (next_forward_ < forwards_.size() && !free_sets_.empty()) {
-        SetTransfers& t = transfers_[static_cast<size_t>(free_sets_.back())];
+    while (next_forward_ < forwards_.size()) {
+        const std::vector<int64_t>& free =
+            free_sets_[static_cast<size_t>(forwards_[next_forward_].chunk)];
+        if (free.empty()) return;
+        SetTransfers& t = transfers_[static_cast<size_t>(free.back())];
         // Never block here: waiting on a send could wait for a neighbour that waits for us.
         if ((t.output_send.pending() && !t.output_send.test()) ||
             (t.grad_send.pending() && !t.grad_send.test()))
@@ -135,7 +149,7 @@ std::array<double, 3> PipelineRunner::train_step(
                 t.grad_send =
                     pp_.send_async(model_.stage_grad(set), static_cast<size_t>(numel_), DType::f32,
                                    prev_rank(), gradient_tag(v - 1), kHostStream);
-            free_sets_.push_back(set);
+            free_sets_[static_cast<size_t>(chunk)].push_back(set);
         }
         prefetch_inputs();
     }
@@ -163,34 +177,36 @@ void PipelineRunner::sum_shared_embedding_grads() {
 }
 
 MicroBatchLosses PipelineRunner::forward_only(const int32_t* tokens, const int32_t* targets) {
-    constexpr int64_t kSet = 0;
-    MT_CHECK(free_sets_.size() == transfers_.size(),
-             "[pipeline] forward_only in the middle of a step");
-    SetTransfers& t = transfers_[kSet];
     MicroBatchLosses total;
     // Through the virtual stages in order: this rank's chunk c waits for virtual stage
-    // c * pp + stage - 1, so the ranks take turns along the chain.
+    // c * pp + stage - 1, so the ranks take turns along the chain. Each chunk uses its first set.
     for (int64_t chunk = 0; chunk < vpp_; ++chunk) {
         const int64_t v = virtual_stage(chunk);
+        const Model::SetRange sets = model_.stage_sets(chunk);
+        MT_CHECK(free_sets_[static_cast<size_t>(chunk)].size() == static_cast<size_t>(sets.count),
+                 "[pipeline] forward_only in the middle of a step");
+        SetTransfers& t = transfers_[static_cast<size_t>(sets.first)];
         wait(t.output_send);
+        wait(t.grad_send);
         if (!first_virtual(chunk)) {
             t.input_recv =
-                pp_.recv_async(model_.stage_input(chunk, kSet), static_cast<size_t>(numel_),
+                pp_.recv_async(model_.stage_input(chunk, sets.first), static_cast<size_t>(numel_),
                                DType::f32, prev_rank(), activation_tag(v), kHostStream);
             wait(t.input_recv);
         }
-        const MicroBatchLosses l = model_.stage_forward(chunk, kSet, tokens, targets, rows_,
+        const MicroBatchLosses l = model_.stage_forward(chunk, sets.first, tokens, targets, rows_,
                                                         seq_len_, /*denominators=*/nullptr);
         total.lm_loss += l.lm_loss;
         total.mtp_loss += l.mtp_loss;
         total.balance_loss += l.balance_loss;
         total.num_tokens += l.num_tokens;
-        if (!last_virtual(chunk))
+        if (!last_virtual(chunk)) {
             t.output_send =
-                pp_.send_async(model_.stage_output(chunk, kSet), static_cast<size_t>(numel_),
+                pp_.send_async(model_.stage_output(chunk, sets.first), static_cast<size_t>(numel_),
                                DType::f32, next_rank(), activation_tag(v + 1), kHostStream);
+            wait(t.output_send);
+        }
     }
-    wait(t.output_send);
     return total;
 }
 

@@ -37,8 +37,8 @@ struct PipelineStageTimes {
 class PipelineRunner {
   public:
     // model runs stage pp.rank() of pp.size() (ModelParallel::pipeline_chunks: vpp of them),
-    // with at least max_in_flight(order) activation sets. rows x seq_len: this rank's
-    // micro-batch. recorder (may be null) gets a compute span per forward and backward.
+    // each chunk with at least the activation sets sets_needed() gives it. rows x seq_len: this
+    // rank's micro-batch. recorder (may be null) gets a compute span per forward and backward.
     PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
                    int64_t micro_batches, int64_t rows, int64_t seq_len, TraceRecorder* recorder);
 
@@ -56,9 +56,10 @@ class PipelineRunner {
     const std::vector<PipelineAction>& order() const { return order_; }
     PipelineStageTimes last_step_times() const { return times_; }
 
-    // The activation sets a stage of this schedule needs (for ModelParallel::pipeline_in_flight).
-    static int64_t sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
-                               int64_t micro_batches, int64_t vpp);
+    // The activation sets each chunk of a stage of this schedule needs (for
+    // ModelParallel::pipeline_in_flight).
+    static std::vector<int64_t> sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
+                                            int64_t micro_batches, int64_t vpp);
 
   private:
     bool first_stage() const { return pp_.rank() == 0; }
@@ -91,8 +92,8 @@ class PipelineRunner {
     std::vector<PipelineAction> forwards_;  // the forwards of order_, in order
     // Per (chunk, micro-batch): its activation set (-1 before its forward's set is taken).
     std::vector<int64_t> set_of_;
-    std::vector<int64_t> free_sets_;  // a stack
-    size_t next_forward_ = 0;         // the next of forwards_ to get a set
+    std::vector<std::vector<int64_t>> free_sets_;  // per chunk, a stack
+    size_t next_forward_ = 0;                      // the next of forwards_ to get a set
     // Per activation set: the transfers in flight from or into its buffers.
     struct SetTransfers {
         parallel::CollectiveHandle input_recv, output_send, grad_recv, grad_send;

@@ -94,6 +94,17 @@ std::vector<PipelineAction> pipeline_order(PipelineScheduleKind kind, int64_t pp
     MT_THROW("[pipeline] unknown schedule kind {}", static_cast<int>(kind));
 }
 
+std::vector<int64_t> max_in_flight_per_chunk(const std::vector<PipelineAction>& order,
+                                             int64_t vpp) {
+    std::vector<int64_t> now(static_cast<size_t>(vpp), 0), most(static_cast<size_t>(vpp), 0);
+    for (const PipelineAction& a : order) {
+        const auto c = static_cast<size_t>(a.chunk);
+        now[c] += a.op == PipelineAction::Op::forward ? 1 : -1;
+        most[c] = std::max(most[c], now[c]);
+    }
+    return most;
+}
+
 int64_t max_in_flight(const std::vector<PipelineAction>& order) {
     int64_t now = 0, most = 0;
     for (const PipelineAction& a : order) {

@@ -45,8 +45,11 @@ struct PipelineAction {
 std::vector<PipelineAction> pipeline_order(PipelineScheduleKind kind, int64_t pp, int64_t stage,
                                            int64_t micro_batches, int64_t vpp = 1);
 
-// The most micro-batches of `order` whose forward has run and backward not yet: the activation
-// sets the stage needs (Model's pipeline_in_flight).
+// The most micro-batches of `order` whose forward has run and backward not yet.
 int64_t max_in_flight(const std::vector<PipelineAction>& order);
+// The same for each of the stage's vpp chunks on its own: the activation sets each chunk needs
+// (Model's pipeline_in_flight). Their sum can exceed max_in_flight: the chunks peak at
+// different times.
+std::vector<int64_t> max_in_flight_per_chunk(const std::vector<PipelineAction>& order, int64_t vpp);
 
 }  // namespace moetron
