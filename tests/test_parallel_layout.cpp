@@ -82,12 +82,10 @@ TEST(ParallelTopology, ImpossibleLayoutsSayWhy) {
                             "dp3 needs dp*tp*cp*pp = 3 ranks, but world/(tp*cp*pp) = 8; write dp8");
     expect_error_containing([] { make_topology(parse_layout(""), 8, 3); },
                             "domain_size 3 does not divide the world of 8 ranks");
-    expect_error_containing([] { make_topology(parse_layout("pp2"), 8, 0); },
-                            "pipeline parallelism (pp 2) is not supported yet");
-    expect_error_containing([] { make_topology(parse_layout("pp2.vpp2"), 8, 0); },
-                            "pipeline parallelism (pp 2) is not supported yet");
+    EXPECT_EQ(make_topology(parse_layout("pp2"), 8, 0).pp, 2);
+    EXPECT_EQ(make_topology(parse_layout("pp2.vpp2"), 8, 0).vpp, 2);
     expect_error_containing([] { make_topology(parse_layout("vpp2"), 8, 0); },
-                            "virtual pipeline stages (vpp 2) are not supported yet");
+                            "vpp 2 needs pp > 1");
     expect_error_containing([] { make_topology(parse_layout("cp2"), 8, 0); },
                             "context parallelism (cp 2) is not supported yet");
     expect_error_containing([] { make_topology(parse_layout("tp4"), 12, 6); },

@@ -79,6 +79,14 @@ TEST(ParallelLocal, CollectivesOfAWorldOfOne) {
         [&] { world.all_gather(std::span<float>(small), std::span<const float>(x), kHostStream); },
         "output holds 1 elements, needs 3");
     EXPECT_EQ(collective_name(CollectiveKind::all_to_all), "all_to_all_v");
+    // Point to point needs another rank: a group of one has none.
+    expect_error_containing(
+        [&] { (void)world.send_async(x.data(), 3, DType::f32, 0, 0, kHostStream); },
+        "peer 0 is not another rank of the group");
+    expect_error_containing(
+        [&] { (void)world.recv_async(x.data(), 3, DType::f32, 1, 0, kHostStream); },
+        "peer 1 is not another rank");
+    EXPECT_EQ(collective_name(CollectiveKind::send_recv), "send_recv");
 }
 
 // A device stream with host buffers is an internal error, whichever collective gets it.

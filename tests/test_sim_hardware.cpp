@@ -160,17 +160,6 @@ TEST(SimLayout, ImpossibleLayoutsSayWhy) {
               std::string::npos);
 }
 
-TEST(SimLayout, PipelineLayoutStrings) {
-    const auto chunks = parse_pipeline_layout("Et|(tt|)*30mL");
-    ASSERT_EQ(chunks.size(), 32u);
-    EXPECT_EQ(chunks[0], "Et");
-    EXPECT_EQ(chunks[1], "tt");
-    EXPECT_EQ(chunks[31], "mL");
-    EXPECT_EQ(parse_pipeline_layout("Et*3|t*2L").at(0), "Ettt");
-    EXPECT_THROW(parse_pipeline_layout("Et|x"), Error);
-    EXPECT_THROW(parse_pipeline_layout("Et||L"), Error);
-}
-
 TEST(SimLayout, GroupsLandOnDomains) {
     // EP32 on NVL72: a rack holds two EP groups (64 GPUs), so EP never leaves the rack.
     const parallel::Layout l = parallel::parse_layout("tp1.pp2.vpp4.ep32", 256);

@@ -141,6 +141,35 @@ TEST(MetricsLog, DistributedStepsCarryTheirTimeAndBytesBreakdown) {
     EXPECT_EQ(line.find("all_reduce_bytes"), std::string::npos) << "zero counts are left out";
 }
 
+// A pipeline's step: each stage's busy and idle time on the line and in the JSONL record.
+TEST(MetricsLog, PipelineStepsCarryEachStagesBusyAndIdleTime) {
+    const std::string path = ::testing::TempDir() + "moetron_metrics_pipeline.jsonl";
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    {
+        MetricsLog log(1, 1, path, false, out);
+        StepRecord r = record(1);
+        r.stage_busy_s = {0.006, 0.004};
+        r.stage_idle_s = {0.002, 0.004};
+        EXPECT_DOUBLE_EQ(r.bubble_fraction(), 0.375);
+        log.log_step(r);
+        log.finish();
+    }
+    const std::string text = read_all(out);
+    std::fclose(out);
+    EXPECT_NE(text.find("pp busy 6.0 4.0 idle 2.0 4.0 ms (bubble 38%)"), std::string::npos) << text;
+    std::ifstream in(path);
+    std::stringstream jsonl;
+    jsonl << in.rdbuf();
+    std::remove(path.c_str());
+    for (const char* field :
+         {"\"stage_busy_ms\":[6,4]", "\"stage_idle_ms\":[2,4]", "\"bubble_fraction\":0.375"})
+        EXPECT_NE(jsonl.str().find(field), std::string::npos)
+            << field << " missing in " << jsonl.str();
+    // Without a pipeline, none of it.
+    EXPECT_DOUBLE_EQ(record(1).bubble_fraction(), 0.0);
+}
+
 TEST(MetricsLog, UnwritableJsonlPathIsAnError) {
     EXPECT_THROW(MetricsLog(1, 1, "/nonexistent-dir/log.jsonl", false), Error);
 }

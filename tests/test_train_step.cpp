@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
@@ -143,6 +144,26 @@ TEST(TrainStep, RejectsASequenceLongerThanTheModelAllows) {
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
     EXPECT_THROW(Trainer(model, c, std::move(loader)), Error);
+}
+
+// A mistaken pipeline schedule or layout is the user's error before any work, also on a layout
+// without pipeline parallelism (where neither would otherwise be read).
+TEST(TrainStep, RejectsABadPipelineScheduleOrLayoutOnAnyLayout) {
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = base_config();
+    auto build = [&](const std::string& schedule, const std::string& layout) {
+        TokenData data = make_synthetic_data(model.vocab_size, 5, 20000);
+        DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
+                          c.val_fraction, c.seed);
+        TrainParallel p;
+        p.pp_schedule = schedule;
+        p.pp_layout = layout;
+        Trainer t(model, c, std::move(loader), p);
+    };
+    EXPECT_THROW(build("gpipe", ""), UserError);
+    EXPECT_THROW(build("interleaved", ""), UserError);  // needs vpp > 1
+    EXPECT_THROW(build("1f1b", "Et|ttmL"), UserError);  // two chunks for one stage
+    EXPECT_NO_THROW(build("1f1b", "EtttmL"));
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
 // Checkpoints of distributed runs (train/checkpoint_sharded.h), under mpirun -np 1, 2 and 4:
 //  - resume in the same layout is bit-exact: 10 steps straight == 5 steps, save, a fresh trainer
 //    loads, 5 steps (losses compared with ==, parameters and moments with memcmp), also with
-//    tensor parallelism (tp2, tp2.ep2);
+//    tensor parallelism (tp2, tp2.ep2) and pipeline parallelism (pp2);
 //  - resharding: a checkpoint saved under one layout resumes under another (4 ranks ep2 ->
 //    2 ranks ep2, 1 rank distributed, 1 process, 4 ranks dp4; 1 process -> 4 ranks ep2;
 //    4 ranks tp2.ep2 -> 1 process, 2 ranks ep2, 2 ranks tp2, 4 ranks dp4, 4 ranks tp4;
-//    1 process -> 2 ranks tp2), the resumed losses within 1e-5 relative of the uninterrupted
-//    run's and the final parameters within 1e-4 relative (per tensor L2, as
-//    test_mpi_training.cpp), since the reduction order changes with the layout;
+//    1 process -> 2 ranks tp2; 4 ranks pp2 x dp2 -> 1 process; 1 process -> 2 ranks pp2), the
+//    resumed losses within 1e-5 relative of the uninterrupted run's and the final parameters within
+//    1e-4 relative (per tensor L2, as test_mpi_training.cpp), since the reduction order changes
+//    with the layout;
 //  - a tp2.ep2 checkpoint exports to Hugging Face with every tensor whole and exact;
 //  - every rank holds the run's id (rank 0's), the checkpoint records it, a resume continues it;
 //  - a stop signal on one rank stops every rank after the same step, and that step is saved;
@@ -147,8 +148,12 @@ GlobalParams global_params(Trainer& t) {
     const parallel::RankCoordinates c = parallel::coordinates_of(t.topology(), t.rank());
     for (const ParamEntry& e : t.model().param_entries()) {
         const bool expert = shard.count > 0 && is_routed_expert_param(e.name);
-        const bool contributes = expert ? c.edp == 0 : e.tp.sharded() ? c.dp == 0 : t.rank() == 0;
-        if (!contributes) continue;
+        // (A replicated tensor's first holder: the first replica of its pipeline stage.)
+        const bool contributes = expert           ? c.edp == 0
+                                 : e.tp.sharded() ? c.dp == 0
+                                                  : c.dp == 0 && c.tp == 0;
+        // A pipeline's shared embedding: its first stage's copy.
+        if (!contributes || (e.name == "embed" && !t.model().runs_embedding())) continue;
         const int64_t first = expert ? shard.first * (e.numel / shard.count) : 0;
         float* global = g.values.data() + table.entry(e.name).offset + first;
         const float* local = t.model().params() + e.offset;
@@ -205,6 +210,7 @@ std::vector<Layout> layouts_for(int world_size) {
     if (world_size == 4) out.push_back({"ep2", false});
     if (world_size == 4) out.push_back({"tp2", false});
     if (world_size == 4) out.push_back({"tp2.ep2", true});
+    if (world_size % 2 == 0) out.push_back({"pp2", true});  // on 4 ranks pp2 x dp2
     return out;
 }
 
@@ -292,6 +298,7 @@ SubWorld first_ranks(int ranks) {
 class ReshardingFrom : public ::testing::Test {
   protected:
     explicit ReshardingFrom(Layout saved_layout) : saved_layout_(std::move(saved_layout)) {}
+    static std::unique_ptr<Trainer> single_process() { return make_trainer(nullptr, {}); }
     void SetUp() override {
         if (mpi_world().size() != 4)
             GTEST_SKIP() << "saves with 4 ranks (" << saved_layout_.str() << " on 4)";
@@ -320,7 +327,7 @@ class ReshardingFrom : public ::testing::Test {
         fs::path saved = dir_->path() / "single";
         if (mpi_world().rank() == 0) {
             try {
-                auto single = make_trainer(nullptr, {});
+                auto single = single_process();
                 run_steps(*single, kSaveAt);
                 save_checkpoint(*single, saved, 0);
             } catch (const std::exception& e) {
@@ -408,6 +415,32 @@ TEST_F(Resharding, OneProcessToFourRanksEp2) {
     save_one_process_checkpoint();
     auto t = make_trainer(&mpi_world(), saved_layout_);
     resume_and_compare(*t, "1 process -> 4 ranks ep2");
+}
+
+// Pipeline parallelism: each stage writes its blocks' tensors under their logical names, so the
+// union of the shards is the whole model, whatever the stages.
+class ReshardingFromPp : public ReshardingFrom {
+  protected:
+    ReshardingFromPp() : ReshardingFrom({"pp2", true}) {}
+};
+
+TEST_F(ReshardingFromPp, FourRanksPp2ToOneProcess) {
+    SubWorld sub = first_ranks(1);
+    if (sub.member) {
+        auto single = single_process();
+        resume_and_compare(*single, "4 ranks pp2 x dp2 -> 1 process");
+    }
+    mpi_world().barrier();
+}
+
+TEST_F(ReshardingFromPp, OneProcessToTwoRanksPp2) {
+    save_one_process_checkpoint();
+    SubWorld sub = first_ranks(2);
+    if (sub.member) {
+        auto t = make_trainer(sub.comm.get(), {"pp2", true});
+        resume_and_compare(*t, "1 process -> 2 ranks pp2");
+    }
+    mpi_world().barrier();
 }
 
 // Tensor parallelism: the checkpoint holds blocks of the global tensors (column-parallel row

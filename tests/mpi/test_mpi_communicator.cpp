@@ -169,6 +169,40 @@ TEST(MpiCommunicator, CountersFollowNcclTestsSizes) {
     EXPECT_EQ(world.counters(CollectiveKind::all_reduce).calls, 1u);
 }
 
+// A ring of pipeline-style hand-offs: each rank posts its receive from the previous rank before
+// its send to the next, two messages with different tags in flight per pair, completed in the
+// reverse order of posting; payload and counters are checked. Needs two ranks.
+TEST(MpiCommunicator, SendRecvHandsBuffersAlongARing) {
+    Communicator& world = mpi_world();
+    const int n = world.size(), r = world.rank();
+    if (n < 2) GTEST_SKIP() << "point to point needs two ranks";
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    constexpr size_t kCount = 1000;
+    std::vector<float> act(kCount), grad(kCount / 2), act_in(kCount, -1.0f),
+        grad_in(kCount / 2, -1.0f);
+    for (size_t i = 0; i < act.size(); ++i) act[i] = value_of(r, i);
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = -value_of(r, i);
+    world.reset_counters();
+    parallel::CollectiveHandle recv_act =
+        world.recv_async(act_in.data(), kCount, DType::f32, prev, 0, kHostStream);
+    parallel::CollectiveHandle recv_grad =
+        world.recv_async(grad_in.data(), kCount / 2, DType::f32, next, 1, kHostStream);
+    parallel::CollectiveHandle send_grad =
+        world.send_async(grad.data(), kCount / 2, DType::f32, prev, 1, kHostStream);
+    parallel::CollectiveHandle send_act =
+        world.send_async(act.data(), kCount, DType::f32, next, 0, kHostStream);
+    send_act.wait();
+    send_grad.wait();
+    recv_grad.wait();
+    recv_act.wait();
+    for (size_t i = 0; i < act_in.size(); ++i) ASSERT_EQ(act_in[i], value_of(prev, i)) << i;
+    for (size_t i = 0; i < grad_in.size(); ++i) ASSERT_EQ(grad_in[i], -value_of(next, i)) << i;
+    EXPECT_EQ(world.counters(CollectiveKind::send_recv).calls, 4u);
+    EXPECT_EQ(world.counters(CollectiveKind::send_recv).payload_bytes, 1500u * sizeof(float));
+    // Sending to oneself is an error named after the group, raised before anything is posted.
+    EXPECT_THROW((void)world.send_async(act.data(), 1, DType::f32, r, 0, kHostStream), Error);
+}
+
 TEST(MpiCommunicator, SplitMakesNamedGroups) {
     Communicator& world = mpi_world();
     const int n = world.size(), r = world.rank();

@@ -17,6 +17,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -300,8 +301,10 @@ constexpr double kParamL2Tolerance = 1e-4;
 constexpr double kParamMaxAbsTolerance = 0.1 * kLr;
 constexpr double kLossTolerance = 1e-5;
 
-void expect_matches_reference(const RunResult& got, const RunResult& want,
-                              const std::string& what) {
+// holders: the ranks that hold this rank's tensors (null: the world); with pipeline parallelism
+// the ranks of its stage, over which a tensor split by TP is measured whole.
+void expect_matches_reference(const RunResult& got, const RunResult& want, const std::string& what,
+                              bool pipelined = false, parallel::Communicator* holders = nullptr) {
     ASSERT_EQ(got.losses.size(), want.losses.size());
     auto rel = [](double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-12); };
     double worst_loss = 0;
@@ -317,14 +320,19 @@ void expect_matches_reference(const RunResult& got, const RunResult& want,
         worst_loss =
             std::max({worst_loss, rel(g.lm, w.lm), rel(g.mtp, w.mtp), rel(g.balance, w.balance)});
     }
-    // Every local tensor against the same tensor (experts: the same slice) of the reference.
-    ASSERT_EQ(got.entries.size(), want.entries.size());
+    // Every local tensor against the same tensor (experts: the same slice) of the reference. A
+    // pipeline stage holds its blocks' tensors only, in the reference's order.
+    if (!pipelined) {
+        ASSERT_EQ(got.entries.size(), want.entries.size());
+    }
     TensorError worst;
     std::string worst_name;
-    for (size_t i = 0; i < want.entries.size(); ++i) {
+    size_t wi = 0;
+    for (size_t i = 0; i < got.entries.size(); ++i, ++wi) {
         const ParamEntry& ge = got.entries[i];
-        const ParamEntry& we = want.entries[i];
-        ASSERT_EQ(ge.name, we.name);
+        while (wi < want.entries.size() && want.entries[wi].name != ge.name) ++wi;
+        ASSERT_LT(wi, want.entries.size()) << what << ": no reference tensor " << ge.name;
+        const ParamEntry& we = want.entries[wi];
         const std::vector<float> slice =
             reference_slice(ge, we, want.params.data() + we.offset, got.shard);
         const float* g = got.params.data() + ge.offset;
@@ -334,7 +342,8 @@ void expect_matches_reference(const RunResult& got, const RunResult& want,
             continue;
         }
         const TensorError e =
-            tensor_error(g, w, ge.numel, ge.tp.sharded() ? &mpi_world() : nullptr);
+            tensor_error(g, w, ge.numel,
+                         ge.tp.sharded() ? (holders != nullptr ? holders : &mpi_world()) : nullptr);
         EXPECT_LE(e.l2_rel, kParamL2Tolerance) << what << " " << ge.name;
         EXPECT_LE(e.max_abs, kParamMaxAbsTolerance) << what << " " << ge.name;
         worst.max_abs = std::max(worst.max_abs, e.max_abs);
@@ -476,6 +485,7 @@ struct TrainerRun {
     RunResult result;
     std::vector<double> grad_norms;
     double val_loss = 0;
+    StepRecord last_step;
 };
 
 TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const TrainParallel& p) {
@@ -488,6 +498,7 @@ TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const Tra
         const StepRecord r = trainer.step();
         run.result.losses.push_back({r.loss, r.mtp_loss, r.balance_loss});
         run.grad_norms.push_back(r.grad_norm);
+        run.last_step = r;
     }
     run.val_loss = trainer.evaluate();
     Model& m = trainer.model();
@@ -497,25 +508,57 @@ TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const Tra
     return run;
 }
 
-void run_trainer_case(const std::string& layout, bool zero1, bool overlap, int64_t grad_accum) {
-    const ModelConfig model = tiny_config();
-    const TrainConfig c = trainer_config(grad_accum);
+struct TrainerCase {
+    std::string layout;
+    bool zero1 = true;
+    bool overlap = true;
+    int64_t grad_accum = 1;
+    std::string pp_schedule = "1f1b";
+    bool mtp = true;  // the tiny model's MTP module; off: num_nextn_predict_layers 0
+};
+
+void run_trainer_case(const TrainerCase& k) {
+    ModelConfig model = tiny_config();
+    if (!k.mtp) model.num_nextn_predict_layers = 0;
+    const TrainConfig c = trainer_config(k.grad_accum);
     const TrainerRun want = trainer_run(model, c, {});
     TrainParallel p;
     p.world = &mpi_world();
-    p.layout = layout;
+    p.layout = k.layout;
     p.bucket_mb = 0.0625;  // several buckets even for the tiny model
-    p.zero1 = zero1;
-    p.overlap = overlap;
+    p.zero1 = k.zero1;
+    p.overlap = k.overlap;
+    p.pp_schedule = k.pp_schedule;
     const TrainerRun got = trainer_run(model, c, p);
-    const std::string what = "trainer " + (layout.empty() ? std::string("dp") : layout) +
-                             (zero1 ? "+zero1" : "") + (overlap ? "" : " no-overlap") + " x" +
-                             std::to_string(grad_accum) + " micro";
-    expect_matches_reference(got.result, want.result, what);
+    const std::string what = "trainer " + (k.layout.empty() ? std::string("dp") : k.layout) +
+                             (k.zero1 ? "+zero1" : "") + (k.overlap ? "" : " no-overlap") + " x" +
+                             std::to_string(k.grad_accum) + " micro" +
+                             (k.layout.find("pp") != std::string::npos ? " " + k.pp_schedule : "");
+    const bool pipelined = k.layout.find("pp") != std::string::npos;
+    const parallel::Topology topo =
+        parallel::make_topology(parallel::parse_layout(k.layout), mpi_world().size());
+    // The ranks of this rank's pipeline stage (a collective over the world).
+    const std::unique_ptr<parallel::Communicator> stage = mpi_world().split(
+        parallel::coordinates_of(topo, mpi_world().rank()).pp, mpi_world().rank(), "stage");
+    expect_matches_reference(got.result, want.result, what, pipelined, stage.get());
+    // Each stage of the pipeline reports its busy and idle time (one process: no pipeline).
+    const StepRecord& last = got.last_step;
+    EXPECT_EQ(last.stage_busy_s.size(), pipelined ? static_cast<size_t>(topo.pp) : 0u) << what;
+    EXPECT_EQ(last.stage_idle_s.size(), last.stage_busy_s.size()) << what;
+    for (size_t s = 0; s < last.stage_busy_s.size(); ++s) {
+        EXPECT_GT(last.stage_busy_s[s], 0.0) << what << " stage " << s;
+        EXPECT_GE(last.stage_idle_s[s], 0.0) << what << " stage " << s;
+    }
+    EXPECT_TRUE(want.last_step.stage_busy_s.empty());
     for (size_t s = 0; s < want.grad_norms.size(); ++s)
         EXPECT_NEAR(got.grad_norms[s], want.grad_norms[s], 1e-5 * want.grad_norms[s])
             << what << " step " << s + 1;
     EXPECT_NEAR(got.val_loss, want.val_loss, kLossTolerance * want.val_loss) << what;
+}
+
+void run_trainer_case(const std::string& layout, bool zero1, bool overlap, int64_t grad_accum) {
+    run_trainer_case(
+        {.layout = layout, .zero1 = zero1, .overlap = overlap, .grad_accum = grad_accum});
 }
 
 TEST(MpiTrainer, DataParallelZero1MatchesOneProcess) {
@@ -543,6 +586,75 @@ TEST(MpiTrainer, TensorTimesExpertParallelMatchesOneProcess) {
 
 TEST(MpiTrainer, AccumulationReplicatedOptimizerWithoutOverlapMatchesOneProcess) {
     run_trainer_case(ep_world(), false, false, 2);
+}
+
+// Pipeline parallelism: the stages of one model run their micro-batches in the 1F1B order and
+// train the same model as one process. 3 micro-batches over 2 stages and 6 over 4: not multiples
+// of pp. The tiny model's MTP module sits on the last stage with a copy of the embedding, whose
+// gradient the first and last stages add up: its parameters match the reference on both. pp4
+// without MTP puts the head alone on the last stage.
+TEST(MpiTrainer, PipelineOneFOneBMatchesOneProcess) {
+    const int n = mpi_world().size();
+    if (n == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+    run_trainer_case({.layout = "pp" + std::to_string(n), .grad_accum = n == 2 ? 3 : 6});
+    if (n == 4) run_trainer_case({.layout = "pp4", .grad_accum = 5, .mtp = false});
+}
+
+// Virtual stages (Megatron-LM's interleaved 1F1B): tiny's E|t*2|t|mL, chunks 0 and 2 on the first
+// rank and 1 and 3 on the second, so the stream goes round the pipeline twice; on 4 ranks with
+// the experts of each stage's MoE layers over two ranks.
+TEST(MpiTrainer, PipelineInterleavedMatchesOneProcess) {
+    const int n = mpi_world().size();
+    if (n == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+    if (n == 2) run_trainer_case({.layout = "pp2.vpp2", .grad_accum = 4});
+    if (n == 4)
+        run_trainer_case({.layout = "pp2.vpp2.ep2", .grad_accum = 2, .pp_schedule = "interleaved"});
+}
+
+// Tensor parallelism inside each stage: each TP rank sends its sequence-parallel rows of the
+// stream to the same TP rank of the next stage.
+TEST(MpiTrainer, PipelineWithTensorParallelMatchesOneProcess) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    run_trainer_case({.layout = "tp2.pp2", .grad_accum = 3});
+}
+
+// A NaN gradient on one stage skips the step on every stage: the gradient norm is the world's, so
+// all stages see it non-finite, and none moves its parameters (nor its router biases).
+TEST(MpiTrainer, PipelineStagesSkipANonFiniteStepTogether) {
+    if (mpi_world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = trainer_config(2);
+    TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
+    DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
+                      c.val_fraction, c.seed);
+    TrainParallel p;
+    p.world = &mpi_world();
+    p.layout = "pp2";
+    Trainer trainer(model, c, std::move(loader), p);
+    // Only the last stage's gradient is poisoned, at step 2.
+    const bool poisoner = mpi_world().rank() == 1;
+    trainer.set_grad_hook([poisoner](int64_t step, float* grads) {
+        if (poisoner && step == 2) grads[0] = std::numeric_limits<float>::quiet_NaN();
+    });
+    trainer.step();
+    const std::vector<float> before(trainer.model().params(),
+                                    trainer.model().params() + trainer.model().num_params());
+    const StepRecord skipped = trainer.step();
+    EXPECT_FALSE(std::isfinite(skipped.grad_norm)) << "rank " << mpi_world().rank();
+    EXPECT_TRUE(trainer.last_step_skipped()) << "rank " << mpi_world().rank();
+    EXPECT_EQ(trainer.skipped_steps(), 1);
+    const std::vector<float> after(trainer.model().params(),
+                                   trainer.model().params() + trainer.model().num_params());
+    EXPECT_EQ(before, after) << "rank " << mpi_world().rank() << " moved in a skipped step";
+    trainer.step();
+    EXPECT_FALSE(trainer.last_step_skipped());
+}
+
+// A pipeline of data-parallel replicas (ZeRO-1 per stage), and expert parallelism inside a stage.
+TEST(MpiTrainer, PipelineWithDataOrExpertParallelMatchesOneProcess) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    run_trainer_case({.layout = "pp2.dp2", .grad_accum = 3});
+    run_trainer_case({.layout = "pp2.ep2", .grad_accum = 2});
 }
 
 // ZeRO-1 shards the routed experts' optimizer state over the expert-data-parallel group: with

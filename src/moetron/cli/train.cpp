@@ -80,6 +80,8 @@ struct TrainOptions {
     int domain_size = 0;
     std::string dispatch = "flat";
     std::string moe_overlap = "off";
+    std::string pp_schedule = "1f1b";
+    std::string pp_layout;
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     int64_t redundant_experts = 0;
     int64_t rebalance_every = 0;
@@ -259,6 +261,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
+    parallel.pp_schedule = o.pp_schedule;
+    parallel.pp_layout = o.pp_layout;
     ProfilingBackend profiling(cpu_backend());  // used with --profile-ops
     Backend& compute = o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend();
     // Outermost, so that --profile-ops times the quantization and the GEMMs apart.
@@ -332,8 +336,9 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     trainer.set_run_control(&control);
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
-    std::fprintf(out, "params  %.3fM (main model and MTP%s); model arenas %.1f MiB\n",
+    std::fprintf(out, "params  %.3fM (main model and MTP%s%s); model arenas %.1f MiB\n",
                  static_cast<double>(trainer.model().num_params()) / 1e6,
+                 trainer.topology().pp > 1 ? ", this rank's pipeline stage" : "",
                  trainer.topology().ep > 1 ? ", this rank's experts" : "",
                  to_mib(static_cast<double>(trainer.model().planned_bytes())));
     if (trainer.world_size() > 1) {
@@ -344,6 +349,28 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         std::fprintf(out, "        per rank: %lld of the %lld sequences of each micro-batch\n",
                      static_cast<long long>(config.batch_size / trainer.topology().dp),
                      static_cast<long long>(config.batch_size));
+        if (const PipelineRunner* pipeline = trainer.pipeline()) {
+            // This rank's blocks, in the layout grammar's letters (model/pipeline_layout.h).
+            std::string blocks;
+            for (const PipelineChunk& chunk : trainer.model().pipeline_chunks()) {
+                std::vector<std::string> parts;
+                if (chunk.embedding) parts.emplace_back("E");
+                if (chunk.num_layers > 0)
+                    parts.push_back(fmt::format("t{}-{}", chunk.first_layer,
+                                                chunk.first_layer + chunk.num_layers - 1));
+                if (chunk.num_mtp > 0) parts.emplace_back(static_cast<size_t>(chunk.num_mtp), 'm');
+                if (chunk.loss) parts.emplace_back("L");
+                if (!blocks.empty()) blocks += " | ";
+                for (size_t i = 0; i < parts.size(); ++i) blocks += (i > 0 ? " " : "") + parts[i];
+            }
+            std::fprintf(out,
+                         "        pipeline: pp%d x vpp%d, %s schedule, %lld micro-batches; this "
+                         "rank's stage runs %s, keeping up to %lld in flight\n",
+                         trainer.topology().pp, trainer.topology().vpp,
+                         trainer.topology().vpp > 1 ? "interleaved" : parallel.pp_schedule.c_str(),
+                         static_cast<long long>(config.grad_accum), blocks.c_str(),
+                         static_cast<long long>(max_in_flight(pipeline->order())));
+        }
         if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
             std::fprintf(out,
                          "        experts: %s; MoE overlap %s; expert-side buffers of %lld rows "
@@ -502,9 +529,18 @@ void register_train(CLI::App& app) {
         ->check(whole_number(1, kMaxThreads));
     o->layout_opt = cmd->add_option(
         "--layout", o->layout,
-        "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2, tp2.ep2 (dp: data-parallel "
-        "ranks, ep: ranks the routed experts are split over, tp: tensor-parallel ranks). "
+        "parallel layout of an MPI job, e.g. dp4, ep2, dp4.ep2, tp2.ep2, pp2.ep2 (dp: "
+        "data-parallel ranks, ep: ranks the routed experts are split over, tp: tensor-parallel "
+        "ranks, pp: pipeline stages, vpp: model chunks per stage). "
         "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
+    cmd->add_option("--pp-schedule", o->pp_schedule,
+                    "pipeline schedule with pp > 1: 1f1b (PipeDream-flush; with vpp > 1 "
+                    "interleaved, as Megatron-LM's) or interleaved (needs vpp > 1)")
+        ->capture_default_str();
+    cmd->add_option("--pp-layout", o->pp_layout,
+                    "blocks per pipeline stage as Megatron-LM's layout, e.g. 'Et|tt|tL' "
+                    "(E embedding, t layer, m MTP module, L head and loss; default: even, the "
+                    "embedding and the head counted as one layer each)");
     cmd->add_option("--domain-size", o->domain_size,
                     "ranks per scale-up domain (0: the whole job is one domain)")
         ->check(whole_number(0, kMaxDomainSize));

@@ -8,10 +8,13 @@ void validate_layout_for_model(const parallel::Layout& l, const ModelConfig& mod
     MT_USER_CHECK(model.num_attention_heads % l.tp == 0,
                   "[layout] tp {} does not divide the {} attention heads of model '{}'", l.tp,
                   model.num_attention_heads, model.name);
-    MT_USER_CHECK(l.pp * l.vpp == 1 || l.pp * l.vpp <= model.num_hidden_layers,
-                  "[layout] layout {}: pp*vpp = {} virtual stages for only {} layers of model '{}' "
-                  "(each model chunk needs at least one layer)",
-                  l.str(), l.pp * l.vpp, model.num_hidden_layers, model.name);
+    // The embedding and the head count as blocks (model/pipeline_layout.h's default placement).
+    const int64_t blocks = model.num_hidden_layers + model.num_nextn_predict_layers + 2;
+    MT_USER_CHECK(l.pp * l.vpp <= blocks,
+                  "[layout] layout {}: pp*vpp = {} virtual stages for only {} blocks of model '{}' "
+                  "(embedding, {} layers, {} MTP modules, head; each model chunk needs one)",
+                  l.str(), l.pp * l.vpp, blocks, model.name, model.num_hidden_layers,
+                  model.num_nextn_predict_layers);
     if (l.ep > 1) {
         MT_USER_CHECK(model.n_routed_experts > 0,
                       "[layout] ep {} needs routed experts, but model '{}' has none", l.ep,
@@ -24,7 +27,8 @@ void validate_layout_for_model(const parallel::Layout& l, const ModelConfig& mod
 
 void validate_topology_for_model(const parallel::Topology& t, const ModelConfig& model) {
     validate_layout_for_model(
-        parallel::Layout{.tp = t.tp, .pp = t.pp, .ep = t.ep, .cp = t.cp, .dp = t.dp}, model);
+        parallel::Layout{.tp = t.tp, .pp = t.pp, .vpp = t.vpp, .ep = t.ep, .cp = t.cp, .dp = t.dp},
+        model);
     MT_USER_CHECK(model.vocab_size % t.tp == 0,
                   "[layout] tp {} does not divide vocab_size {} (vocabulary-parallel embedding and "
                   "head) of model '{}'",

@@ -10,7 +10,8 @@
 namespace moetron {
 
 // tp divides the attention heads, ep the routed experts (ep > 1 needs some), and every virtual
-// pipeline stage gets a layer (pp*vpp <= layers). Throws moetron::UserError naming the numbers.
+// pipeline stage gets a block (pp*vpp <= layers + MTP modules + 2: the embedding and the head
+// count). Throws moetron::UserError naming the numbers.
 void validate_layout_for_model(const parallel::Layout& layout, const ModelConfig& model);
 
 // The above for the engine's resolved topology, plus what the engine's tensor parallelism splits

@@ -18,6 +18,13 @@
 // MTP modules' inputs and every norm hold this rank's N/tp token rows (block.h); the embedding,
 // the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h); the losses come out
 // the same on every TP rank.
+//
+// Pipeline parallelism (ModelParallel::pipeline_chunks): the rank holds and runs one or more
+// chunks of the blocks above (model/pipeline_layout.h); stage_forward and stage_backward are the
+// two halves of forward_backward, each on one of its chunk's activation sets (and dispatcher
+// slots; pipeline_in_flight of them per chunk), so that a schedule (train/pipeline_schedule.h)
+// can run several micro-batches' forwards before their backwards. MoE slots keep the whole model's
+// numbering, so expert loads summed over the world line up layer by layer.
 #include "moetron/model/model.h"
 
 #include <algorithm>
@@ -73,14 +80,37 @@ void bind_output_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
     b.column_parallel_weight(p.head, "head", {c.vocab_size, c.hidden_size});
 }
 
-// Binds p, whose vectors sharded_tree() sized.
-void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c) {
-    bind_embedding_params(b, p, c);
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-        bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
-    bind_output_params(b, p, c);
-    for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
-        bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
+// The chunk that is the whole model: what a Model without pipelining runs.
+PipelineChunk whole_model_chunk(const ModelConfig& c) {
+    return {.embedding = true,
+            .first_layer = 0,
+            .num_layers = c.num_hidden_layers,
+            .first_mtp = 0,
+            .num_mtp = c.num_nextn_predict_layers,
+            .loss = true};
+}
+
+template <class Pred>
+bool any_chunk(const std::vector<PipelineChunk>& chunks, Pred pred) {
+    return std::any_of(chunks.begin(), chunks.end(), pred);
+}
+
+// Binds the parameters of `chunks` (in model order) in p, whose vectors sharded_tree() sized; the
+// rest stay null. The entries come in the whole model's order whatever the chunks.
+void bind_model_params(ParamBinder& b, ModelParams& p, const ModelConfig& c,
+                       const std::vector<PipelineChunk>& chunks) {
+    // The MTP modules embed their shifted tokens with the main model's embedding: a stage of MTP
+    // modules without the embedding holds a copy of it (Megatron-LM's shared embedding).
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.embedding || k.num_mtp > 0; }))
+        bind_embedding_params(b, p, c);
+    for (const PipelineChunk& chunk : chunks)
+        for (int64_t l = chunk.first_layer; l < chunk.first_layer + chunk.num_layers; ++l)
+            bind_block_params(b, p.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l));
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.loss; }))
+        bind_output_params(b, p, c);
+    for (const PipelineChunk& chunk : chunks)
+        for (int64_t d = chunk.first_mtp; d < chunk.first_mtp + chunk.num_mtp; ++d)
+            bind_mtp_params(b, p.mtp[d], mtp_prefix(d), c, d);
 }
 
 // The routed experts of the first rank of an EP group of ep (every rank holds as many).
@@ -102,12 +132,13 @@ RankParamCount count_specs(const std::vector<TensorSpec>& specs) {
 }
 
 std::vector<TensorSpec> sharded_param_specs(const ModelConfig& c, const ExpertShard& shard,
-                                            int tp_rank, int tp_size) {
+                                            int tp_rank, int tp_size,
+                                            const std::vector<PipelineChunk>& chunks) {
     std::vector<TensorSpec> specs;
     ParamBinder binder(&specs, static_cast<float>(c.initializer_range));
     binder.set_tensor_parallel(tp_rank, tp_size);
     ModelParams tree = sharded_tree(c, shard);
-    bind_model_params(binder, tree, c);
+    bind_model_params(binder, tree, c, chunks);
     return specs;
 }
 
@@ -136,6 +167,11 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
              "expert loads are summed (every rank that routes different tokens)",
              parallel.ep->name());
     if (parallel.moe.redundant_experts > 0) {  // physical slots: (E + R) / ep per rank
+        // The replicas' gradients are summed in the last micro-batch's backward, which under an
+        // interleaved pipeline does not cover every chunk of the rank.
+        MT_USER_CHECK(parallel.pipeline_chunks.empty(),
+                      "--redundant-experts does not run under pipeline parallelism yet: use a "
+                      "layout without pp, or leave out --redundant-experts");
         const int64_t slots = c.n_routed_experts + parallel.moe.redundant_experts;
         const int64_t local = slots / ep;
         return {parallel.ep->rank() * local, local, slots};
@@ -244,20 +280,20 @@ struct HeadScratch {
 };
 
 void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, int tp_size,
-                       int64_t n) {
+                       int64_t n, const std::string& prefix) {
     const int64_t D = c.hidden_size, rows = n / tp_size;
-    b(s.normed, "head.normed", {rows, D});
-    b(s.rstd, "head.rstd", {rows});
-    b(s.logits, "head.logits", {n, c.vocab_size / tp_size});
-    b(s.lse, "head.lse", {n});
-    b(s.losses, "head.losses", {n});
-    b(s.d_normed, "head.d_normed", {rows, D});
+    b(s.normed, prefix + "head.normed", {rows, D});
+    b(s.rstd, prefix + "head.rstd", {rows});
+    b(s.logits, prefix + "head.logits", {n, c.vocab_size / tp_size});
+    b(s.lse, prefix + "head.lse", {n});
+    b(s.losses, prefix + "head.losses", {n});
+    b(s.d_normed, prefix + "head.d_normed", {rows, D});
     if (tp_size > 1) {
-        b(s.normed_full, "head.normed_full", {n, D});
-        b(s.d_normed_full, "head.d_normed_full", {n, D});
-        b(s.d_norm_weight, "head.d_norm_weight", {D});
+        b(s.normed_full, prefix + "head.normed_full", {n, D});
+        b(s.d_normed_full, prefix + "head.d_normed_full", {n, D});
+        b(s.d_norm_weight, prefix + "head.d_norm_weight", {D});
     }
-    bind_vocab_parallel_scratch(b, s.vocab, "head.vocab.", tp_size, n);
+    bind_vocab_parallel_scratch(b, s.vocab, prefix + "head.vocab.", tp_size, n);
 }
 
 // Cross-entropy of head(rmsnorm(hidden)) against targets (N). When d_hidden is not null, also the
@@ -318,7 +354,7 @@ void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
 }  // namespace
 
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config) {
-    return sharded_param_specs(config, {}, 0, 1);
+    return sharded_param_specs(config, {}, 0, 1, {whole_model_chunk(config)});
 }
 
 RankParamCount& RankParamCount::operator+=(const RankParamCount& other) {
@@ -451,48 +487,91 @@ struct ActivationSet {
     float* d_h_prev = nullptr;  // (N, D) an MTP module's gradient on its h_{d-1}
 };
 
-// Plans (a BufferBinder over a plan) or binds (over the arena) every activation buffer.
-// expert_rows: R of every MoE layer's expert-side buffers (the dispatcher's capacity_rows).
+// Plans (a BufferBinder over a plan) or binds (over the arena) every activation buffer of
+// `chunk`, names prefixed with `prefix` (one set per micro-batch in flight); the other layers'
+// stay null. expert_rows: R of every MoE layer's expert-side buffers (the dispatcher's
+// capacity_rows).
 void bind_model_activations(BufferBinder b, ActivationSet& a, const ModelConfig& c,
-                            const ModelRuntime& runtime, int tp_size, int64_t expert_rows) {
+                            const ModelRuntime& runtime, int tp_size, int64_t expert_rows,
+                            const std::vector<PipelineChunk>& chunks,
+                            const std::string& prefix = "") {
     const int64_t B = runtime.batch_size, S = runtime.seq_len, n = B * S, D = c.hidden_size;
     const int64_t rows = n / tp_size;  // the stream's token rows on this rank
-    b(a.input_tokens, "input.tokens", {n});
-    b(a.input_targets, "input.targets", {n});
-    b(a.rope_cos, "rope.cos", {S, c.qk_rope_head_dim / 2});
-    b(a.rope_sin, "rope.sin", {S, c.qk_rope_head_dim / 2});
-    a.residual.resize(static_cast<size_t>(c.num_hidden_layers + 1));
-    for (int64_t l = 0; l <= c.num_hidden_layers; ++l)
-        b(a.residual[l], "residual." + std::to_string(l), {rows, D});
+    b(a.input_tokens, prefix + "input.tokens", {n});
+    b(a.input_targets, prefix + "input.targets", {n});
+    b(a.rope_cos, prefix + "rope.cos", {S, c.qk_rope_head_dim / 2});
+    b(a.rope_sin, prefix + "rope.sin", {S, c.qk_rope_head_dim / 2});
+    a.residual.assign(static_cast<size_t>(c.num_hidden_layers + 1), nullptr);
     a.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-        a.layers[l].moe.expert_rows = expert_rows;
-        bind_block_activations(b, a.layers[l], main_layer_prefix(l), c, c.is_moe_layer(l), tp_size,
-                               B, S);
-    }
     a.mtp.resize(static_cast<size_t>(c.num_nextn_predict_layers));
-    for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d) {
-        a.mtp[d].block.moe.expert_rows = expert_rows;
-        bind_mtp_activations(b, a.mtp[d], mtp_prefix(d), c, d, tp_size, B, S);
+    for (const PipelineChunk& chunk : chunks) {
+        const int64_t first = chunk.first_layer, last = chunk.first_layer + chunk.num_layers;
+        for (int64_t l = first; l <= last; ++l)
+            b(a.residual[l], prefix + "residual." + std::to_string(l), {rows, D});
+        for (int64_t l = first; l < last; ++l) {
+            a.layers[l].moe.expert_rows = expert_rows;
+            bind_block_activations(b, a.layers[l], prefix + main_layer_prefix(l), c,
+                                   c.is_moe_layer(l), tp_size, B, S);
+        }
+        for (int64_t d = chunk.first_mtp; d < chunk.first_mtp + chunk.num_mtp; ++d) {
+            a.mtp[d].block.moe.expert_rows = expert_rows;
+            bind_mtp_activations(b, a.mtp[d], prefix + mtp_prefix(d), c, d, tp_size, B, S);
+        }
     }
     a.block_scratch.moe.expert_rows = expert_rows;
-    bind_block_scratch(b, a.block_scratch, "scratch.block.", c, tp_size, n);
-    if (c.num_nextn_predict_layers > 0)
-        bind_mtp_scratch(b, a.mtp_scratch, "scratch.mtp.", c, tp_size, n);
-    bind_head_scratch(b, a.head, c, tp_size, n);
-    b(a.d_stream, "d_stream", {rows, D});
-    b(a.d_h_prev, "d_h_prev", {rows, D});
+    bind_block_scratch(b, a.block_scratch, prefix + "scratch.block.", c, tp_size, n);
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.num_mtp > 0; }))
+        bind_mtp_scratch(b, a.mtp_scratch, prefix + "scratch.mtp.", c, tp_size, n);
+    if (any_chunk(chunks, [](const PipelineChunk& k) { return k.loss; }))
+        bind_head_scratch(b, a.head, c, tp_size, n, prefix);
+    b(a.d_stream, prefix + "d_stream", {rows, D});
+    b(a.d_h_prev, prefix + "d_h_prev", {rows, D});
 }
 
 }  // namespace
 
-struct Model::Impl : ActivationSet {
+// What a micro-batch's backward needs from its forward, kept with its activation set.
+struct PassContext {
+    int64_t batch = 0, seq_len = 0;
+    float grad_scale = 1.0f;
+    float balance_scale = 1.0f;  // this micro-batch's share of the balance loss's mean
+    bool backward = false;       // the forward prepared a backward
+    size_t chunk = 0;            // which of the rank's chunks ran
+};
+
+// The chunk a Model runs, checked: the MTP modules share the head of their stage (the last).
+std::vector<PipelineChunk> checked_chunks(const ModelConfig& c, const ModelParallel& par) {
+    if (par.pipeline_chunks.empty()) return {whole_model_chunk(c)};
+    for (const PipelineChunk& chunk : par.pipeline_chunks)
+        MT_USER_CHECK(chunk.num_mtp == 0 || chunk.loss,
+                      "[model] a pipeline chunk that runs MTP modules needs the head (L) too");
+    MT_CHECK(par.pipeline_in_flight.empty() ||
+                 par.pipeline_in_flight.size() == par.pipeline_chunks.size(),
+             "[model] pipeline_in_flight has {} counts for {} chunks",
+             par.pipeline_in_flight.size(), par.pipeline_chunks.size());
+    for (int64_t n : par.pipeline_in_flight)
+        MT_CHECK(n >= 1, "[model] a pipeline chunk needs at least one activation set, got {}", n);
+    return par.pipeline_chunks;
+}
+
+// Which chunk each activation set serves: pipeline_in_flight[c] sets for chunk c, in chunk order.
+std::vector<size_t> sets_by_chunk(const ModelParallel& par, size_t num_chunks) {
+    std::vector<size_t> out;
+    for (size_t c = 0; c < num_chunks; ++c) {
+        const int64_t n = par.pipeline_in_flight.empty() ? 1 : par.pipeline_in_flight[c];
+        out.insert(out.end(), static_cast<size_t>(n), c);
+    }
+    return out;
+}
+
+struct Model::Impl {
     Backend& ops;  // runs every op; owns the arenas' memory
     ModelConfig config;
     ModelRuntime runtime;
     LossWeights loss_weights;
     ModelParallel parallel;
-    parallel::TensorParallel tp;  // declared before table: the specs read it
+    std::vector<PipelineChunk> chunks;  // the blocks this rank runs, in model order
+    parallel::TensorParallel tp;        // declared before table: the specs read it
     ExpertShard shard;
     // Redundant experts (MoeSettings::redundant_experts): which logical expert each slot holds,
     // and the sum of the replicas' gradients, which arm_replica_gradient_sum() turns on for the
@@ -509,12 +588,19 @@ struct Model::Impl : ActivationSet {
     ModelParams w, g;  // the same tree, pointing into params and into grads
     std::unique_ptr<parallel::ExpertDispatcher> dispatcher;  // null without routed experts
 
+    // One activation set per micro-batch in flight, chunk by chunk
+    // (ModelParallel::pipeline_in_flight): set k holds chunk set_chunk[k]'s activations.
+    std::vector<ActivationSet> sets;
+    std::vector<size_t> set_chunk;
+    std::vector<int64_t> first_set;  // per chunk
+    std::vector<PassContext> contexts;
     RopeTables rope;
 
-    // MoE layers ("slots"): main layers in order, then MTP blocks.
+    // MoE layers ("slots"): main layers in order, then MTP blocks, of the whole model, so that the
+    // loads of every pipeline stage line up when summed; a stage counts only its own.
     std::vector<int64_t> main_slot, mtp_slot;   // -1 for a dense block
-    std::vector<float*> slot_bias;              // (E) each slot's correction bias
-    std::vector<const int32_t*> slot_topk_ids;  // (N, K) each slot's last routing
+    std::vector<float*> slot_bias;              // (E) each slot's correction bias; null off-stage
+    std::vector<const int32_t*> slot_topk_ids;  // (N, K) each slot's last routing (set 0)
     // Tokens routed to each expert since the last bias update, in the backend's memory: (slots,
     // E) in `loads`, load_counts[slot] its row. The host copies are for summing over ranks.
     Arena loads;
@@ -536,11 +622,16 @@ struct Model::Impl : ActivationSet {
           runtime(r),
           loss_weights(lw),
           parallel(par),
+          chunks(checked_chunks(c, par)),
           tp(par.tp, ops),
           shard(expert_shard_of(c, par)),
-          table(sharded_param_specs(c, shard, tp.rank(), tp.size())),
+          table(sharded_param_specs(c, shard, tp.rank(), tp.size(), chunks)),
           w(sharded_tree(c, shard)),
           g(sharded_tree(c, shard)) {
+        set_chunk = sets_by_chunk(par, chunks.size());
+        for (size_t k = 0; k < set_chunk.size(); ++k)
+            if (k == 0 || set_chunk[k] != set_chunk[k - 1])
+                first_set.push_back(static_cast<int64_t>(k));
         ArenaPlan param_plan("params", sizeof(float));  // packed: no padding between tensors
         for (const ParamEntry& e : table.entries()) param_plan.add(e.name, e.shape);
         check_fits_before_allocating(param_plan);
@@ -550,12 +641,14 @@ struct Model::Impl : ActivationSet {
         ParamBinder bind_g(table, static_cast<float*>(grads.base()));
         bind_w.set_tensor_parallel(tp.rank(), tp.size());
         bind_g.set_tensor_parallel(tp.rank(), tp.size());
-        bind_model_params(bind_w, w, c);
-        bind_model_params(bind_g, g, c);
+        bind_model_params(bind_w, w, c, chunks);
+        bind_model_params(bind_g, g, c, chunks);
 
         if (c.n_routed_experts > 0) {
             parallel::ExpertDispatchConfig dc = expert_dispatch_config(
                 c, r.batch_size * r.seq_len, par.moe, ep_ranks_per_domain(par));
+            // Each micro-batch in flight keeps its own routings until its backward.
+            dc.num_slots *= static_cast<int64_t>(set_chunk.size());
             check_domain_limited_routing(c, dc, par);
             if (par.moe.redundant_experts > 0) {
                 const parallel::PlacementShape shape =
@@ -575,33 +668,70 @@ struct Model::Impl : ActivationSet {
             dispatcher = parallel::make_expert_dispatcher(dc, groups, ops);
         }
 
+        sets.resize(set_chunk.size());
+        contexts.resize(sets.size());
         ArenaPlan act_plan("activations");
         bind_activations(BufferBinder(act_plan));
         acts = Arena(act_plan, ops.memory());
         bind_activations(BufferBinder(acts));
-        ops.rope_tables(rope_cos, rope_sin, r.seq_len, c.qk_rope_head_dim,
+        ops.rope_tables(sets[0].rope_cos, sets[0].rope_sin, r.seq_len, c.qk_rope_head_dim,
                         static_cast<float>(c.rope_theta));
-        rope = {rope_cos, rope_sin};
+        rope = {sets[0].rope_cos, sets[0].rope_sin};
 
         for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-            main_slot.push_back(add_slot(w.layers[l], layers[l]));
+            main_slot.push_back(add_slot(c.is_moe_layer(l), owns_layer(l) ? &w.layers[l] : nullptr,
+                                         [l](ActivationSet& a) { return &a.layers[l]; }));
         for (int64_t d = 0; d < c.num_nextn_predict_layers; ++d)
-            mtp_slot.push_back(add_slot(w.mtp[d].block, mtp[d].block));
+            mtp_slot.push_back(add_slot(c.mtp_layer_is_moe(d) && c.n_routed_experts > 0,
+                                        owns_mtp(d) ? &w.mtp[d].block : nullptr,
+                                        [d](ActivationSet& a) { return &a.mtp[d].block; }));
         plan_expert_loads();
         plan_grad_ranges();
     }
 
-    int64_t add_slot(const BlockParams& bp, BlockActivations& ba) {
-        if (!bp.is_moe) return -1;
+    // The embedding is on two pipeline stages: the first, and the one of the MTP modules.
+    bool shares_embedding() const {
+        return !parallel.pipeline_chunks.empty() && config.num_nextn_predict_layers > 0 &&
+               runs_embedding() !=
+                   any_chunk(chunks, [](const PipelineChunk& k) { return k.num_mtp > 0; });
+    }
+
+    bool runs_embedding() const {
+        return any_chunk(chunks, [](const PipelineChunk& k) { return k.embedding; });
+    }
+    bool owns_layer(int64_t l) const {
+        return any_chunk(chunks, [l](const PipelineChunk& k) {
+            return l >= k.first_layer && l < k.first_layer + k.num_layers;
+        });
+    }
+    bool owns_mtp(int64_t d) const {
+        return any_chunk(chunks, [d](const PipelineChunk& k) {
+            return d >= k.first_mtp && d < k.first_mtp + k.num_mtp;
+        });
+    }
+
+    // Numbers a MoE block of the whole model; when this rank runs it (bp not null), points each
+    // activation set's block at its own dispatcher slots.
+    template <class BlockOf>
+    int64_t add_slot(bool is_moe, const BlockParams* bp, BlockOf block_of) {
+        if (!is_moe) return -1;
         const auto slot = static_cast<int64_t>(slot_bias.size());
-        ba.moe.dispatcher = dispatcher.get();
-        ba.moe.expert_compute_s = &expert_compute_s;
-        ba.moe.overlap = parallel.moe.overlap;
+        const auto all_slots = static_cast<int64_t>(num_moe_slots(config));
         const bool dual = parallel.moe.overlap == MoeOverlap::dual;
-        ba.moe.dispatch_slot = dual ? 2 * slot : slot;  // dual: slots 2l and 2l+1, buffers 0 and 1
-        ba.moe.dispatch_slot_b = dual ? 2 * slot + 1 : -1;
-        slot_bias.push_back(bp.moe.correction_bias);
-        slot_topk_ids.push_back(ba.moe.topk_ids);
+        slot_bias.push_back(bp != nullptr ? bp->moe.correction_bias : nullptr);
+        slot_topk_ids.push_back(bp != nullptr ? block_of(sets[0])->moe.topk_ids : nullptr);
+        if (bp == nullptr) return slot;
+        MT_CHECK(bp->is_moe, "[model] MoE slot {} binds a dense block", slot);
+        for (size_t k = 0; k < sets.size(); ++k) {
+            BlockActivations& ba = *block_of(sets[k]);
+            // dual: slots 2l and 2l+1, buffers 0 and 1; set k after the sets before it.
+            const int64_t base = static_cast<int64_t>(k) * all_slots * (dual ? 2 : 1);
+            ba.moe.dispatcher = dispatcher.get();
+            ba.moe.expert_compute_s = &expert_compute_s;
+            ba.moe.overlap = parallel.moe.overlap;
+            ba.moe.dispatch_slot = base + (dual ? 2 * slot : slot);
+            ba.moe.dispatch_slot_b = dual ? base + 2 * slot + 1 : -1;
+        }
         return slot;
     }
 
@@ -649,9 +779,12 @@ struct Model::Impl : ActivationSet {
         if (grad_ready && r.end > r.begin) grad_ready(r.begin, r.end);
     }
 
-    void bind_activations(BufferBinder b) {
+    void bind_activations(const BufferBinder& b) {
         const int64_t expert_rows = dispatcher ? dispatcher->capacity_rows() : 0;
-        bind_model_activations(b, *this, config, runtime, tp.size(), expert_rows);
+        for (size_t k = 0; k < sets.size(); ++k)
+            bind_model_activations(b, sets[k], config, runtime, tp.size(), expert_rows,
+                                   {chunks[set_chunk[k]]},
+                                   k == 0 ? std::string() : fmt::format("set{}.", k));
     }
 
     // Memory that cannot possibly fit is refused before the first allocation, with its size: the
@@ -728,91 +861,141 @@ struct Model::Impl : ActivationSet {
                  den.lm_tokens, den.sequences, own.lm_tokens, own.sequences);
     }
 
-    MicroBatchLosses run(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                         int64_t seq_len, bool backward, float grad_scale,
-                         const LossDenominators* den) {
+    // The forward of the chunk for one micro-batch into activation set k; with `backward`, also
+    // the loss gradients that stage_backward starts from (on the chunk with the loss).
+    MicroBatchLosses forward_pass(size_t ci, size_t k, const int32_t* tokens,
+                                  const int32_t* targets, int64_t batch, int64_t seq_len,
+                                  bool backward, float grad_scale, const LossDenominators* den) {
         check_inputs(tokens, targets, batch, seq_len);
         if (den != nullptr) check_denominators(*den, targets, batch, seq_len);
         MT_CHECK(!(backward && load_summed),
                  "[model] forward_backward after sum_expert_load_over_ranks() and before "
                  "update_router_bias(): its loads would not be summed");
+        MT_CHECK(k < sets.size() && ci < chunks.size() && set_chunk[k] == ci,
+                 "[model] activation set {} of {} is not one of chunk {}'s", k, sets.size(), ci);
+        ActivationSet& a = sets[k];
+        const PipelineChunk& chunk = chunks[ci];
         const ModelConfig& c = config;
-        const int64_t n = batch * seq_len, D = c.hidden_size, L = c.num_hidden_layers;
-        const int64_t num_mtp = c.num_nextn_predict_layers;
-        const float balance_scale = den == nullptr
-                                        ? 1.0f
-                                        : static_cast<float>(static_cast<double>(batch) /
-                                                             static_cast<double>(den->sequences));
+        const int64_t n = batch * seq_len, D = c.hidden_size;
+        const int64_t first = chunk.first_layer, last = chunk.first_layer + chunk.num_layers;
+        PassContext& ctx = contexts[k];
+        ctx = {batch,
+               seq_len,
+               grad_scale,
+               den == nullptr ? 1.0f
+                              : static_cast<float>(static_cast<double>(batch) /
+                                                   static_cast<double>(den->sequences)),
+               backward,
+               ci};
         auto moe = [&](int64_t slot, bool counting) {
-            return moe_options(slot, counting, grad_scale, balance_scale);
+            return moe_options(slot, counting, ctx.grad_scale, ctx.balance_scale);
         };
         last_num_tokens = n;
         MicroBatchLosses losses;
         // The inputs move into the backend's memory once; every op below reads them there.
-        ops.copy_from_host(input_tokens, tokens, static_cast<size_t>(n) * sizeof(int32_t));
-        ops.copy_from_host(input_targets, targets, static_cast<size_t>(n) * sizeof(int32_t));
+        ops.copy_from_host(a.input_tokens, tokens, static_cast<size_t>(n) * sizeof(int32_t));
+        ops.copy_from_host(a.input_targets, targets, static_cast<size_t>(n) * sizeof(int32_t));
 
-        // Forward: embedding and main blocks.
-        vocab_parallel_embedding_forward(ops, residual[0], input_tokens, w.embed,
-                                         block_scratch.full, n, c.vocab_size, D, tp);
-        for (int64_t l = 0; l < L; ++l) {
-            losses.balance_loss += block_forward(ops, residual[l + 1], layers[l], residual[l],
-                                                 w.layers[l], block_scratch, rope, c, tp,
+        // Forward: embedding (on the first chunk; elsewhere the previous stage's output is in
+        // residual[first]) and the chunk's main blocks.
+        if (chunk.embedding)
+            vocab_parallel_embedding_forward(ops, a.residual[0], a.input_tokens, w.embed,
+                                             a.block_scratch.full, n, c.vocab_size, D, tp);
+        for (int64_t l = first; l < last; ++l) {
+            losses.balance_loss += block_forward(ops, a.residual[l + 1], a.layers[l], a.residual[l],
+                                                 w.layers[l], a.block_scratch, rope, c, tp,
                                                  moe(main_slot[l], backward), batch, seq_len);
         }
+        if (!chunk.loss) return losses;
 
         // MTP depths, each with its loss (and that loss's head backward) right away.
+        const int64_t L = c.num_hidden_layers, num_mtp = chunk.num_mtp;
         const bool run_mtp_backward = backward && mtp_needs_backward();
         const float mtp_loss_grad =
             num_mtp > 0 ? grad_scale * loss_weights.mtp_lambda / static_cast<float>(num_mtp) : 0;
         for (int64_t d = 0; d < num_mtp; ++d) {
-            const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-            losses.balance_loss += mtp_forward(
-                ops, mtp[d], h_prev, input_tokens, input_targets, w.embed, w.mtp[d], mtp_scratch,
-                block_scratch, rope, c, tp, moe(mtp_slot[d], backward), d, batch, seq_len);
+            const float* h_prev = d == 0 ? a.residual[L] : a.mtp[d - 1].out;
+            losses.balance_loss +=
+                mtp_forward(ops, a.mtp[d], h_prev, a.input_tokens, a.input_targets, w.embed,
+                            w.mtp[d], a.mtp_scratch, a.block_scratch, rope, c, tp,
+                            moe(mtp_slot[d], backward), d, batch, seq_len);
             const int64_t mtp_den = den == nullptr ? 0 : den->mtp_tokens[d];
             const CrossEntropyResult ce =
-                head_loss(ops, run_mtp_backward ? mtp[d].d_out : nullptr, mtp[d].out,
-                          mtp[d].targets, w.mtp[d].final_norm, g.mtp[d].final_norm, w.head, g.head,
-                          head, c, tp, n, mtp_loss_grad, mtp_den);
+                head_loss(ops, run_mtp_backward ? a.mtp[d].d_out : nullptr, a.mtp[d].out,
+                          a.mtp[d].targets, w.mtp[d].final_norm, g.mtp[d].final_norm, w.head,
+                          g.head, a.head, c, tp, n, mtp_loss_grad, mtp_den);
             losses.mtp_loss += mean_loss(ce, mtp_den);
         }
         if (num_mtp > 0) losses.mtp_loss /= static_cast<double>(num_mtp);
 
         // Main head last, so that logits() holds its logits after forward().
         const int64_t lm_den = den == nullptr ? 0 : den->lm_tokens;
-        const CrossEntropyResult main_ce =
-            head_loss(ops, backward ? d_stream : nullptr, residual[L], input_targets, w.final_norm,
-                      g.final_norm, w.head, g.head, head, c, tp, n, grad_scale, lm_den);
+        const CrossEntropyResult main_ce = head_loss(
+            ops, backward ? a.d_stream : nullptr, a.residual[L], a.input_targets, w.final_norm,
+            g.final_norm, w.head, g.head, a.head, c, tp, n, grad_scale, lm_den);
         losses.lm_loss = mean_loss(main_ce, lm_den);
         losses.num_tokens = main_ce.num_valid;
-        if (!backward) return losses;
-        notify_grads_ready(head_range);
+        return losses;
+    }
 
-        // Backward: MTP depths in reverse; depth d's gradient on h_{d-1} joins depth d-1's output
-        // gradient, and depth 1's joins the main stream.
-        for (int64_t d = num_mtp - 1; d >= 0; --d) {
-            if (run_mtp_backward) {
-                const float* h_prev = d == 0 ? residual[L] : mtp[d - 1].out;
-                mtp_backward(ops, d_h_prev, g.mtp[d], g.embed, h_prev, mtp[d], w.mtp[d],
-                             mtp_scratch, block_scratch, rope, c, tp, moe(mtp_slot[d], false),
-                             batch, seq_len);
-                ops.add_inplace(d == 0 ? d_stream : mtp[d - 1].d_out, d_h_prev,
-                                tp.local_rows(n) * D);
+    // The backward of the micro-batch in activation set k. On the chunk with the loss the
+    // forward left the head's gradient in d_stream; elsewhere the next stage's is there.
+    void backward_pass(size_t k) {
+        MT_CHECK(k < sets.size() && contexts[k].backward,
+                 "[model] backward of activation set {} without a training forward", k);
+        ActivationSet& a = sets[k];
+        PassContext& ctx = contexts[k];
+        ctx.backward = false;
+        const PipelineChunk& chunk = chunks[ctx.chunk];
+        const ModelConfig& c = config;
+        const int64_t batch = ctx.batch, seq_len = ctx.seq_len;
+        const int64_t n = batch * seq_len, D = c.hidden_size;
+        auto moe = [&](int64_t slot) {
+            return moe_options(slot, false, ctx.grad_scale, ctx.balance_scale);
+        };
+        if (chunk.loss) {
+            notify_grads_ready(head_range);
+            // MTP depths in reverse; depth d's gradient on h_{d-1} joins depth d-1's output
+            // gradient, and depth 1's joins the main stream.
+            const int64_t L = c.num_hidden_layers;
+            const bool run_mtp_backward = mtp_needs_backward();
+            for (int64_t d = chunk.num_mtp - 1; d >= 0; --d) {
+                if (run_mtp_backward) {
+                    const float* h_prev = d == 0 ? a.residual[L] : a.mtp[d - 1].out;
+                    mtp_backward(ops, a.d_h_prev, g.mtp[d], g.embed, h_prev, a.mtp[d], w.mtp[d],
+                                 a.mtp_scratch, a.block_scratch, rope, c, tp, moe(mtp_slot[d]),
+                                 batch, seq_len);
+                    ops.add_inplace(d == 0 ? a.d_stream : a.mtp[d - 1].d_out, a.d_h_prev,
+                                    tp.local_rows(n) * D);
+                }
+                sum_replica_grads(g.mtp[d].block, mtp_slot[d]);
+                notify_grads_ready(mtp_range[d]);
             }
-            sum_replica_grads(g.mtp[d].block, mtp_slot[d]);
-            notify_grads_ready(mtp_range[d]);
         }
-        for (int64_t l = L - 1; l >= 0; --l) {
-            block_backward(ops, d_stream, g.layers[l], residual[l], layers[l], w.layers[l],
-                           block_scratch, rope, c, tp, moe(main_slot[l], false), batch, seq_len);
+        for (int64_t l = chunk.first_layer + chunk.num_layers - 1; l >= chunk.first_layer; --l) {
+            block_backward(ops, a.d_stream, g.layers[l], a.residual[l], a.layers[l], w.layers[l],
+                           a.block_scratch, rope, c, tp, moe(main_slot[l]), batch, seq_len);
             sum_replica_grads(g.layers[l], main_slot[l]);
             notify_grads_ready(layer_range[l]);
         }
-        vocab_parallel_embedding_backward(ops, g.embed, d_stream, input_tokens, block_scratch.full,
-                                          n, c.vocab_size, D, tp);
-        notify_grads_ready(embed_range);
+        if (chunk.embedding) {
+            vocab_parallel_embedding_backward(ops, g.embed, a.d_stream, a.input_tokens,
+                                              a.block_scratch.full, n, c.vocab_size, D, tp);
+            // A shared embedding's gradient is final only once the other stage's is added.
+            if (!shares_embedding()) notify_grads_ready(embed_range);
+        }
         replica_sum_armed = false;
+    }
+
+    MicroBatchLosses run(const int32_t* tokens, const int32_t* targets, int64_t batch,
+                         int64_t seq_len, bool backward, float grad_scale,
+                         const LossDenominators* den) {
+        MT_CHECK(chunks.size() == 1 && chunks[0].embedding && chunks[0].loss,
+                 "[model] forward_backward and forward run the whole model; a pipeline stage "
+                 "runs stage_forward and stage_backward");
+        const MicroBatchLosses losses =
+            forward_pass(0, 0, tokens, targets, batch, seq_len, backward, grad_scale, den);
+        if (backward) backward_pass(0);
         return losses;
     }
 
@@ -925,8 +1108,58 @@ void Model::set_grad_ready_callback(GradReadyCallback callback) {
     impl_->grad_ready = std::move(callback);
 }
 
+MicroBatchLosses Model::stage_forward(int64_t chunk, int64_t set, const int32_t* tokens,
+                                      const int32_t* targets, int64_t batch, int64_t seq_len,
+                                      const LossDenominators* denominators) {
+    return impl_->forward_pass(static_cast<size_t>(chunk), static_cast<size_t>(set), tokens,
+                               targets, batch, seq_len, denominators != nullptr, 1.0f,
+                               denominators);
+}
+
+void Model::stage_backward(int64_t set) {
+    impl_->backward_pass(static_cast<size_t>(set));
+}
+
+float* Model::stage_input(int64_t chunk, int64_t set) {
+    const PipelineChunk& k = impl_->chunks.at(static_cast<size_t>(chunk));
+    return impl_->sets.at(static_cast<size_t>(set)).residual[k.first_layer];
+}
+
+const float* Model::stage_output(int64_t chunk, int64_t set) const {
+    const PipelineChunk& k = impl_->chunks.at(static_cast<size_t>(chunk));
+    return impl_->sets.at(static_cast<size_t>(set)).residual[k.first_layer + k.num_layers];
+}
+
+Model::SetRange Model::stage_sets(int64_t chunk) const {
+    const auto c = static_cast<size_t>(chunk);
+    const auto& first = impl_->first_set;
+    const int64_t end =
+        c + 1 < first.size() ? first[c + 1] : static_cast<int64_t>(impl_->set_chunk.size());
+    return {first.at(c), end - first.at(c)};
+}
+
+float* Model::stage_grad(int64_t set) {
+    return impl_->sets.at(static_cast<size_t>(set)).d_stream;
+}
+
+int64_t Model::stage_numel(int64_t batch, int64_t seq_len) const {
+    return impl_->tp.local_rows(batch * seq_len) * impl_->config.hidden_size;
+}
+
+const std::vector<PipelineChunk>& Model::pipeline_chunks() const {
+    return impl_->chunks;
+}
+
+bool Model::runs_embedding() const {
+    return impl_->runs_embedding();
+}
+
+bool Model::shares_embedding() const {
+    return impl_->shares_embedding();
+}
+
 const float* Model::logits() const {
-    return impl_->head.logits;
+    return impl_->sets[0].head.logits;
 }
 
 void Model::zero_grads() {
@@ -936,10 +1169,13 @@ void Model::zero_grads() {
 std::vector<int32_t> Model::last_routing() const {
     const int64_t per_slot = impl_->last_num_tokens * impl_->config.num_experts_per_tok;
     std::vector<int32_t> out;
-    out.reserve(impl_->slot_topk_ids.size() * static_cast<size_t>(per_slot));
-    out.resize(impl_->slot_topk_ids.size() * static_cast<size_t>(per_slot));
+    const auto owned =
+        static_cast<size_t>(std::count_if(impl_->slot_topk_ids.begin(), impl_->slot_topk_ids.end(),
+                                          [](const int32_t* ids) { return ids != nullptr; }));
+    out.resize(owned * static_cast<size_t>(per_slot));
     int32_t* slot_out = out.data();
     for (const int32_t* ids : impl_->slot_topk_ids) {
+        if (ids == nullptr) continue;  // a MoE layer of another pipeline stage
         impl_->ops.copy_to_host(slot_out, ids, static_cast<size_t>(per_slot) * sizeof(int32_t));
         slot_out += per_slot;
     }
@@ -956,7 +1192,9 @@ void Model::update_router_bias(float gamma) {
     // DeepSeek-V3 sec. 2.1.2: decrease the bias of overloaded experts by gamma, increase it for
     // underloaded ones (bias_update_speed); then count afresh.
     for (size_t slot = 0; slot < impl_->load_counts.size(); ++slot)
-        impl_->ops.router_bias_update(impl_->slot_bias[slot], impl_->load_counts[slot], E, gamma);
+        if (impl_->slot_bias[slot] != nullptr)  // null: a MoE layer of another pipeline stage
+            impl_->ops.router_bias_update(impl_->slot_bias[slot], impl_->load_counts[slot], E,
+                                          gamma);
     if (!impl_->load_counts.empty()) impl_->loads.zero();
     impl_->load_summed = false;
 }
@@ -1019,7 +1257,7 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
                                   : parallel::ReplicaGroup::data_parallel;
         // A parameter the TP ranks replicate (not split) has the same copy on each of them; the
         // routed experts' EDP group already counts every rank.
-        const int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
+        int copies = expert || e.tp.sharded() ? 1 : impl_->tp.size();
         if (expert && !impl_->placements.empty()) {
             // Redundant experts: a slot is one of its expert's replicas, which hold the same
             // gradient (arm_replica_gradient_sum), so the global norm counts each once.
@@ -1035,6 +1273,8 @@ std::vector<parallel::ParamSpan> Model::param_spans() const {
             }
             continue;
         }
+        // The embedding's copy on the MTP stage counts once in the gradient norm over both.
+        if (e.name == "embed" && impl_->shares_embedding()) copies *= 2;
         spans.push_back({e.offset, e.numel, group, e.trainable, e.weight_decay, copies});
     }
     return spans;
@@ -1108,7 +1348,8 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
     // Parameters: counted part by part, as the cluster model counts them; the table of rank 0
     // (what a Model allocates; every rank holds as many) must hold exactly that.
     const RankParamCount count = rank_param_count(c, layout.tp, layout.ep);
-    const ParamTable table(sharded_param_specs(c, first_expert_shard(c, layout.ep), 0, layout.tp));
+    const ParamTable table(sharded_param_specs(c, first_expert_shard(c, layout.ep), 0, layout.tp,
+                                               {whole_model_chunk(c)}));
     MT_CHECK(table.total_numel() == count.total(),
              "[model] the parameter table holds {} floats, its parts count {}", table.total_numel(),
              count.total());
@@ -1132,7 +1373,8 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
     }
     ArenaPlan acts("activations");
     ActivationSet set;
-    bind_model_activations(BufferBinder(acts), set, c, runtime, layout.tp, plan.expert_rows);
+    bind_model_activations(BufferBinder(acts), set, c, runtime, layout.tp, plan.expert_rows,
+                           {whole_model_chunk(c)});
     for (const ArenaEntry& e : acts.entries())
         if (is_expert_side_buffer(e.name)) plan.expert_side += e.size_bytes;
     plan.activations = acts.total_bytes() - plan.expert_side;

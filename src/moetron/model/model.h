@@ -18,6 +18,7 @@
 #include "moetron/model/config.h"
 #include "moetron/model/moe.h"     // ExpertShard
 #include "moetron/model/params.h"  // ParamEntry, TensorSpec
+#include "moetron/model/pipeline_layout.h"
 #include "moetron/parallel/expert_dispatcher.h"
 #include "moetron/parallel/grad_buckets.h"
 #include "moetron/parallel/topology.h"
@@ -101,6 +102,16 @@ struct ModelParallel {
     // of the tokens to the routed experts, so `load` must then count every rank (the world). Null
     // or one rank: none.
     parallel::Communicator* tp = nullptr;
+    // Pipeline parallelism: the model chunks this rank runs (model/pipeline_layout.h), in model
+    // order: one per stage, or vpp of them (chunks s, s + pp, ...) with virtual stages. The Model
+    // then holds only their parameters and activations, and the residual stream enters from the
+    // previous virtual stage and leaves to the next through the stage_* calls. The MTP modules
+    // use their stage's copy of the embedding (shares_embedding). Empty: the whole model.
+    std::vector<PipelineChunk> pipeline_chunks;
+    // For each of pipeline_chunks, the micro-batches whose activations it keeps at once: the
+    // activation sets planned for it (stage_sets), each stage_forward of the chunk filling one
+    // and its stage_backward freeing it (1F1B: pp - stage). Empty: one set per chunk.
+    std::vector<int64_t> pipeline_in_flight;
 };
 
 inline constexpr int64_t kMaxMtpDepths = 8;
@@ -164,6 +175,47 @@ class Model {
                                       const LossDenominators& denominators);
     // Null (the default) turns the notifications off.
     void set_grad_ready_callback(GradReadyCallback callback);
+
+    // ---- pipeline stages (ModelParallel::pipeline_chunk; also fine for the whole model) ----
+    // The forward of this rank's chunk `chunk` (an index into pipeline_chunks()) for one
+    // micro-batch (as forward_backward's arguments), into activation set `set`, one of the
+    // chunk's stage_sets, which stays taken until stage_backward(set). Without the
+    // embedding, stage_input(chunk, set) must hold the stream from the previous virtual stage
+    // first. With the loss (the last chunk), returns the losses and prepares their gradient;
+    // elsewhere only the balance loss of its MoE layers. denominators null: evaluation (forward
+    // only, no backward may follow; losses are this micro-batch's means).
+    MicroBatchLosses stage_forward(int64_t chunk, int64_t set, const int32_t* tokens,
+                                   const int32_t* targets, int64_t batch, int64_t seq_len,
+                                   const LossDenominators* denominators);
+    // The backward of the micro-batch and chunk in `set`. Without the loss, stage_grad(set) must
+    // hold the gradient of stage_output from the next virtual stage first; afterwards
+    // stage_grad(set) holds the gradient of stage_input, for the previous one. Gradients
+    // accumulate into grads().
+    void stage_backward(int64_t set);
+    // (B*S/tp, D) rows of the residual stream entering and leaving the chunk, and the gradient
+    // buffer above; planned for the runtime's batch, in the backend's memory.
+    float* stage_input(int64_t chunk, int64_t set);
+    const float* stage_output(int64_t chunk, int64_t set) const;
+    float* stage_grad(int64_t set);
+    // Floats of those buffers for a micro-batch of batch x seq_len.
+    int64_t stage_numel(int64_t batch, int64_t seq_len) const;
+    // The activation sets of chunk `chunk`: [first, first + count).
+    struct SetRange {
+        int64_t first = 0, count = 0;
+    };
+    SetRange stage_sets(int64_t chunk) const;
+    // The chunks this rank runs (the whole model without pipelining).
+    const std::vector<PipelineChunk>& pipeline_chunks() const;
+    // Whether one of them is the first, with the embedding (the first stage; every rank without
+    // pipelining).
+    bool runs_embedding() const;
+    // The MTP modules embed with the main model's embedding, which is on the first stage: the
+    // stage of the MTP modules holds a copy, as Megatron-LM shares embeddings between stages. On
+    // both stages this is true; param("embed") is initialized alike on both, its gradient is
+    // never announced to the GradReadyCallback, and the caller adds the other stage's gradient
+    // to grad("embed") before the gradient sync, so both copies take the same updates. (Its span
+    // counts twice as many copies, so the gradient norm counts it once.)
+    bool shares_embedding() const;
     // Forward only (validation, sampling). Afterwards logits() holds the (B*S, V) main-head logits.
     // Touches neither the gradients nor the load counts.
     MicroBatchLosses forward(const int32_t* tokens, const int32_t* targets, int64_t batch,

@@ -22,6 +22,8 @@ std::string_view collective_name(CollectiveKind kind) {
             return "broadcast";
         case CollectiveKind::barrier:
             return "barrier";
+        case CollectiveKind::send_recv:
+            return "send_recv";
     }
     return "unknown";
 }
@@ -108,6 +110,13 @@ void check_all_to_all_args(const Communicator& comm, std::span<const int> recv_c
 void check_root(const Communicator& comm, int root) {
     MT_CHECK(root >= 0 && root < comm.size(), "[broadcast] group '{}': root {} is not in [0, {})",
              comm.name(), root, comm.size());
+}
+
+void check_peer(const Communicator& comm, int peer, int tag) {
+    MT_CHECK(peer >= 0 && peer < comm.size() && peer != comm.rank(),
+             "[send_recv] group '{}' (rank {} of {}): peer {} is not another rank of the group",
+             comm.name(), comm.rank(), comm.size(), peer);
+    MT_CHECK(tag >= 0, "[send_recv] group '{}': tag must be >= 0, got {}", comm.name(), tag);
 }
 
 void check_host_stream(const Communicator& comm, CollectiveKind kind, Stream stream) {

@@ -34,13 +34,15 @@ enum class CollectiveKind : uint8_t {
     all_to_all,
     broadcast,
     barrier,
+    send_recv,  // point to point: send_async and recv_async (pipeline stages)
 };
-inline constexpr size_t kNumCollectiveKinds = 6;
+inline constexpr size_t kNumCollectiveKinds = 7;
 std::string_view collective_name(CollectiveKind kind);
 
 // Per-kind counters, for metrics. payload_bytes follows nccl-tests' "size" of each operation on
 // this rank: all_reduce and broadcast: the buffer; reduce_scatter: the input (size x count);
-// all_gather: the output (size x count); all_to_all: the bytes this rank sends (own copy included).
+// all_gather: the output (size x count); all_to_all: the bytes this rank sends (own copy included);
+// send_recv: the bytes this rank sends (receives count calls only).
 // peer_bytes is the part of an all_to_all's payload addressed to other ranks (0 for the other
 // kinds, whose wire traffic depends on MPI's algorithm).
 struct CollectiveCounters {
@@ -142,6 +144,18 @@ class Communicator {
                                              Stream stream) = 0;
     virtual CollectiveHandle barrier_async() = 0;
 
+    // ---- point to point (pipeline stages hand activations and gradients to their neighbours)
+
+    // Sends data (count elements) to rank `peer` of this group, which posts the matching
+    // recv_async (the same count, dtype and tag). Messages from one rank to another with the same
+    // tag arrive in the order they were posted. data must stay untouched until the handle
+    // completes; peer may not be this rank. Counted as send_recv: the calls and bytes sent.
+    virtual CollectiveHandle send_async(const void* data, size_t count, DType dtype, int peer,
+                                        int tag, Stream stream) = 0;
+    // Receives count elements from rank `peer` of this group into data (see send_async).
+    virtual CollectiveHandle recv_async(void* data, size_t count, DType dtype, int peer, int tag,
+                                        Stream stream) = 0;
+
     // Collective over this group: ranks with the same color form a new group named `name`,
     // ordered by key (ties by rank in this group). color must be >= 0. The new group shares this
     // group's progress thread and options.
@@ -206,6 +220,8 @@ void check_all_to_all_args(const Communicator& comm, std::span<const int> recv_c
                            std::span<const int> recv_displs, std::span<const int> send_counts,
                            std::span<const int> send_displs);
 void check_root(const Communicator& comm, int root);
+// send_async / recv_async: peer is another rank of the group, tag >= 0.
+void check_peer(const Communicator& comm, int peer, int tag);
 // For communicators that move host memory (MPI, local): a stream other than a host stream means
 // the caller's buffers live on a device, an internal error (MT_CHECK naming the collective).
 void check_host_stream(const Communicator& comm, CollectiveKind kind, Stream stream);

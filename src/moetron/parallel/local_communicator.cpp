@@ -80,6 +80,20 @@ CollectiveHandle LocalCommunicator::barrier_async() {
     return {};
 }
 
+CollectiveHandle LocalCommunicator::send_async(const void*, size_t, DType, int peer, int tag,
+                                               Stream stream) {
+    check_host_stream(*this, CollectiveKind::send_recv, stream);
+    check_peer(*this, peer, tag);  // throws: no rank but this one
+    return {};
+}
+
+CollectiveHandle LocalCommunicator::recv_async(void*, size_t, DType, int peer, int tag,
+                                               Stream stream) {
+    check_host_stream(*this, CollectiveKind::send_recv, stream);
+    check_peer(*this, peer, tag);
+    return {};
+}
+
 std::unique_ptr<Communicator> LocalCommunicator::split(int color, int, std::string name) {
     MT_CHECK(color >= 0, "[split] group '{}': color must be >= 0 to make group '{}', got {}", name_,
              name, color);

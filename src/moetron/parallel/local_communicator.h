@@ -35,6 +35,11 @@ class LocalCommunicator final : public Communicator {
     CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root,
                                      Stream stream) override;
     CollectiveHandle barrier_async() override;
+    // A group of one has no other rank to talk to: both throw (check_peer).
+    CollectiveHandle send_async(const void* data, size_t count, DType dtype, int peer, int tag,
+                                Stream stream) override;
+    CollectiveHandle recv_async(void* data, size_t count, DType dtype, int peer, int tag,
+                                Stream stream) override;
 
     std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 

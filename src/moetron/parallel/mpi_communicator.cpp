@@ -295,6 +295,33 @@ CollectiveHandle MpiCommunicator::post_barrier(Progress progress) {
     return track(kind, std::move(op), progress);
 }
 
+CollectiveHandle MpiCommunicator::send_async(const void* data, size_t count, DType dtype, int peer,
+                                             int tag, Stream stream) {
+    constexpr auto kind = CollectiveKind::send_recv;
+    check_host_stream(*this, kind, stream);
+    check_peer(*this, peer, tag);
+    const int n = checked_count(kind, count);
+    auto op = std::make_shared<MpiOperation>();
+    MPI_CHECK(MPI_Isend(data, n, mpi_datatype(dtype), peer, tag, comm_, &op->request));
+    auto& c = counters_[static_cast<size_t>(kind)];
+    c.calls += 1;
+    c.payload_bytes += count * dtype_size_bytes(dtype);
+    c.peer_bytes += count * dtype_size_bytes(dtype);
+    return track(kind, std::move(op), Progress::background);
+}
+
+CollectiveHandle MpiCommunicator::recv_async(void* data, size_t count, DType dtype, int peer,
+                                             int tag, Stream stream) {
+    constexpr auto kind = CollectiveKind::send_recv;
+    check_host_stream(*this, kind, stream);
+    check_peer(*this, peer, tag);
+    const int n = checked_count(kind, count);
+    auto op = std::make_shared<MpiOperation>();
+    MPI_CHECK(MPI_Irecv(data, n, mpi_datatype(dtype), peer, tag, comm_, &op->request));
+    counters_[static_cast<size_t>(kind)].calls += 1;
+    return track(kind, std::move(op), Progress::background);
+}
+
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
     MT_CHECK(color >= 0, "[split] group '{}': color must be >= 0 to make group '{}', got {}", name_,
              name, color);

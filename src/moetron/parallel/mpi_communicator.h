@@ -50,6 +50,11 @@ class MpiCommunicator final : public Communicator {
     CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root,
                                      Stream stream) override;
     CollectiveHandle barrier_async() override;
+    // MPI_Isend / MPI_Irecv, driven by the progress thread like the collectives.
+    CollectiveHandle send_async(const void* data, size_t count, DType dtype, int peer, int tag,
+                                Stream stream) override;
+    CollectiveHandle recv_async(void* data, size_t count, DType dtype, int peer, int tag,
+                                Stream stream) override;
 
     // Blocking forms: posted and waited for by the caller alone, never handed to the progress
     // thread (nothing to overlap, and waking it would only cost the caller time).

@@ -35,11 +35,6 @@ Topology make_topology(const Layout& layout, int world_size, int domain_size) {
     MT_USER_CHECK(world_size >= 1, "[layout] world size must be >= 1, got {}", world_size);
     MT_USER_CHECK(domain_size >= 0, "[layout] domain_size must be >= 0 (0: one domain), got {}",
                   domain_size);
-    MT_USER_CHECK(layout.pp == 1,
-                  "[layout] pipeline parallelism (pp {}) is not supported yet; use pp1", layout.pp);
-    MT_USER_CHECK(layout.vpp == 1,
-                  "[layout] virtual pipeline stages (vpp {}) are not supported yet; use vpp1",
-                  layout.vpp);
     MT_USER_CHECK(layout.cp == 1,
                   "[layout] context parallelism (cp {}) is not supported yet; use cp1", layout.cp);
     const Layout resolved = resolve_layout(layout, world_size);
@@ -54,6 +49,7 @@ Topology make_topology(const Layout& layout, int world_size, int domain_size) {
     t.tp = static_cast<int>(resolved.tp);
     t.cp = static_cast<int>(resolved.cp);
     t.pp = static_cast<int>(resolved.pp);
+    t.vpp = static_cast<int>(resolved.vpp);
     t.dp = static_cast<int>(resolved.dp);
     t.ep = static_cast<int>(resolved.ep);
     t.edp = static_cast<int>(resolved.edp());

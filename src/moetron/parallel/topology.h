@@ -32,6 +32,7 @@ struct Topology {
     int domain_size = 1;  // ranks per scale-up domain
     int tp = 1, cp = 1, dp = 1, pp = 1;
     int ep = 1, edp = 1;
+    int vpp = 1;  // model chunks per pipeline stage
 
     int num_domains() const { return world_size / domain_size; }
     // The EP group's ranks inside one domain (the whole group when it fits in one), and the
@@ -44,8 +45,8 @@ struct Topology {
 
 // Resolves the layout against the world (resolve_layout) and checks what the engine can run,
 // before any work. domain_size 0 means the whole world is one domain. Throws moetron::UserError
-// saying why a layout cannot run: sizes that do not divide the world, pp, vpp or cp > 1 (not
-// supported yet), domain_size not dividing the world, a TP or EP group that would straddle two
+// saying why a layout cannot run: sizes that do not divide the world, cp > 1 (not supported
+// yet), domain_size not dividing the world, a TP or EP group that would straddle two
 // domains. The checks against the model are model/layout_fit.h's.
 Topology make_topology(const Layout& layout, int world_size, int domain_size = 0);
 

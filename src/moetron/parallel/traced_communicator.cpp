@@ -172,6 +172,18 @@ CollectiveHandle TracedCommunicator::barrier_async() {
     return wrap(inner_->barrier_async(), call);
 }
 
+CollectiveHandle TracedCommunicator::send_async(const void* data, size_t count, DType dtype,
+                                                int peer, int tag, Stream stream) {
+    const CallRecord call = start(CollectiveKind::send_recv);
+    return wrap(inner_->send_async(data, count, dtype, peer, tag, stream), call);
+}
+
+CollectiveHandle TracedCommunicator::recv_async(void* data, size_t count, DType dtype, int peer,
+                                                int tag, Stream stream) {
+    const CallRecord call = start(CollectiveKind::send_recv);
+    return wrap(inner_->recv_async(data, count, dtype, peer, tag, stream), call);
+}
+
 void TracedCommunicator::all_reduce_sum(void* data, size_t count, DType dtype, Stream stream) {
     const CallRecord call = start(CollectiveKind::all_reduce);
     inner_->all_reduce_sum(data, count, dtype, stream);

@@ -66,6 +66,10 @@ class TracedCommunicator final : public Communicator {
     CollectiveHandle broadcast_async(void* data, size_t count, DType dtype, int root,
                                      Stream stream) override;
     CollectiveHandle barrier_async() override;
+    CollectiveHandle send_async(const void* data, size_t count, DType dtype, int peer, int tag,
+                                Stream stream) override;
+    CollectiveHandle recv_async(void* data, size_t count, DType dtype, int peer, int tag,
+                                Stream stream) override;
 
     void all_reduce_sum(void* data, size_t count, DType dtype, Stream stream) override;
     void reduce_scatter_sum(void* out, const void* inp, size_t count, DType dtype,

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "moetron/core/error.h"
-#include "moetron/sim/layout.h"
+#include "moetron/model/pipeline_layout.h"
 
 namespace moetron::sim {
 
@@ -113,50 +113,29 @@ void balance_stages(std::vector<std::vector<ChunkBlock>>& chunks, int64_t pp) {
 std::vector<std::vector<ChunkBlock>> layout_items(const ModelConfig& model, const std::string& text,
                                                   int64_t chunks, bool with_mtp,
                                                   const std::map<BlockKind, double>& cost) {
-    const std::vector<std::string> parsed = parse_pipeline_layout(text);
-    MT_CHECK(static_cast<int64_t>(parsed.size()) == chunks,
-             "[sim] pipeline layout '{}' has {} chunks but pp*vpp = {}", text, parsed.size(),
-             chunks);
-    std::vector<std::vector<ChunkBlock>> out(parsed.size());
-    int64_t layer = 0, mtp = 0, embeddings = 0, heads = 0;
-    for (size_t g = 0; g < parsed.size(); ++g) {
-        for (char c : parsed[g]) {
-            if (c == 'E') {
-                out[g].push_back({BlockKind::embedding, -1, cost.at(BlockKind::embedding)});
-                ++embeddings;
-            } else if (c == 'L') {
-                out[g].push_back({BlockKind::output_head, -1, cost.at(BlockKind::output_head)});
-                ++heads;
-            } else if (c == 't') {
-                MT_CHECK(layer < model.num_hidden_layers,
-                         "[sim] pipeline layout '{}' has more than the model's {} layers", text,
-                         model.num_hidden_layers);
-                const BlockKind k =
-                    model.is_moe_layer(layer) ? BlockKind::moe_layer : BlockKind::dense_layer;
-                out[g].push_back({k, static_cast<int>(layer), cost.at(k)});
-                ++layer;
-            } else if (c == 'm') {
-                MT_CHECK(with_mtp,
-                         "[sim] pipeline layout '{}' places an MTP module, but MTP is not "
-                         "simulated (the model has none, or --no-count-mtp)",
-                         text);
-                const BlockKind k = model.mtp_layer_is_moe(mtp) && model.n_routed_experts > 0
-                                        ? BlockKind::moe_layer
-                                        : BlockKind::dense_layer;
-                out[g].push_back({BlockKind::mtp_extra, -1, cost.at(BlockKind::mtp_extra)});
-                out[g].push_back({k, -1, cost.at(k)});
-                ++mtp;
-            }
+    const int64_t mtp_modules = with_mtp ? model.num_nextn_predict_layers : 0;
+    const std::vector<PipelineChunk> placed = pipeline_chunks(model, text, chunks, mtp_modules);
+    std::vector<std::vector<ChunkBlock>> out(placed.size());
+    for (size_t g = 0; g < placed.size(); ++g) {
+        const PipelineChunk& chunk = placed[g];
+        if (chunk.embedding)
+            out[g].push_back({BlockKind::embedding, -1, cost.at(BlockKind::embedding)});
+        for (int64_t layer = chunk.first_layer; layer < chunk.first_layer + chunk.num_layers;
+             ++layer) {
+            const BlockKind k =
+                model.is_moe_layer(layer) ? BlockKind::moe_layer : BlockKind::dense_layer;
+            out[g].push_back({k, static_cast<int>(layer), cost.at(k)});
         }
+        for (int64_t mtp = chunk.first_mtp; mtp < chunk.first_mtp + chunk.num_mtp; ++mtp) {
+            const BlockKind k = model.mtp_layer_is_moe(mtp) && model.n_routed_experts > 0
+                                    ? BlockKind::moe_layer
+                                    : BlockKind::dense_layer;
+            out[g].push_back({BlockKind::mtp_extra, -1, cost.at(BlockKind::mtp_extra)});
+            out[g].push_back({k, -1, cost.at(k)});
+        }
+        if (chunk.loss)
+            out[g].push_back({BlockKind::output_head, -1, cost.at(BlockKind::output_head)});
     }
-    MT_CHECK(layer == model.num_hidden_layers,
-             "[sim] pipeline layout '{}' places {} layers, the model has {}", text, layer,
-             model.num_hidden_layers);
-    MT_CHECK(embeddings == 1 && heads == 1,
-             "[sim] pipeline layout '{}' needs exactly one E and one L", text);
-    const int64_t want_mtp = with_mtp ? model.num_nextn_predict_layers : 0;
-    MT_CHECK(mtp == want_mtp, "[sim] pipeline layout '{}' places {} MTP modules, expected {}", text,
-             mtp, want_mtp);
     return out;
 }
 

@@ -27,7 +27,8 @@ std::vector<std::vector<ChunkBlock>> partition_items(const std::vector<ChunkBloc
 // shifts chunk boundaries by one block while that lowers the largest stage sum.
 void balance_stages(std::vector<std::vector<ChunkBlock>>& chunks, int64_t pp);
 
-// Chunks from a Megatron-LM pipeline layout string, checked against the model.
+// Chunks from a Megatron-LM pipeline layout string (model/pipeline_layout.h), checked against the
+// model.
 std::vector<std::vector<ChunkBlock>> layout_items(const ModelConfig& model, const std::string& text,
                                                   int64_t chunks, bool with_mtp,
                                                   const std::map<BlockKind, double>& cost);

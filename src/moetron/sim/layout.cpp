@@ -2,74 +2,12 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
 #include <numeric>
 #include <vector>
 
 #include "moetron/core/error.h"
 
 namespace moetron::sim {
-
-namespace {
-
-// Expands "(...)*n" and "x*n" repetitions of a pipeline layout string.
-std::string expand_layout(std::string_view text, std::string_view whole) {
-    std::string out;
-    size_t i = 0;
-    auto read_count = [&](size_t& pos) {
-        MT_CHECK(pos < text.size() && text[pos] == '*', "[sim] pipeline layout '{}': expected *n",
-                 whole);
-        ++pos;
-        int64_t n = 0;
-        auto [end, ec] = std::from_chars(text.data() + pos, text.data() + text.size(), n);
-        MT_CHECK(ec == std::errc() && n >= 1,
-                 "[sim] pipeline layout '{}': '*' needs a positive count", whole);
-        pos = static_cast<size_t>(end - text.data());
-        return n;
-    };
-    while (i < text.size()) {
-        const char c = text[i];
-        if (c == '(') {
-            int depth = 1;
-            size_t j = i + 1;
-            while (j < text.size() && depth > 0) {
-                depth += text[j] == '(' ? 1 : text[j] == ')' ? -1 : 0;
-                ++j;
-            }
-            MT_CHECK(depth == 0, "[sim] pipeline layout '{}': unbalanced parentheses", whole);
-            const std::string inner = expand_layout(text.substr(i + 1, j - i - 2), whole);
-            i = j;
-            const int64_t n = (i < text.size() && text[i] == '*') ? read_count(i) : 1;
-            for (int64_t k = 0; k < n; ++k) out += inner;
-        } else if (c == 'E' || c == 't' || c == 'm' || c == 'L' || c == '|') {
-            ++i;
-            const int64_t n = (i < text.size() && text[i] == '*') ? read_count(i) : 1;
-            out.append(static_cast<size_t>(n), c);
-        } else {
-            MT_THROW("[sim] pipeline layout '{}': unknown symbol '{}' (known: E t m L | ( ) *n)",
-                     whole, c);
-        }
-    }
-    return out;
-}
-
-}  // namespace
-
-std::vector<std::string> parse_pipeline_layout(std::string_view text) {
-    const std::string flat = expand_layout(text, text);
-    std::vector<std::string> chunks(1);
-    for (char c : flat) {
-        if (c == '|') {
-            chunks.emplace_back();
-        } else {
-            chunks.back() += c;
-        }
-    }
-    for (size_t i = 0; i < chunks.size(); ++i) {
-        MT_CHECK(!chunks[i].empty(), "[sim] pipeline layout '{}': chunk {} is empty", text, i);
-    }
-    return chunks;
-}
 
 int64_t used_gpus_per_domain(const parallel::Layout& l, int64_t domain_gpus) {
     const int64_t block = std::lcm(l.ep, l.tp);

@@ -1,10 +1,10 @@
 // Where the groups of a parallel layout (parallel/layout.h: "tp1.pp2.vpp4.ep32") land on the
-// cluster, and Megatron-LM's pipeline layout strings. Ranks are ordered as Megatron-LM orders
-// them: tp fastest, then cp, dp, pp for the attention part; the expert part folds the same ranks
-// as ep fastest (expert TP = 1), then expert-dp, pp.
-// A job places groups so that no EP (or TP) group straddles two scale-up domains: each domain
-// uses the largest multiple of the EP*TP "block" that fits (64 of 72 GPUs for EP32 on NVL72),
-// as Megatron's recipes request with SLURM segments.
+// cluster. (Megatron-LM's pipeline layout strings are model/pipeline_layout.h's.) Ranks are ordered
+// as Megatron-LM orders them: tp fastest, then cp, dp, pp for the attention part; the expert part
+// folds the same ranks as ep fastest (expert TP = 1), then expert-dp, pp. A job places groups so
+// that no EP (or TP) group straddles two scale-up domains: each domain uses the largest multiple of
+// the EP*TP "block" that fits (64 of 72 GPUs for EP32 on NVL72), as Megatron's recipes request with
+// SLURM segments.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +15,6 @@
 #include "moetron/parallel/layout.h"
 
 namespace moetron::sim {
-
-// Megatron-LM's --pipeline-model-parallel-layout: model chunks separated by '|', each a string
-// of E (embedding), t (transformer layer), m (MTP module), L (final norm, output head, loss);
-// "t*3" repeats a block and "(tt|)*30" a group. Returns one string of E/t/m/L per chunk, and
-// throws on anything else. Example: "Et|(tt|)*30mL" has 32 chunks.
-std::vector<std::string> parse_pipeline_layout(std::string_view text);
 
 // How a communication group sits on the cluster.
 struct GroupPlacement {

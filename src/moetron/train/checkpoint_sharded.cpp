@@ -173,12 +173,17 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
     const float* params = model.params();
     const parallel::RankCoordinates c =
         parallel::coordinates_of(trainer.topology(), trainer.rank());
+    // The MTP stage's copy of a pipeline's shared embedding: the first stage writes it.
+    const bool embedding_copy = !model.runs_embedding();
+    auto writes = [&](const ParamEntry& e) {
+        return tp_replica_writes(e, c) && !(embedding_copy && e.name == "embed");
+    };
     std::vector<CheckpointPiece> pieces;
     for (const AdamW::MomentRange& r : trainer.optimizer().moment_ranges()) {
         if (r.replicated && r.group_rank != 0) continue;  // another replica writes it
         for_each_overlap(
             entries, r.offset, r.numel, [&](const ParamEntry& e, int64_t lo, int64_t hi) {
-                if (!tp_replica_writes(e, c)) return;
+                if (!writes(e)) return;
                 const std::vector<int64_t> dims = global.dims(e);
                 for_each_block_part(
                     global, e, lo, hi, /*writing=*/true,
@@ -197,7 +202,7 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
     for (const ParamEntry& e : entries) {
         if (e.trainable || e.numel == 0) continue;
         const int replica = is_routed_expert_param(e.name) ? c.edp : c.dp;
-        if (replica != 0 || !tp_replica_writes(e, c)) continue;
+        if (replica != 0 || !writes(e)) continue;
         for_each_block_part(global, e, e.offset, e.offset + e.numel, /*writing=*/true,
                             [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
                                 pieces.push_back({CheckpointPart::param, e.name, global.dims(e),

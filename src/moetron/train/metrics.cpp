@@ -119,6 +119,13 @@ void MetricsLog::log_step(const StepRecord& r) {
             w.add(" | compute {:.1f} ms, waiting on a2a {:.1f} tp {:.1f} dp {:.1f} ms",
                   r.compute_only_s * 1e3, r.expert_comm_s * 1e3, r.tp_comm_s * 1e3,
                   r.dp_comm_s * 1e3);
+        if (!r.stage_busy_s.empty()) {
+            w.add(" | pp busy");
+            for (double s : r.stage_busy_s) w.add(" {:.1f}", s * 1e3);
+            w.add(" idle");
+            for (double s : r.stage_idle_s) w.add(" {:.1f}", s * 1e3);
+            w.add(" ms (bubble {:.0f}%)", 100 * r.bubble_fraction());
+        }
         w.add(" | {:.1f} ms\n", r.step_s * 1e3);
         write_out(line_.data(), w.size());
         bar_open_ = false;
@@ -185,9 +192,19 @@ void MetricsLog::log_step(const StepRecord& r) {
             w.json_number("grad_sync_exposed_ms", r.grad_sync_exposed_s * 1e3);
         }
         // The names of parallel::collective_name, in CollectiveKind order.
-        constexpr const char* kBytesKeys[] = {"all_reduce_bytes", "reduce_scatter_bytes",
-                                              "all_gather_bytes", "all_to_all_bytes",
-                                              "broadcast_bytes",  "barrier_bytes"};
+        constexpr const char* kBytesKeys[] = {
+            "all_reduce_bytes", "reduce_scatter_bytes", "all_gather_bytes", "all_to_all_bytes",
+            "broadcast_bytes",  "barrier_bytes",        "send_recv_bytes"};
+        if (!r.stage_busy_s.empty()) {
+            for (const auto& [key, times] : {std::pair{"stage_busy_ms", &r.stage_busy_s},
+                                             std::pair{"stage_idle_ms", &r.stage_idle_s}}) {
+                w.add(",\"{}\":[", key);
+                for (size_t s = 0; s < times->size(); ++s)
+                    w.add("{}{:.4g}", s == 0 ? "" : ",", (*times)[s] * 1e3);
+                w.add("]");
+            }
+            w.json_number("bubble_fraction", r.bubble_fraction());
+        }
         for (size_t k = 0; k < r.payload_bytes.size(); ++k)
             if (r.payload_bytes[k] > 0) w.add(",\"{}\":{}", kBytesKeys[k], r.payload_bytes[k]);
         w.add("}}\n");
@@ -195,6 +212,13 @@ void MetricsLog::log_step(const StepRecord& r) {
                  "[metrics] writing the JSONL log '{}' failed: {}", jsonl_path_,
                  detail::errno_message());
     }
+}
+
+double StepRecord::bubble_fraction() const {
+    double busy = 0, idle = 0;
+    for (double s : stage_busy_s) busy += s;
+    for (double s : stage_idle_s) idle += s;
+    return busy + idle > 0 ? idle / (busy + idle) : 0.0;
 }
 
 void MetricsLog::finish() {

@@ -66,7 +66,13 @@ struct StepRecord {
     double grad_sync_exposed_s = 0;
     // Bytes this rank moved per collective kind (parallel::CollectiveKind order; the
     // communicator counters' payload convention).
-    std::array<uint64_t, 6> payload_bytes{};
+    std::array<uint64_t, 7> payload_bytes{};
+    // Pipeline parallelism (pp > 1; empty otherwise): for each stage of rank 0's pipeline, the
+    // time it spent computing its forwards and backwards (busy) and waiting for its neighbours'
+    // activations and gradients (idle: the bubble, and transfers not hidden).
+    std::vector<double> stage_busy_s, stage_idle_s;
+    // The pipeline's idle share of its stages' time: sum(idle) / sum(busy + idle).
+    double bubble_fraction() const;
 };
 
 // Best sustained single-precision GEMM rate of this machine in GFLOP/s, with the threads now

@@ -16,6 +16,7 @@
 #include "moetron/kernels/backend.h"
 #include "moetron/model/flops.h"
 #include "moetron/model/layout_fit.h"
+#include "moetron/model/pipeline_layout.h"
 #include "moetron/parallel/local_communicator.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
@@ -25,9 +26,33 @@ namespace moetron {
 
 namespace {
 
+// This rank's pipeline chunks: pp_rank, pp_rank + pp, ... of the layout's pp * vpp (the default
+// placement when none is given).
+std::vector<PipelineChunk> pipeline_chunks_of(const ModelConfig& model, const TrainParallel& p,
+                                              int64_t pp, int64_t vpp, int64_t pp_rank) {
+    const int64_t mtp_modules = model.num_nextn_predict_layers;
+    const std::string layout =
+        p.pp_layout.empty() ? default_pipeline_layout(model, pp * vpp, mtp_modules) : p.pp_layout;
+    const std::vector<PipelineChunk> all = pipeline_chunks(model, layout, pp * vpp, mtp_modules);
+    std::vector<PipelineChunk> mine;
+    for (int64_t c = 0; c < vpp; ++c) mine.push_back(all[static_cast<size_t>(c * pp + pp_rank)]);
+    return mine;
+}
+
+PipelineScheduleKind schedule_of(const TrainParallel& p, const parallel::Topology& topology) {
+    return schedule_for_chunks(parse_pipeline_schedule(p.pp_schedule), topology.vpp);
+}
+
 ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communicator& world,
-                             const TrainParallel& p) {
+                             const TrainParallel& p, const ModelConfig& model,
+                             const TrainConfig& config, const parallel::Topology& topology) {
     ModelParallel mp;
+    if (topology.pp > 1) {
+        const int stage = groups.pp->rank();
+        mp.pipeline_chunks = pipeline_chunks_of(model, p, topology.pp, topology.vpp, stage);
+        mp.pipeline_in_flight = PipelineRunner::sets_needed(schedule_of(p, topology), topology.pp,
+                                                            stage, config.grad_accum, topology.vpp);
+    }
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
     mp.load = &world;  // every rank routes tokens of its own (TP ranks: their share of them)
@@ -84,6 +109,11 @@ parallel::Topology make_train_topology(const ModelConfig& model, const TrainConf
              "layout '{}'; use a multiple of {}",
              config.batch_size, t.dp, p.layout, t.dp);
     MT_CHECK(p.bucket_mb > 0, "[train] --bucket-mb must be positive, got {}", p.bucket_mb);
+    // A mistaken --pp-schedule or --pp-layout is refused on any layout, not only a pipelined one.
+    schedule_for_chunks(parse_pipeline_schedule(p.pp_schedule), t.vpp);
+    if (!p.pp_layout.empty())
+        pipeline_chunks(model, p.pp_layout, static_cast<int64_t>(t.pp) * t.vpp,
+                        model.num_nextn_predict_layers);
     return t;
 }
 
@@ -109,10 +139,12 @@ void record_dispatch_stats(StepRecord& r, const parallel::DispatchStats& s) {
     r.moe_extra_rounds = s.extra_rounds;
 }
 
-// Sums a few doubles over the data-parallel group.
+// Sums a few doubles over the data-parallel group, and over the pipeline stages (each holds its
+// blocks' share: the losses on the last, the balance losses where the MoE layers are).
 template <size_t N>
 void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& values) {
     groups.dp->all_reduce_sum(std::span<double>(values), kHostStream);
+    if (groups.pp->size() > 1) groups.pp->all_reduce_sum(std::span<double>(values), kHostStream);
 }
 
 // The world a trainer runs in: the job's, or (one process) a world of one that it owns.
@@ -132,7 +164,8 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
       groups_(make_traced_groups(*world_, topology_, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
-                        model_parallel(groups_, *world_, parallel), backend)),
+                        model_parallel(groups_, *world_, parallel, model_config, config, topology_),
+                        backend)),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {
@@ -156,6 +189,10 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
         MT_USER_CHECK(parallel.moe.rebalance_every == 0,
                       "--rebalance-every needs expert parallelism (a layout with ep > 1) and "
                       "--redundant-experts");
+    if (topology_.pp > 1)
+        pipeline_ = std::make_unique<PipelineRunner>(
+            *model_, *groups_.pp, schedule_of(parallel, topology_), config.grad_accum, rank_rows_,
+            config.seq_len, &trace_);
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
@@ -193,7 +230,13 @@ StepRecord Trainer::step() {
     const LossDenominators den =
         count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
     std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
-    for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
+    if (pipeline_ != nullptr) {
+        const int64_t first = first_rank_row_ * S;
+        losses =
+            pipeline_->train_step(tokens_.data() + first, targets_.data() + first, micro_tokens,
+                                  den, [this] { optimizer_->grad_sync().arm(); });
+    }
+    for (int64_t micro = 0; pipeline_ == nullptr && micro < config_.grad_accum; ++micro) {
         if (micro + 1 == config_.grad_accum) {
             optimizer_->grad_sync().arm();
             model_->arm_replica_gradient_sum();  // redundant experts: replicas sum their parts
@@ -255,6 +298,7 @@ StepRecord Trainer::step() {
     const ExpertLoadStats load = model_->expert_load();
     r.expert_load_max_over_mean = load.max_over_mean;
     r.expert_load_min_over_mean = load.min_over_mean;
+    if (pipeline_ != nullptr) record_stage_times(r);
     timer.reset();
     model_->update_router_bias(static_cast<float>(config_.bias_update_speed));
     {
@@ -300,6 +344,19 @@ StepRecord Trainer::step() {
     return r;
 }
 
+// Every stage's busy and idle time, gathered over rank's pipeline (outside the step's timing:
+// the record's vectors allocate).
+void Trainer::record_stage_times(StepRecord& r) {
+    const PipelineStageTimes mine = pipeline_->last_step_times();
+    const std::array<double, 2> own{mine.busy_s, mine.idle_s};
+    std::vector<double> all(2 * static_cast<size_t>(groups_.pp->size()));
+    groups_.pp->all_gather(all.data(), own.data(), 2, DType::f64, kHostStream);
+    for (size_t s = 0; s < all.size(); s += 2) {
+        r.stage_busy_s.push_back(all[s]);
+        r.stage_idle_s.push_back(all[s + 1]);
+    }
+}
+
 double Trainer::evaluate() {
     std::array<double, 2> sums{};  // loss sum, valid tokens
     const int64_t B = config_.batch_size, S = config_.seq_len;
@@ -307,7 +364,9 @@ double Trainer::evaluate() {
         loader_.val_batch(tokens_.data(), targets_.data(), B, i);
         const int64_t first = first_rank_row_ * S;
         const MicroBatchLosses l =
-            model_->forward(tokens_.data() + first, targets_.data() + first, rank_rows_, S);
+            pipeline_ != nullptr
+                ? pipeline_->forward_only(tokens_.data() + first, targets_.data() + first)
+                : model_->forward(tokens_.data() + first, targets_.data() + first, rank_rows_, S);
         sums[0] += l.lm_loss * static_cast<double>(l.num_tokens);
         sums[1] += static_cast<double>(l.num_tokens);
     }

@@ -15,6 +15,10 @@
 // ModelParallel::tp); the routed experts are split over the EP group; gradients are summed over the
 // data-parallel groups in buckets posted during the last micro-batch's backward
 // (parallel/grad_sync.h) and the optimizer is ZeRO-1 by default (train/optimizer.h).
+// With pipeline parallelism (pp > 1 in the layout) each rank runs one chunk of the model
+// (TrainParallel::pp_layout, model/pipeline_layout.h) and the step's micro-batches flow through the
+// stages in the order of TrainParallel::pp_schedule (train/pipeline_runner.h); the losses are
+// summed over the stages, the gradient norm over the world, so every stage clips and skips alike.
 // One process is a world of one (TrainParallel::world null: the trainer makes a local
 // communicator), so it takes the same path: the same optimizer, the same checkpoints.
 // Losses, validation and expert loads are summed over the ranks. Everything a step touches (model
@@ -39,6 +43,7 @@
 #include "moetron/train/lr_schedule.h"
 #include "moetron/train/metrics.h"
 #include "moetron/train/optimizer.h"
+#include "moetron/train/pipeline_runner.h"
 #include "moetron/train/train_config.h"
 
 namespace moetron {
@@ -69,6 +74,10 @@ struct TrainParallel {
     bool overlap = true;  // post gradient buckets during the backward
     // How the MoE layers run (--dispatch, --moe-overlap, --moe-capacity-factor; model.h).
     MoeSettings moe;
+    // Pipeline parallelism (pp > 1 in layout): which blocks each stage runs, as Megatron-LM's
+    // layout string (empty: default_pipeline_layout), and the schedule (--pp-schedule).
+    std::string pp_layout;
+    std::string pp_schedule = "1f1b";
 };
 
 class Trainer {
@@ -143,6 +152,8 @@ class Trainer {
     int64_t optimizer_state_numel() const;
     // The last step's gradient synchronization.
     parallel::GradSyncStats last_sync_stats() const;
+    // This rank's pipeline stage runner; null without pipeline parallelism.
+    const PipelineRunner* pipeline() const { return pipeline_.get(); }
 
     // Records the timeline of the run's step-th step (1-based, counted from where run() starts,
     // so also after a resume) and writes it,
@@ -152,6 +163,7 @@ class Trainer {
 
   private:
     void write_trace();
+    void record_stage_times(StepRecord& r);
 
     TrainConfig config_;
     std::unique_ptr<parallel::Communicator> own_world_;  // one process: the world of one
@@ -165,6 +177,7 @@ class Trainer {
     std::unique_ptr<Model> model_;
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<ExpertBalancer> balancer_;  // with expert parallelism
+    std::unique_ptr<PipelineRunner> pipeline_;  // pp > 1 only
     LrSchedule schedule_;
     int64_t rank_rows_ = 0;         // sequences of a micro-batch that this rank runs
     int64_t first_rank_row_ = 0;    // its first sequence in the micro-batch

@@ -1,0 +1,107 @@
+// Runs a step's micro-batches through this rank's pipeline stage, in a schedule's order
+// (train/pipeline_schedule.h): each forward (of one of the stage's chunks: virtual stage
+// chunk * pp + stage) takes one of the Model's activation sets and receives the stream from the
+// previous virtual stage into it; each backward receives the gradient from the next virtual
+// stage, and frees the set. With vpp chunks per stage the stream goes round the pipeline group
+// vpp times: the last stage's chunk c feeds the first stage's chunk c + 1. Transfers are the
+// pipeline group's send_async / recv_async, posted as early as their buffers allow, so that they
+// fly while the stage computes: a forward's output and a backward's input gradient are sent without
+// waiting, the gradient a backward will need is received from the moment its forward is done, and
+// the next forward's input from the moment a set is free. Activations into virtual stage v travel
+// with tag 2v, gradients into it with tag 2v + 1: each in micro-batch order on both sides, so the
+// messages match. With MTP the first stage and the last (the MTP modules') both hold the embedding
+// (Model::shares_embedding): after the step's last backward they exchange its gradient and each
+// adds the other's, before the gradient sync, so the two copies stay one.
+// Everything is sized in the constructor; a step allocates nothing.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "moetron/core/trace.h"
+#include "moetron/model/model.h"
+#include "moetron/parallel/communicator.h"
+#include "moetron/train/pipeline_schedule.h"
+
+namespace moetron {
+
+// Where a stage's step time went: computing its forwards and backwards, or waiting for its
+// neighbours (the pipeline bubble and exposed transfers).
+struct PipelineStageTimes {
+    double busy_s = 0;
+    double idle_s = 0;
+};
+
+class PipelineRunner {
+  public:
+    // model runs stage pp.rank() of pp.size() (ModelParallel::pipeline_chunks: vpp of them),
+    // each chunk with at least the activation sets sets_needed() gives it. rows x seq_len: this
+    // rank's micro-batch. recorder (may be null) gets a compute span per forward and backward.
+    PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
+                   int64_t micro_batches, int64_t rows, int64_t seq_len, TraceRecorder* recorder);
+
+    // One step: micro-batch i's rows start at tokens + i * micro_stride (and targets likewise),
+    // normalized by den. before_last_backward runs just before the step's last backward (the
+    // trainer arms its gradient synchronization there). Returns this stage's shares of the lm,
+    // MTP and balance losses (the lm and MTP losses only on the last stage).
+    std::array<double, 3> train_step(const int32_t* tokens, const int32_t* targets,
+                                     int64_t micro_stride, const LossDenominators& den,
+                                     const std::function<void()>& before_last_backward);
+    // The forward of one micro-batch through every stage (validation); the losses on the last
+    // stage, zeros elsewhere.
+    MicroBatchLosses forward_only(const int32_t* tokens, const int32_t* targets);
+
+    const std::vector<PipelineAction>& order() const { return order_; }
+    PipelineStageTimes last_step_times() const { return times_; }
+
+    // The activation sets each chunk of a stage of this schedule needs (for
+    // ModelParallel::pipeline_in_flight).
+    static std::vector<int64_t> sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
+                                            int64_t micro_batches, int64_t vpp);
+
+  private:
+    bool first_stage() const { return pp_.rank() == 0; }
+    bool last_stage() const { return pp_.rank() + 1 == pp_.size(); }
+    int64_t virtual_stage(int64_t chunk) const { return chunk * pp_.size() + pp_.rank(); }
+    bool first_virtual(int64_t chunk) const { return virtual_stage(chunk) == 0; }
+    bool last_virtual(int64_t chunk) const { return virtual_stage(chunk) + 1 == num_virtual_; }
+    int next_rank() const { return (pp_.rank() + 1) % pp_.size(); }
+    int prev_rank() const { return (pp_.rank() + pp_.size() - 1) % pp_.size(); }
+    static int activation_tag(int64_t into_virtual) { return static_cast<int>(2 * into_virtual); }
+    static int gradient_tag(int64_t into_virtual) { return static_cast<int>(2 * into_virtual + 1); }
+    int embedding_tag() const { return static_cast<int>(2 * num_virtual_); }
+    int64_t& set_of(int64_t chunk, int64_t micro) {
+        return set_of_[static_cast<size_t>(chunk * micro_batches_ + micro)];
+    }
+    // Takes a free set for forward number `index` of the order and posts the receive of its
+    // input.
+    void acquire_set(size_t index);
+    // Acquires sets ahead for the coming forwards while free ones have no send in flight.
+    void prefetch_inputs();
+    void wait(parallel::CollectiveHandle& handle);
+    // The first and the MTP stage add each other's embedding gradient (Model::shares_embedding).
+    void sum_shared_embedding_grads();
+
+    Model& model_;
+    parallel::Communicator& pp_;
+    int64_t micro_batches_, vpp_, num_virtual_, rows_, seq_len_, numel_;
+    TraceRecorder* recorder_;
+    std::vector<PipelineAction> order_;
+    std::vector<PipelineAction> forwards_;  // the forwards of order_, in order
+    // Per (chunk, micro-batch): its activation set (-1 before its forward's set is taken).
+    std::vector<int64_t> set_of_;
+    std::vector<std::vector<int64_t>> free_sets_;  // per chunk, a stack
+    size_t next_forward_ = 0;                      // the next of forwards_ to get a set
+    // Per activation set: the transfers in flight from or into its buffers.
+    struct SetTransfers {
+        parallel::CollectiveHandle input_recv, output_send, grad_recv, grad_send;
+    };
+    std::vector<SetTransfers> transfers_;
+    ParamEntry embedding_;               // the shared embedding's entry (numel 0: none)
+    std::vector<float> embedding_grad_;  // the other stage's gradient of it
+    PipelineStageTimes times_;
+};
+
+}  // namespace moetron
