@@ -24,6 +24,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/adamw.h"
 #include "moetron/model/layout_fit.h"
 #include "moetron/model/model.h"
@@ -655,6 +656,24 @@ TEST(MpiTrainer, PipelineWithDataOrExpertParallelMatchesOneProcess) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
     run_trainer_case({.layout = "pp2.dp2", .grad_accum = 3});
     run_trainer_case({.layout = "pp2.ep2", .grad_accum = 2});
+}
+
+// Redundant experts sum their replicas' gradients in the last micro-batch's backward, which an
+// interleaved pipeline splits: the combination is refused, on every rank alike.
+TEST(MpiTrainer, RedundantExpertsUnderAPipelineAreRefused) {
+    if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    const ModelConfig model = tiny_config();
+    const TrainConfig c = trainer_config(2);
+    TrainParallel p;
+    p.world = &mpi_world();
+    p.layout = "pp2.ep2";
+    p.moe.redundant_experts = 2;
+    try {
+        trainer_run(model, c, p);
+        ADD_FAILURE() << "no error for --redundant-experts under pp2.ep2";
+    } catch (const UserError& e) {
+        EXPECT_NE(std::string(e.what()).find("pipeline"), std::string::npos) << e.what();
+    }
 }
 
 // ZeRO-1 shards the routed experts' optimizer state over the expert-data-parallel group: with
