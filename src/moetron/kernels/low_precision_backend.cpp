@@ -45,7 +45,7 @@ std::string_view precision_name(Precision precision) {
 }
 
 LowPrecisionBackend::LowPrecisionBackend(Backend& inner, Precision precision)
-    : inner_(inner), precision_(precision) {
+    : ForwardingBackend(inner), precision_(precision) {
     MT_CHECK(precision != Precision::fp32, "[low_precision] fp32 needs no decorator");
     MT_USER_CHECK(inner.device() == Device::cpu,
                   "--precision {} runs on the CPU backend only for now (the {} backend has no "
