@@ -140,10 +140,30 @@ TEST(SimRoutingImbalance, SimulateAndPlanTakeAndReportIt) {
     EXPECT_CONTAINS(bad_r.text, "multiple of 32");
     EXPECT_EQ(bad_r.text.find(".cpp:"), std::string::npos) << bad_r.text;
 
+    const testing::CliOutput negative_r = testing::run_cli(simulate + " --redundant-experts -1");
+    EXPECT_NE(negative_r.exit_code, 0);
+    EXPECT_CONTAINS(negative_r.text, "--redundant-experts: -1 is out of range");
+
     const testing::CliOutput missing =
         testing::run_cli(simulate.substr(0, simulate.find("zipf")) + "/nonexistent/run.jsonl");
     EXPECT_NE(missing.exit_code, 0);
     EXPECT_CONTAINS(missing.text, "/nonexistent/run.jsonl");
+
+    // A training log's last histogram: tiny's 8 experts two per rank on ep4 carry 8, 2, 2 and 4
+    // of a mean 4.
+    testing::TempDir dir;
+    const std::string log = (dir.path() / "run.jsonl").string();
+    std::ofstream(log) << "{\"step\":10,\"average_expert_load\":[1,1,1,1,1,1,1,1]}\n"
+                       << "{\"step\":20,\"average_expert_load\":[5,3,1,1,1,1,1,3]}\n";
+    const std::string tiny =
+        "simulate --config tiny --cluster h100-hgx --gpus 8 --gbs 64 --seq-len 256 ";
+    const testing::CliOutput measured =
+        testing::run_cli(tiny + "--layout ep4 --expert-imbalance '" + log + "'");
+    ASSERT_EQ(measured.exit_code, 0) << measured.text;
+    EXPECT_CONTAINS(measured.text, "tokens per EP rank max/mean 2.000 (experts split");
+    const testing::CliOutput no_ep = testing::run_cli(tiny + "--layout ep1 --redundant-experts 8");
+    EXPECT_NE(no_ep.exit_code, 0);
+    EXPECT_CONTAINS(no_ep.text, "needs ep > 1");
 
     const testing::CliOutput plan = testing::run_cli(
         "plan --config tiny --cluster h100-hgx --gpus 8 --gbs 64 --seq-len 256 --top 1 "

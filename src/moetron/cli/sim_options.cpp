@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "moetron/cli/number_options.h"
 #include "moetron/sim/memory.h"
 
 namespace moetron::cli {
@@ -46,7 +47,7 @@ void add_expert_imbalance_options(CLI::App& cmd, std::string& expert_imbalance,
                    "spare expert slots over each expert-parallel group (R), placed on the "
                    "measured load as `moetron train --redundant-experts` places them: each rank "
                    "holds (experts + R) / ep slots; needs ep > 1 (default 0)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number(0, int64_t{1} << 24));
 }
 
 }  // namespace moetron::cli
