@@ -29,12 +29,15 @@ BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const par
     }();
     const RankParamCount n = rank_param_count(m, part, l.tp, l.ep);
     BlockParams p{static_cast<double>(n.dense), static_cast<double>(n.expert)};
-    // E / ep experts per rank become (E + R) / ep slots of the same size.
-    if (redundant_experts > 0 && m.n_routed_experts > 0) {
-        p.expert *= static_cast<double>(m.n_routed_experts + redundant_experts) /
-                    static_cast<double>(m.n_routed_experts);
-    }
+    if (redundant_experts > 0) p.expert *= expert_slot_factor(m, redundant_experts);
     return p;
+}
+
+double expert_slot_factor(const ModelConfig& m, int64_t redundant_experts) {
+    // E / ep experts per rank become (E + R) / ep slots of the same size.
+    if (m.n_routed_experts <= 0) return 1.0;
+    return static_cast<double>(m.n_routed_experts + redundant_experts) /
+           static_cast<double>(m.n_routed_experts);
 }
 
 double optimizer_dtype_bytes(const std::string& name, const std::string& option) {

@@ -71,6 +71,9 @@ struct BlockParams {
 };
 BlockParams block_params_per_gpu(const ModelConfig& model, BlockKind kind,
                                  const parallel::Layout& layout, int64_t redundant_experts = 0);
+// (E + R) / E: the routed-expert parameters a rank holds with R redundant slots over those
+// without (1 for a model without routed experts).
+double expert_slot_factor(const ModelConfig& model, int64_t redundant_experts);
 
 // Bytes per parameter of the stored weights: bf16, or in low precision the row- and
 // column-wise quantized copies (plus the bf16 weights unless they are the primary copy).

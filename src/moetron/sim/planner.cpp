@@ -19,12 +19,8 @@ namespace {
 double static_memory_lower_bound(const ModelConfig& model, const parallel::Layout& l,
                                  const SimOptions& o) {
     const ParamCounts pc = count_parameters(model);
-    const double slots_per_expert =
-        model.n_routed_experts > 0
-            ? static_cast<double>(model.n_routed_experts + o.redundant_experts) /
-                  static_cast<double>(model.n_routed_experts)
-            : 1.0;
-    const double expert = pc.moe_routed * slots_per_expert / static_cast<double>(l.ep * l.pp);
+    const double expert = pc.moe_routed * expert_slot_factor(model, o.redundant_experts) /
+                          static_cast<double>(l.ep * l.pp);
     const double dense = (pc.total - pc.moe_routed) / static_cast<double>(l.tp * l.pp);
     BlockParams sp{dense, expert};
     return static_memory(sp, l, o.precision, o.memory, 0).total_bytes();
