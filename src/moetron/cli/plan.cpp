@@ -16,6 +16,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
+#include "moetron/sim/expert_imbalance.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/planner.h"
 #include "moetron/sim/report.h"
@@ -34,6 +35,8 @@ struct PlanFlags {
     bool count_mtp = true, low_precision_dispatch = false, overlap_ep = false, overlap_tp = false;
     sim::MemoryFlags memory;
     std::string pipeline_schedule = "1f1b";
+    std::string expert_imbalance;  // zipf:S or a --log-jsonl file; empty: balanced
+    int64_t redundant_experts = 0;
 };
 
 std::vector<int64_t> parse_counts(const std::string& text) {
@@ -71,6 +74,10 @@ void run_plan(const PlanFlags& f) {
     base.overlap_tp = f.overlap_tp;
     base.memory = sim::memory_options_from_flags(f.memory);
     base.pipeline_schedule = sim::pipeline_schedule_from_name(f.pipeline_schedule);
+    if (!f.expert_imbalance.empty()) {
+        base.expert_loads = sim::expert_loads_from_spec(f.expert_imbalance, model.n_routed_experts);
+    }
+    base.redundant_experts = f.redundant_experts;
 
     const sim::PlanResult plan = sim::plan_layouts(model, cluster, f.gpus, base);
     std::printf("moetron plan: %s on %lld x %s, global batch %lld x %lld tokens, %s\n",
@@ -91,6 +98,13 @@ void run_plan(const PlanFlags& f) {
     if (plan.ranked.empty()) {
         MT_USER_THROW("[plan] no layout of {} on {} x {} fits in memory with global batch {}",
                       model.name, f.gpus, cluster.name, f.global_batch);
+    }
+    if (!base.expert_loads.empty() || base.redundant_experts > 0) {
+        std::printf(
+            "  routing: %s expert loads, %lld redundant experts; the best layout's tokens "
+            "per EP rank max/mean %.3f\n\n",
+            base.expert_loads.empty() ? "balanced" : f.expert_imbalance.c_str(),
+            static_cast<long long>(base.redundant_experts), plan.ranked[0].result.expert_imbalance);
     }
     for (int i = 0; i < f.top && i < static_cast<int>(plan.ranked.size()); ++i) {
         std::printf("%s", sim::explain_candidate(plan.ranked[i], plan.ranked[0], i + 1).c_str());
@@ -168,6 +182,7 @@ void register_plan(CLI::App& app) {
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
     add_pipeline_schedule_option(*cmd, f->pipeline_schedule);
     add_memory_options(*cmd, f->memory);
+    add_expert_imbalance_options(*cmd, f->expert_imbalance, f->redundant_experts);
     cmd->add_option("--top", f->top, "how many layouts to explain")->capture_default_str();
     cmd->add_option("--scaling", f->scaling,
                     "GPU counts for weak scaling with the best layout, e.g. 256,512,1024");

@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "moetron/cli/number_options.h"
 #include "moetron/sim/memory.h"
 
 namespace moetron::cli {
@@ -33,6 +34,20 @@ void add_memory_options(CLI::App& cmd, sim::MemoryFlags& memory) {
     cmd.add_option("--offload-activations", memory.offload,
                    "modules whose saved activations go to host memory (as --recompute names them)")
         ->capture_default_str();
+}
+
+void add_expert_imbalance_options(CLI::App& cmd, std::string& expert_imbalance,
+                                  int64_t& redundant_experts) {
+    cmd.add_option("--expert-imbalance", expert_imbalance,
+                   "routed experts' load instead of balanced routing: zipf:S (expert i gets "
+                   "1/(i+1)^S) or a `moetron train --log-jsonl` file (its last "
+                   "average_expert_load); the busiest EP rank's expert compute and all-to-all "
+                   "receive scale by tokens per rank max/mean");
+    cmd.add_option("--redundant-experts", redundant_experts,
+                   "spare expert slots over each expert-parallel group (R), placed on the "
+                   "measured load as `moetron train --redundant-experts` places them: each rank "
+                   "holds (experts + R) / ep slots; needs ep > 1 (default 0)")
+        ->check(whole_number(0, int64_t{1} << 24));
 }
 
 }  // namespace moetron::cli

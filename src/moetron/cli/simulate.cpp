@@ -4,6 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "moetron/cli/commands.h"
@@ -13,6 +15,7 @@
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
 #include "moetron/parallel/layout.h"
+#include "moetron/sim/expert_imbalance.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/report.h"
 #include "moetron/sim/step.h"
@@ -33,9 +36,11 @@ struct SimulateFlags {
     bool layer_ops = false;
     sim::MemoryFlags memory;
     std::string pipeline_schedule = "1f1b";
+    std::string expert_imbalance;  // zipf:S or a --log-jsonl file; empty: balanced
+    int64_t redundant_experts = 0;
 };
 
-sim::SimOptions to_options(const SimulateFlags& f) {
+sim::SimOptions to_options(const SimulateFlags& f, const ModelConfig& model) {
     sim::SimOptions o;
     o.precision = sim::precision_from_name(f.precision);
     o.seq_len = f.seq_len;
@@ -54,6 +59,10 @@ sim::SimOptions to_options(const SimulateFlags& f) {
     o.pipeline_layout = f.pipeline_layout;
     o.memory = sim::memory_options_from_flags(f.memory);
     o.pipeline_schedule = sim::pipeline_schedule_from_name(f.pipeline_schedule);
+    if (!f.expert_imbalance.empty()) {
+        o.expert_loads = sim::expert_loads_from_spec(f.expert_imbalance, model.n_routed_experts);
+    }
+    o.redundant_experts = f.redundant_experts;
     return o;
 }
 
@@ -61,11 +70,29 @@ void run_simulate(const SimulateFlags& f) {
     const ModelConfig model = load_model_config(model_config_path(f.model_path));
     const sim::ClusterSpec cluster = sim::load_cluster_spec(cluster_config_path(f.cluster_path));
     const parallel::Layout layout = parallel::parse_layout(f.layout, f.gpus);
-    const sim::StepResult r = sim::simulate_step(model, cluster, layout, to_options(f));
+    const sim::SimOptions options = to_options(f, model);
+    const sim::StepResult r = sim::simulate_step(model, cluster, layout, options);
+    // With redundant experts, the same step without them beside it (what the spare slots buy).
+    std::optional<sim::StepResult> without_redundant;
+    if (options.redundant_experts > 0) {
+        sim::SimOptions o = options;
+        o.redundant_experts = 0;
+        without_redundant = sim::simulate_step_unchecked(model, cluster, layout, o);
+    }
     if (f.json) {
-        std::printf("%s\n", sim::step_report_json(r).dump(2).c_str());
+        nlohmann::json report = sim::step_report_json(r);
+        if (without_redundant) {
+            report["without_redundant_experts"] = {
+                {"step_time_s", without_redundant->step_time_s},
+                {"tflops_per_gpu", without_redundant->tflops_per_gpu},
+                {"expert_imbalance", without_redundant->expert_imbalance}};
+        }
+        std::printf("%s\n", report.dump(2).c_str());
     } else {
         std::printf("%s", sim::format_step_report(r).c_str());
+        if (without_redundant) {
+            std::printf("%s", sim::format_redundant_comparison(r, *without_redundant).c_str());
+        }
         if (f.layer_ops) std::printf("\n%s", sim::format_layer_ops(r).c_str());
     }
     if (!f.svg_path.empty()) {
@@ -128,6 +155,7 @@ void register_simulate(CLI::App& app) {
                     "Megatron-LM pipeline layout such as 'Et|(tt|)*30mL' (default: balanced)");
     add_pipeline_schedule_option(*cmd, f->pipeline_schedule);
     add_memory_options(*cmd, f->memory);
+    add_expert_imbalance_options(*cmd, f->expert_imbalance, f->redundant_experts);
     cmd->add_flag("--json", f->json, "print JSON instead of the table");
     cmd->add_flag("--layer-ops", f->layer_ops, "also print one layer's op timeline");
     cmd->add_option("--svg", f->svg_path, "write the step timeline as SVG to this path");

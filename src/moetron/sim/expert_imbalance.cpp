@@ -1,6 +1,7 @@
 #include "moetron/sim/expert_imbalance.h"
 
 #include <cmath>
+#include <exception>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -37,6 +38,25 @@ std::vector<double> zipf_expert_loads(int64_t experts, double exponent) {
         sum += loads[static_cast<size_t>(i)] = std::pow(static_cast<double>(i + 1), -exponent);
     for (double& l : loads) l *= static_cast<double>(experts) / sum;
     return loads;
+}
+
+std::vector<double> expert_loads_from_spec(const std::string& spec, int64_t experts) {
+    const std::string zipf = "zipf:";
+    if (spec.rfind(zipf, 0) != 0) return expert_loads_from_jsonl(spec);
+    const std::string exponent_text = spec.substr(zipf.size());
+    size_t used = 0;
+    double exponent = -1;
+    try {
+        exponent = std::stod(exponent_text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    MT_USER_CHECK(used > 0 && used == exponent_text.size(),
+                  "--expert-imbalance '{}': expected zipf:S with a number S >= 0 (such as "
+                  "zipf:1.0) or a --log-jsonl file",
+                  spec);
+    MT_USER_CHECK(experts >= 1, "--expert-imbalance '{}': the model has no routed experts", spec);
+    return zipf_expert_loads(experts, exponent);
 }
 
 ExpertImbalance expert_rank_imbalance(std::span<const double> loads,

@@ -26,6 +26,11 @@ std::vector<double> expert_loads_from_jsonl(const std::string& path);
 // Zipf loads over `experts` experts with exponent s >= 0 (mean 1).
 std::vector<double> zipf_expert_loads(int64_t experts, double exponent);
 
+// What `moetron simulate --expert-imbalance` takes: "zipf:S" (zipf_expert_loads over `experts`)
+// or the path of a --log-jsonl file (expert_loads_from_jsonl). Throws moetron::UserError for a
+// malformed exponent, an unreadable file or a file without loads.
+std::vector<double> expert_loads_from_spec(const std::string& spec, int64_t experts);
+
 struct ExpertImbalance {
     double contiguous = 1;  // tokens per rank max / mean, E / ep experts per rank in order
     double redundant = 1;   // the same with the shape's redundant slots, balanced_placement

@@ -8,7 +8,8 @@
 
 namespace moetron::sim {
 
-BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const parallel::Layout& l) {
+BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const parallel::Layout& l,
+                                 int64_t redundant_experts) {
     // The same count as the engine's memory plan (plan_rank_memory): what a rank of this tp x ep
     // layout allocates for the block.
     const ModelPart part = [kind] {
@@ -27,7 +28,16 @@ BlockParams block_params_per_gpu(const ModelConfig& m, BlockKind kind, const par
         MT_THROW("[sim] unknown block kind {}", static_cast<int>(kind));
     }();
     const RankParamCount n = rank_param_count(m, part, l.tp, l.ep);
-    return {static_cast<double>(n.dense), static_cast<double>(n.expert)};
+    BlockParams p{static_cast<double>(n.dense), static_cast<double>(n.expert)};
+    if (redundant_experts > 0) p.expert *= expert_slot_factor(m, redundant_experts);
+    return p;
+}
+
+double expert_slot_factor(const ModelConfig& m, int64_t redundant_experts) {
+    // E / ep experts per rank become (E + R) / ep slots of the same size.
+    if (m.n_routed_experts <= 0) return 1.0;
+    return static_cast<double>(m.n_routed_experts + redundant_experts) /
+           static_cast<double>(m.n_routed_experts);
 }
 
 double optimizer_dtype_bytes(const std::string& name, const std::string& option) {

@@ -62,13 +62,18 @@ struct MemoryFlags {
 MemoryOptions memory_options_from_flags(const MemoryFlags& flags);
 
 // Parameters one GPU holds for one block (rank_param_count of its model part): the dense part
-// (TP shards and TP-replicated tensors) and this GPU's routed experts.
+// (TP shards and TP-replicated tensors) and this GPU's routed experts, (E + R) / ep expert slots
+// with R redundant experts over the EP group (each slot a whole expert: weights, gradients and
+// optimizer state).
 struct BlockParams {
     double dense = 0;
     double expert = 0;
 };
 BlockParams block_params_per_gpu(const ModelConfig& model, BlockKind kind,
-                                 const parallel::Layout& layout);
+                                 const parallel::Layout& layout, int64_t redundant_experts = 0);
+// (E + R) / E: the routed-expert parameters a rank holds with R redundant slots over those
+// without (1 for a model without routed experts).
+double expert_slot_factor(const ModelConfig& model, int64_t redundant_experts);
 
 // Bytes per parameter of the stored weights: bf16, or in low precision the row- and
 // column-wise quantized copies (plus the bf16 weights unless they are the primary copy).

@@ -60,7 +60,11 @@ Dims make_dims(const OpContext& ctx) {
     d.F_shared = static_cast<double>(m.n_shared_experts * m.moe_intermediate_size);
     d.F_dense = static_cast<double>(m.intermediate_size);
     d.V = static_cast<double>(m.vocab_size);
-    d.E_local = m.n_routed_experts > 0 ? d.E / static_cast<double>(l.ep) : 1;
+    // With redundant experts each rank holds (E + R) / ep expert slots, each its own GEMM.
+    d.E_local = m.n_routed_experts > 0
+                    ? (d.E + static_cast<double>(ctx.settings.redundant_experts)) /
+                          static_cast<double>(l.ep)
+                    : 1;
     d.R = d.T * d.K;
     d.low = precision_bytes(ctx.settings.precision);
     return d;
@@ -420,9 +424,11 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     // Uniform random routing (the published runs force balance with random router scores)
     // leaves multinomial noise: rows per rank have mean R and standard deviation ~sqrt(R), and
     // every rank waits for the busiest of ep at the next all-to-all, about
-    // R + sqrt(2 ln ep) sqrt(R) (the expected maximum of ep Gaussians).
+    // R + sqrt(2 ln ep) sqrt(R) (the expected maximum of ep Gaussians). On top of that noise,
+    // skewed expert loads send the busiest rank expert_load_imbalance times the mean.
     const double ep = static_cast<double>(ctx.layout.ep);
-    const double imbalance = ep > 1 ? 1 + std::sqrt(2 * std::log(ep) / d.R) : 1.0;
+    const double noise = ep > 1 ? 1 + std::sqrt(2 * std::log(ep) / d.R) : 1.0;
+    const double imbalance = noise * ctx.settings.expert_load_imbalance;
     const double rows = d.R * imbalance;
     if (!two_tier) {
         // A plain all-to-all needs the K copies laid out per destination first.

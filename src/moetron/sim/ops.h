@@ -8,7 +8,7 @@
 //
 // Names: T tokens of a micro-batch on this rank (sequence-parallel shard), Tf the tokens a
 // column-parallel GEMM sees after the TP all-gather, R = T*K expert rows this rank processes
-// (balanced routing), h = heads per TP rank.
+// (balanced routing; the busiest rank gets more, see OpSettings), h = heads per TP rank.
 #pragma once
 
 #include <array>
@@ -96,6 +96,10 @@ struct OpSettings {
     // (DeepSeek-V3 report sec. 3.3.2: cached in FP8, the output recomputed).
     bool low_precision_swiglu_input = false;
     bool cuda_graph_moe_sync_free = false;  // full CUDA graphs: no device-host sync in MoE
+    // Tokens on the busiest EP rank over the mean from the experts' loads (1: balanced): scales
+    // that rank's expert rows and the receive side of its dispatch and combine.
+    double expert_load_imbalance = 1;
+    int64_t redundant_experts = 0;  // spare expert slots over the EP group: (E + R) / ep local
 };
 
 struct OpContext {

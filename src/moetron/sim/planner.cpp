@@ -19,7 +19,8 @@ namespace {
 double static_memory_lower_bound(const ModelConfig& model, const parallel::Layout& l,
                                  const SimOptions& o) {
     const ParamCounts pc = count_parameters(model);
-    const double expert = pc.moe_routed / static_cast<double>(l.ep * l.pp);
+    const double expert = pc.moe_routed * expert_slot_factor(model, o.redundant_experts) /
+                          static_cast<double>(l.ep * l.pp);
     const double dense = (pc.total - pc.moe_routed) / static_cast<double>(l.tp * l.pp);
     BlockParams sp{dense, expert};
     return static_memory(sp, l, o.precision, o.memory, 0).total_bytes();
@@ -70,6 +71,12 @@ PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, in
                             if (model.n_routed_experts == 0 && ep > 1) continue;
                             if (model.n_routed_experts > 0 &&
                                 (model.n_routed_experts % ep != 0 || (gpus / pp) % ep != 0)) {
+                                continue;
+                            }
+                            // Redundant slots need an EP group that splits them evenly.
+                            if (o.redundant_experts > 0 &&
+                                (ep == 1 ||
+                                 (model.n_routed_experts + o.redundant_experts) % ep != 0)) {
                                 continue;
                             }
                             if (model.num_attention_heads % tp != 0) continue;

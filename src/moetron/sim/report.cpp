@@ -45,6 +45,14 @@ std::string format_step_report(const StepResult& r) {
                      precision_name(o.precision));
     s += fmt::format("  options: {}; MTP {}\n", describe_options(r),
                      o.count_mtp ? "simulated and counted" : "not simulated, not counted");
+    if (!o.expert_loads.empty() || o.redundant_experts > 0) {
+        s += fmt::format(
+            "  routing imbalance: tokens per EP rank max/mean {:.3f} ({}), on top of the "
+            "routing noise\n",
+            r.expert_imbalance,
+            o.redundant_experts > 0 ? fmt::format("{} redundant experts", o.redundant_experts)
+                                    : std::string("experts split contiguously"));
+    }
     s += "\n";
     s += fmt::format("  step time                  {:10.3f} s\n", step);
     s += fmt::format("  tokens/s/GPU               {:10.0f}\n", r.tokens_per_s_per_gpu);
@@ -131,6 +139,18 @@ std::string format_layer_ops(const StepResult& r) {
     return s;
 }
 
+std::string format_redundant_comparison(const StepResult& with, const StepResult& without) {
+    return fmt::format(
+        "\n  redundant experts: step {:.3f} s with {} (max/mean {:.3f}), {:.3f} s without "
+        "(max/mean {:.3f}); {:.1f} vs {:.1f} TFLOPs/GPU, {:.1f} vs {:.1f} GB{}\n",
+        with.step_time_s, with.options.redundant_experts, with.expert_imbalance,
+        without.step_time_s, without.expert_imbalance, with.tflops_per_gpu, without.tflops_per_gpu,
+        with.memory.total_bytes() / 1e9, without.memory.total_bytes() / 1e9,
+        without.memory.total_bytes() > without.memory.capacity_bytes
+            ? " (without: over the GPU's memory)"
+            : "");
+}
+
 nlohmann::json step_report_json(const StepResult& r) {
     const TimeBreakdown& b = r.breakdown;
     nlohmann::json mem = nlohmann::json::array();
@@ -160,6 +180,8 @@ nlohmann::json step_report_json(const StepResult& r) {
         {"micro_batches", r.micro_batches},
         {"count_mtp", r.options.count_mtp},
         {"step_time_s", r.step_time_s},
+        {"expert_imbalance", r.expert_imbalance},
+        {"redundant_experts", r.options.redundant_experts},
         {"tokens_per_s_per_gpu", r.tokens_per_s_per_gpu},
         {"model_flops_per_token", r.model_flops_per_token},
         {"tflops_per_gpu", r.tflops_per_gpu},

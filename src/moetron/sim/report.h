@@ -11,6 +11,9 @@ namespace moetron::sim {
 std::string format_step_report(const StepResult& r);
 nlohmann::json step_report_json(const StepResult& r);
 
+// One line: the step with redundant experts beside the same step without them.
+std::string format_redundant_comparison(const StepResult& with, const StepResult& without);
+
 // One layer's forward and backward ops of one micro-batch: start, duration, kind.
 std::string format_layer_ops(const StepResult& r);
 

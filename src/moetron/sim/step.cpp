@@ -11,6 +11,7 @@
 #include "moetron/sim/chunks.h"
 #include "moetron/sim/collectives.h"
 #include "moetron/sim/costs.h"
+#include "moetron/sim/expert_imbalance.h"
 #include "moetron/sim/fit.h"
 
 namespace moetron::sim {
@@ -96,6 +97,36 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const parallel:
              o.global_batch, l.dp, o.micro_batch, l.dp * o.micro_batch);
 }
 
+// Tokens per EP rank, max / mean, that the expert loads give on this layout: the contiguous
+// split without redundant experts, training's placement of the R spare slots with them.
+double expert_imbalance_of(const ModelConfig& m, const LayoutPlacement& placement,
+                           const SimOptions& o) {
+    if (o.redundant_experts != 0) {
+        MT_USER_CHECK(o.redundant_experts > 0, "--redundant-experts must be >= 0, got {}",
+                      o.redundant_experts);
+        MT_USER_CHECK(m.n_routed_experts > 0, "--redundant-experts {}: {} has no routed experts",
+                      o.redundant_experts, m.name);
+        MT_USER_CHECK(placement.ep.size > 1,
+                      "--redundant-experts {} spreads spare expert slots over an expert-parallel "
+                      "group: it needs ep > 1",
+                      o.redundant_experts);
+    }
+    if (o.expert_loads.empty() && o.redundant_experts == 0) return 1;
+    parallel::PlacementShape shape;
+    shape.num_experts = m.n_routed_experts;
+    shape.num_slots = m.n_routed_experts + o.redundant_experts;
+    shape.ep_size = placement.ep.size;
+    shape.num_domains = placement.ep.domains;
+    shape.num_groups = std::max<int64_t>(1, m.n_group);
+    parallel::check_placement_shape(shape);
+    if (o.expert_loads.empty()) return 1;  // balanced loads stay balanced on any placement
+    MT_USER_CHECK(static_cast<int64_t>(o.expert_loads.size()) == m.n_routed_experts,
+                  "the expert load histogram has {} experts but {} has {} routed experts",
+                  o.expert_loads.size(), m.name, m.n_routed_experts);
+    const ExpertImbalance imbalance = expert_rank_imbalance(o.expert_loads, shape);
+    return o.redundant_experts > 0 ? imbalance.redundant : imbalance.contiguous;
+}
+
 }  // namespace
 
 StepResult simulate_step(const ModelConfig& model, const ClusterSpec& cluster,
@@ -136,6 +167,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     ctx.settings.low_precision_dispatch = o.low_precision_dispatch;
     ctx.settings.low_precision_swiglu_input = o.memory.low_precision_swiglu_input;
     ctx.settings.cuda_graph_moe_sync_free = o.cuda_graphs == CudaGraphs::full;
+    r.expert_imbalance = expert_imbalance_of(model, ctx.placement, o);
+    ctx.settings.expert_load_imbalance = r.expert_imbalance;
+    ctx.settings.redundant_experts = o.redundant_experts;
 
     // Blocks, their recomputed backward and their stand-alone cost (for the layout).
     const bool with_mtp = o.count_mtp && model.num_nextn_predict_layers > 0;
@@ -265,7 +299,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
             cc[g].weight_gradient_input_bytes += recomputed[it.kind].weight_gradient_input_bytes;
             cc[g].largest_offloaded_block_bytes =
                 std::max(cc[g].largest_offloaded_block_bytes, recomputed[it.kind].offloaded_bytes);
-            const BlockParams bp = block_params_per_gpu(model, it.kind, layout);
+            const BlockParams bp =
+                block_params_per_gpu(model, it.kind, layout, o.redundant_experts);
             cc[g].params.dense += bp.dense;
             cc[g].params.expert += bp.expert;
             if (it.layer >= 0) r.stage_layers[g].push_back(it.layer);

@@ -36,6 +36,11 @@ struct SimOptions {
     // Megatron-LM pipeline layout ("Et|(tt|)*30mL"); empty: balanced by simulated time.
     std::string pipeline_layout;
     MemoryOptions memory;
+    // Routing imbalance: the load of every routed expert (sim/expert_imbalance.h; empty:
+    // balanced routing) and the redundant expert slots over each EP group (training's
+    // --redundant-experts R: (E + R) / ep slots per rank, the spare ones replicating hot experts).
+    std::vector<double> expert_loads;
+    int64_t redundant_experts = 0;
 };
 
 struct StepResult {
@@ -45,6 +50,9 @@ struct StepResult {
     SimOptions options;
     int64_t gpus = 0;
     int64_t micro_batches = 0;  // per pipeline, per step
+    // Tokens per EP rank, max / mean, from the expert loads: the contiguous split without
+    // redundant experts, the redundant placement with them (1 for balanced routing).
+    double expert_imbalance = 1;
 
     double step_time_s = 0;
     double tokens_per_s_per_gpu = 0;
