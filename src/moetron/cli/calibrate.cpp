@@ -40,14 +40,6 @@ struct CalibrateFlags {
     std::string command;
 };
 
-bool launched_as_mpi_job() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-        const char* value = std::getenv(name);
-        if (value != nullptr && std::atoi(value) > 1) return true;
-    }
-    return false;
-}
-
 // Ranks on this node: Open MPI's local size, else all of them.
 int ranks_on_node(int world_size) {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
@@ -147,9 +139,9 @@ void register_calibrate(CLI::App& app) {
             f->command += " " + opt->get_name();
             for (const auto& r : opt->results()) f->command += " " + r;
         }
-        if (launched_as_mpi_job()) {
-            const char* n = std::getenv("OMPI_COMM_WORLD_SIZE");
-            f->command = fmt::format("mpirun -np {} {}", n != nullptr ? n : "?", f->command);
+        if (parallel::launched_as_mpi_job()) {
+            f->command =
+                fmt::format("mpirun -np {} {}", parallel::launched_process_count(), f->command);
             run_calibrate_mpi(*f);
         } else {
             run_calibrate(*f, nullptr);

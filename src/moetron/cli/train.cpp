@@ -112,15 +112,6 @@ double to_mib(double bytes) {
     return bytes / (1024.0 * 1024.0);
 }
 
-// True when an MPI launcher started this process as one of several.
-bool launched_as_mpi_job() {
-    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-        const char* value = std::getenv(name);
-        if (value != nullptr && std::atoi(value) > 1) return true;
-    }
-    return false;
-}
-
 // Where the run's output goes: stdout on rank 0 (or one process), nowhere on the other ranks.
 class RankOutput {
   public:
@@ -405,7 +396,8 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     const int64_t print_every = std::max<int64_t>(1, config.steps / 25);
     MetricsLog log(config.steps, print_every, root ? o.log_jsonl_path : std::string(),
                    // mpirun forwards stdout through a pseudo-terminal: plain lines read better
-                   world == nullptr && isatty(fileno(stdout)) == 1, out);
+                   world == nullptr && isatty(fileno(stdout)) == 1, out,
+                   std::max<int64_t>(model_config.n_routed_experts, trainer.topology().pp));
     profiling.reset();  // the initialization's and the first validation's ops are not the run's
     const Timer run_wall;
     const TrainSummary s = trainer.run(log);
@@ -604,7 +596,7 @@ void register_train(CLI::App& app) {
                     "the step that --trace records (default 2: after the first step's warm-up)")
         ->check(whole_number(1));
     cmd->callback([o] {
-        if (o->layout_opt->count() > 0 || launched_as_mpi_job())
+        if (o->layout_opt->count() > 0 || parallel::launched_as_mpi_job())
             run_train_mpi(*o);
         else
             run_train(*o, nullptr);

@@ -1,6 +1,7 @@
 #include "moetron/parallel/communicator.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "moetron/core/error.h"
@@ -137,6 +138,14 @@ void count_all_to_all(CollectiveCounters& counters, int self_rank, std::span<con
     counters.calls += 1;
     counters.payload_bytes += total;
     counters.peer_bytes += peers;
+}
+
+int launched_process_count() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+        const char* value = std::getenv(name);
+        if (value != nullptr && std::atoi(value) > 1) return std::atoi(value);
+    }
+    return 1;
 }
 
 }  // namespace moetron::parallel

@@ -251,6 +251,14 @@ class MpiSession {
     bool thread_multiple_ = false;
 };
 
+// How many processes an MPI launcher started this job with (Open MPI's OMPI_COMM_WORLD_SIZE, or
+// PMI_SIZE / PMIX_SIZE), 1 when no launcher did. Read before MPI starts, to choose between a
+// world of one and an MPI world.
+int launched_process_count();
+inline bool launched_as_mpi_job() {
+    return launched_process_count() > 1;
+}
+
 // The group of every process of the job ("world"), over a private duplicate of MPI_COMM_WORLD.
 std::unique_ptr<Communicator> make_mpi_world(const MpiSession& session,
                                              const CommunicatorOptions& options = {});
