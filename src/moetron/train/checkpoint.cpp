@@ -25,8 +25,6 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* kStateFormat = "moetron-checkpoint";
-// The largest state.json we read: it holds two configs and a few counters.
-constexpr uint64_t kMaxStateBytes = 1 << 20;
 
 std::vector<int64_t> dims_of(const ParamEntry& e) {
     return {e.shape.dims.begin(), e.shape.dims.begin() + e.shape.ndim};
@@ -146,7 +144,7 @@ std::vector<std::string> train_config_differences(const fs::path& dir, const Tra
     const fs::path path = dir / kCheckpointStateFile;
     json state;
     try {
-        state = json::parse(read_text_file(path, kMaxStateBytes));
+        state = json::parse(read_text_file(path, kMaxCheckpointStateBytes));
     } catch (const json::exception& e) {
         MT_THROW("[checkpoint] '{}' is not valid JSON: {}", path.string(), e.what());
     }
@@ -166,7 +164,7 @@ CheckpointRun read_checkpoint_run(const fs::path& dir_or_root) {
     const fs::path path = run.dir / kCheckpointStateFile;
     json state;
     try {
-        state = json::parse(read_text_file(path, kMaxStateBytes));
+        state = json::parse(read_text_file(path, kMaxCheckpointStateBytes));
     } catch (const json::exception& e) {
         MT_THROW("[checkpoint] '{}' is not valid JSON: {}", path.string(), e.what());
     }
@@ -306,7 +304,7 @@ json read_verified_checkpoint_state(const fs::path& dir) {
     const fs::path state_path = dir / kCheckpointStateFile;
     json state;
     try {
-        state = json::parse(read_text_file(state_path, kMaxStateBytes));
+        state = json::parse(read_text_file(state_path, kMaxCheckpointStateBytes));
     } catch (const json::exception& e) {
         MT_THROW("[checkpoint] '{}' is not valid JSON: {}", state_path.string(), e.what());
     }
@@ -376,7 +374,7 @@ void read_checkpoint_tensors(const fs::path& dir, const std::vector<ParamEntry>&
     const fs::path state_path = dir / kCheckpointStateFile;
     json state;
     try {
-        state = json::parse(read_text_file(state_path, kMaxStateBytes));
+        state = json::parse(read_text_file(state_path, kMaxCheckpointStateBytes));
     } catch (const json::exception& e) {
         MT_THROW("[checkpoint] '{}' is not valid JSON: {}", state_path.string(), e.what());
     }

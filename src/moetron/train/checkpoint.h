@@ -56,6 +56,8 @@ class StagedDir;         // atomic_dir.h
 struct CheckpointIndex;  // checksum.h
 
 inline constexpr const char* kCheckpointStateFile = "state.json";
+// The largest state.json read: it holds two configs and a few counters; larger is not one of ours.
+inline constexpr uint64_t kMaxCheckpointStateBytes = 1 << 20;
 // state.json's "version" of the checkpoints this build writes (shards, every world size).
 inline constexpr int kCheckpointVersion = 2;
 // The single file of a version 1 checkpoint, still read.

@@ -19,8 +19,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr size_t kRunIdDigits = 16;
-// A state.json holds two configs and a few counters; larger is not one of ours.
-constexpr uint64_t kMaxStateBytes = 1 << 20;
 
 // The whole of a small file, or nullopt when it cannot be read or is larger than max_bytes.
 std::optional<std::string> read_small_file(const fs::path& path, uint64_t max_bytes) {
@@ -65,7 +63,7 @@ std::optional<std::string> read_root_run_id(const fs::path& root) {
 
 std::optional<std::string> checkpoint_run_id(const fs::path& checkpoint_dir) {
     const std::optional<std::string> text =
-        read_small_file(checkpoint_dir / kCheckpointStateFile, kMaxStateBytes);
+        read_small_file(checkpoint_dir / kCheckpointStateFile, kMaxCheckpointStateBytes);
     if (!text) return std::nullopt;
     const nlohmann::json state = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (!state.is_object() || !state.contains("run_id") || !state["run_id"].is_string())

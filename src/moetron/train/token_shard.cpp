@@ -23,7 +23,7 @@ struct FileCloser {
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 
-FilePtr open_for_reading(const std::string& path) {
+FilePtr open_token_file(const std::string& path) {
     namespace fs = std::filesystem;
     std::error_code ec;
     MT_USER_CHECK(fs::exists(path, ec), "[data] token file '{}' does not exist", path);
@@ -101,7 +101,7 @@ bool is_token_file(const std::string& path) {
 }
 
 TokenFile read_token_file(const std::string& path, int64_t vocab_size) {
-    FilePtr f = open_for_reading(path);
+    FilePtr f = open_token_file(path);
     std::error_code ec;
     const uint64_t file_bytes = std::filesystem::file_size(path, ec);
     MT_CHECK(!ec, "[data] cannot get the size of '{}': {}", path, ec.message());
