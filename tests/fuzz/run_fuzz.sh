@@ -43,17 +43,38 @@ flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wpedantic -Werro
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
-# build NAME EXTRA_SOURCE...: builds $build_dir/fuzz_NAME when a source or header is newer.
-build() {
+# Each source compiles once into $build_dir/obj/ (the common ones are shared by every target), as
+# many at a time as there are cores; an object is rebuilt when its source or any header is newer.
+headers=(src/moetron/core/*.h src/moetron/train/*.h src/moetron/model/*.h src/moetron/cli/*.h
+         tests/fuzz/*.h)
+object_of() { echo "$build_dir/obj/${1%.cpp}.o"; }
+stale() {  # stale OUTPUT INPUT...: OUTPUT is missing or older than an input
+  [ ! -e "$1" ] || [ -n "$(find "${@:2}" -newer "$1" | head -1)" ]
+}
+compile_objects() {
+  local todo=()
+  for source in "$@"; do
+    if stale "$(object_of "$source")" "$source" "${headers[@]}"; then todo+=("$source"); fi
+  done
+  [ ${#todo[@]} -gt 0 ] || return 0
+  echo "fuzz: compiling ${#todo[@]} source(s) with $clangxx"
+  export clangxx build_dir
+  export flags_line="${flags[*]}"
+  printf '%s\n' "${todo[@]}" | xargs -P "$(nproc)" -I{} bash -c \
+    'out="$build_dir/obj/${1%.cpp}.o"; mkdir -p "$(dirname "$out")";
+     $clangxx $flags_line -c "$1" -o "$out.tmp" && mv "$out.tmp" "$out"' _ {}
+}
+# link NAME EXTRA_SOURCE...: links $build_dir/fuzz_NAME when one of its objects is newer.
+link() {
   local name="$1"
   shift
-  local binary="$build_dir/fuzz_$name"
-  local sources=("tests/fuzz/fuzz_$name.cpp" "$@" "${common_sources[@]}")
-  local inputs=("${sources[@]}" src/moetron/core/*.h src/moetron/train/*.h src/moetron/model/*.h
-                src/moetron/cli/*.h tests/fuzz/*.h)
-  if [ ! -x "$binary" ] || [ -n "$(find "${inputs[@]}" -newer "$binary" | head -1)" ]; then
-    echo "fuzz: building $binary with $clangxx"
-    "$clangxx" "${flags[@]}" "${sources[@]}" -lfmt -ltomlplusplus -o "$binary"
+  local binary="$build_dir/fuzz_$name" objects=()
+  for source in "tests/fuzz/fuzz_$name.cpp" "$@" "${common_sources[@]}"; do
+    objects+=("$(object_of "$source")")
+  done
+  if stale "$binary" "${objects[@]}"; then
+    echo "fuzz: linking $binary"
+    "$clangxx" "${flags[@]}" "${objects[@]}" -lfmt -ltomlplusplus -o "$binary"
   fi
 }
 
@@ -79,11 +100,17 @@ fuzz() {
     "${parallel[@]}" "$scratch" "$corpus"
 }
 
-build safetensors
-build checkpoint_slices src/moetron/train/checkpoint_pieces.cpp
-build token_shard src/moetron/train/token_shard.cpp
-build config src/moetron/model/config.cpp src/moetron/train/train_config.cpp \
-  src/moetron/cli/number_options.cpp
+checkpoint_slices_sources=(src/moetron/train/checkpoint_pieces.cpp)
+token_shard_sources=(src/moetron/train/token_shard.cpp)
+config_sources=(src/moetron/model/config.cpp src/moetron/train/train_config.cpp
+                src/moetron/cli/number_options.cpp)
+compile_objects "${common_sources[@]}" "${checkpoint_slices_sources[@]}" \
+  "${token_shard_sources[@]}" "${config_sources[@]}" tests/fuzz/fuzz_safetensors.cpp \
+  tests/fuzz/fuzz_checkpoint_slices.cpp tests/fuzz/fuzz_token_shard.cpp tests/fuzz/fuzz_config.cpp
+link safetensors
+link checkpoint_slices "${checkpoint_slices_sources[@]}"
+link token_shard "${token_shard_sources[@]}"
+link config "${config_sources[@]}"
 safetensors=(safetensors tests/fuzz/corpus/safetensors tests/fuzz/safetensors.dict 4096)
 slices=(checkpoint_slices tests/fuzz/corpus/checkpoint_slices tests/fuzz/checkpoint_slices.dict 8192)
 token_shard=(token_shard tests/fuzz/corpus/token_shard tests/fuzz/token_shard.dict 2048)
