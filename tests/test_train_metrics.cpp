@@ -1,6 +1,8 @@
 // train/metrics: the plain-line rhythm, the terminal bar, the JSONL records, the GEMM peak.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -111,6 +113,50 @@ TEST(MetricsLog, JsonlHasOneObjectPerStepAndNullForNonFinite) {
     EXPECT_EQ(lines[1].find("expert_comm_ms"), std::string::npos) << lines[1];
 }
 
+// A rebalance step of a model with many experts: the line is planned for them, so it stays whole
+// JSON (a fixed 8 KiB buffer cut it mid-number once there were more than about 700 experts).
+TEST(MetricsLog, ARebalanceLineOfThousandsOfExpertsIsWholeJson) {
+    const std::string path = ::testing::TempDir() + "moetron_metrics_experts_test.jsonl";
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    constexpr int64_t kExperts = 4096;
+    {
+        MetricsLog log(1, 1, path, false, out, kExperts);
+        StepRecord r = record(1);
+        r.rank_load_max_over_mean = 1.25;
+        r.rebalanced = true;
+        r.average_expert_load.assign(kExperts, 123456.789);
+        log.log_step(r);
+        log.finish();
+    }
+    std::fclose(out);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::remove(path.c_str());
+    const std::vector<std::string> lines = lines_of(text.str());
+    ASSERT_EQ(lines.size(), 1u);
+    const auto parsed = nlohmann::json::parse(lines[0], nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(parsed.is_discarded()) << lines[0].substr(lines[0].size() - 80);
+    EXPECT_EQ(parsed["average_expert_load"].size(), static_cast<size_t>(kExperts));
+}
+
+// More entries than the log was planned for is the caller's bug: refused, never a cut line.
+TEST(MetricsLog, AListLongerThanPlannedIsRefused) {
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    const std::string path = ::testing::TempDir() + "moetron_metrics_unplanned_test.jsonl";
+    {
+        MetricsLog log(1, 1, path, false, out, /*longest_list=*/8);
+        StepRecord r = record(1);
+        r.rebalanced = true;
+        r.average_expert_load.assign(9, 1.0);
+        EXPECT_THROW(log.log_step(r), moetron::Error);
+    }
+    std::fclose(out);
+    std::remove(path.c_str());
+}
+
 TEST(MetricsLog, DistributedStepsCarryTheirTimeAndBytesBreakdown) {
     const std::string path = ::testing::TempDir() + "moetron_metrics_breakdown.jsonl";
     std::FILE* devnull = std::fopen("/dev/null", "w");
@@ -147,7 +193,7 @@ TEST(MetricsLog, PipelineStepsCarryEachStagesBusyAndIdleTime) {
     std::FILE* out = std::tmpfile();
     ASSERT_NE(out, nullptr);
     {
-        MetricsLog log(1, 1, path, false, out);
+        MetricsLog log(1, 1, path, false, out, /*longest_list=*/2);  // two stages
         StepRecord r = record(1);
         r.stage_busy_s = {0.006, 0.004};
         r.stage_idle_s = {0.002, 0.004};

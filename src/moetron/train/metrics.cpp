@@ -14,7 +14,13 @@ namespace moetron {
 
 namespace {
 
-// Appends formatted text to a fixed buffer; text past its end is cut, never allocated.
+// The fixed members of a JSONL line (about 40 numbers and keys) take under 2 KiB; each list entry
+// at most kListEntryBytes ("," and a number of up to 7 significant digits with sign and exponent).
+constexpr size_t kFixedLineBytes = 4096;
+constexpr size_t kListEntryBytes = 16;
+
+// Appends formatted text to a fixed buffer; text past its end is cut (and counted), never
+// allocated.
 class LineWriter {
   public:
     LineWriter(char* data, size_t capacity) : data_(data), capacity_(capacity) {}
@@ -25,6 +31,7 @@ class LineWriter {
         const auto result =
             fmt::format_to_n(data_ + size_, room, format, std::forward<Args>(args)...);
         size_ += std::min(result.size, room);
+        cut_ = cut_ || result.size > room;
     }
     // A JSON member "key":value; JSON has no NaN or infinity, so those become null.
     void json_number(const char* key, double value) {
@@ -35,11 +42,13 @@ class LineWriter {
         }
     }
     size_t size() const { return size_; }
+    bool cut() const { return cut_; }
 
   private:
     char* data_;
     size_t capacity_;
     size_t size_ = 0;
+    bool cut_ = false;
 };
 
 }  // namespace
@@ -65,12 +74,15 @@ double measure_gemm_peak_gflops(int64_t n, double seconds) {
 }
 
 MetricsLog::MetricsLog(int64_t total_steps, int64_t print_every, const std::string& jsonl_path,
-                       bool terminal, std::FILE* out)
+                       bool terminal, std::FILE* out, int64_t longest_list)
     : total_steps_(total_steps),
       print_every_(std::max<int64_t>(1, print_every)),
       terminal_(terminal),
       out_(out),
-      jsonl_path_(jsonl_path) {
+      jsonl_path_(jsonl_path),
+      longest_list_(std::max<int64_t>(0, longest_list)),
+      // Two lists per line at most (the stages' busy and idle times, or one of expert loads).
+      line_(kFixedLineBytes + 2 * kListEntryBytes * static_cast<size_t>(longest_list_)) {
     if (!jsonl_path.empty()) {
         jsonl_ = std::fopen(jsonl_path.c_str(), "w");
         MT_CHECK(jsonl_ != nullptr, "[metrics] cannot create the JSONL log '{}': {}", jsonl_path,
@@ -149,6 +161,11 @@ void MetricsLog::log_step(const StepRecord& r) {
              detail::errno_message());
 
     if (jsonl_) {
+        const auto longest = static_cast<size_t>(longest_list_);
+        MT_CHECK(r.average_expert_load.size() <= longest && r.stage_busy_s.size() <= longest,
+                 "[metrics] step {} has lists of {} experts and {} stages, more than the {} the "
+                 "log was planned for",
+                 r.step, r.average_expert_load.size(), r.stage_busy_s.size(), longest);
         LineWriter w(line_.data(), line_.size());
         w.add("{{\"step\":{}", r.step);
         w.json_number("loss", r.loss);
@@ -208,6 +225,8 @@ void MetricsLog::log_step(const StepRecord& r) {
         for (size_t k = 0; k < r.payload_bytes.size(); ++k)
             if (r.payload_bytes[k] > 0) w.add(",\"{}\":{}", kBytesKeys[k], r.payload_bytes[k]);
         w.add("}}\n");
+        MT_CHECK(!w.cut(), "[metrics] step {}'s JSONL line does not fit its {} bytes", r.step,
+                 line_.size());
         MT_CHECK(std::fwrite(line_.data(), 1, w.size(), jsonl_) == w.size(),
                  "[metrics] writing the JSONL log '{}' failed: {}", jsonl_path_,
                  detail::errno_message());

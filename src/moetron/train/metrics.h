@@ -85,8 +85,11 @@ class MetricsLog {
     // total_steps: for the bar and the plain-line rhythm (plain lines every print_every steps,
     // and always at the first and last step and on validation). jsonl_path: "" for none.
     // terminal: draw a progress bar (use isatty on the output) instead of plain lines.
+    // longest_list: the most entries a record's lists hold (logical experts for
+    // average_expert_load, pipeline stages for the busy/idle times): the line buffer is planned
+    // from it, and a record with a longer list is an internal error, never a cut line.
     MetricsLog(int64_t total_steps, int64_t print_every, const std::string& jsonl_path,
-               bool terminal, std::FILE* out = stdout);
+               bool terminal, std::FILE* out = stdout, int64_t longest_list = 0);
     ~MetricsLog();
     MetricsLog(const MetricsLog&) = delete;
     MetricsLog& operator=(const MetricsLog&) = delete;
@@ -107,7 +110,8 @@ class MetricsLog {
     bool bar_open_ = false;  // the bar's line has no newline yet
     double compute_s_ = 0;   // of the steps logged so far, for the bar's time estimate
     int64_t steps_logged_ = 0;
-    std::array<char, 8192> line_{};  // room for a rebalance step's per-expert loads
+    int64_t longest_list_;
+    std::vector<char> line_;  // planned in the constructor from longest_list
 };
 
 }  // namespace moetron
