@@ -11,6 +11,7 @@
 
 #include "moetron/kernels/backend.h"
 #include "moetron/kernels/low_precision_backend.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/parallel/dispatch_payload.h"
 #include "moetron/parallel/dispatch_traffic.h"
 #include "testing.h"
@@ -83,6 +84,23 @@ TEST(DispatchPayload, ExpertsGemmOnDecodedRowsEqualsTheRecipesGemm) {
                                                    E, D, O);
         EXPECT_NE(unquantized, want);
     }
+}
+
+// What arrived is not quantized again: the GEMM quantizes the experts' weights only (one call per
+// expert), where the recipe's own GEMM also quantizes its input (one call more).
+TEST(DispatchPayload, ExpertsGemmOnArrivedRowsQuantizesOnlyTheWeights) {
+    const int64_t D = 64, O = 32, E = 3;
+    const int64_t offsets[] = {0, 2, 2, 5};
+    const std::vector<float> x = testing::random_floats(static_cast<size_t>(5 * D), 21);
+    const std::vector<float> w = testing::random_floats(static_cast<size_t>(E * O * D), 22);
+    std::vector<float> out(static_cast<size_t>(5 * O));
+    ProfilingBackend counted(cpu_backend());
+    LowPrecisionBackend low(counted, Precision::mxfp8);
+    low.grouped_linear_forward(out.data(), x.data(), w.data(), offsets, E, D, O);
+    EXPECT_EQ(counted.calls("quantize_mxfp8"), 1 + E);
+    counted.reset();
+    low.grouped_linear_forward_quantized_input(out.data(), x.data(), w.data(), offsets, E, D, O);
+    EXPECT_EQ(counted.calls("quantize_mxfp8"), E);
 }
 
 }  // namespace
