@@ -1,6 +1,7 @@
 // Training with low-precision dispatch (the tokens travel to the experts in the recipe's format,
 // parallel/dispatch_payload.h, and the experts' first GEMM consumes them as they arrive):
-//   - mxfp8 over ep2 (flat) and ep4 (two_tier, 2 domains of 2) gives the losses of one process
+//   - mxfp8 over ep2 (flat, also with the dual micro-batch overlap) and ep4 (two_tier, 2 domains of
+//   2) gives the losses of one process
 //     with mxfp8 (whose local dispatcher rounds the rows the same way) within 1e-5 relative;
 //   - against the same precision with float32 dispatch (quantized at the GEMM instead): the
 //     first step is bit for bit the same for every recipe (the forward GEMM sees the same
@@ -42,6 +43,7 @@ struct TrainingRun {
     int domain_size = 0;
     Precision precision = Precision::mxfp8;
     bool fp32_dispatch = false;  // else the recipe's payload
+    MoeOverlap overlap = MoeOverlap::off;
 };
 
 struct Result {
@@ -73,6 +75,7 @@ Result train(const TrainingRun& run) {
         p.layout = run.layout;
         p.domain_size = run.domain_size;
         p.moe.dispatch = run.dispatch;
+        p.moe.overlap = run.overlap;
     }
     p.moe.token_payload =
         run.fp32_dispatch ? parallel::PayloadFormat::fp32 : recipe_token_payload(run.precision);
@@ -108,6 +111,10 @@ void expect_matches_one_process(const TrainingRun& distributed) {
 TEST(MpiLowPrecisionDispatch, Mxfp8OverEp2MatchesOneProcess) {
     if (mpi_world().size() != 2) GTEST_SKIP() << "runs on 2 ranks";
     expect_matches_one_process({"ep2", parallel::DispatchKind::flat, 0});
+    // Two half micro-batches in flight, each through its own exchange buffer and codec.
+    TrainingRun dual{"ep2", parallel::DispatchKind::flat, 0};
+    dual.overlap = MoeOverlap::dual;
+    expect_matches_one_process(dual);
 }
 
 TEST(MpiLowPrecisionDispatch, Mxfp8OverEp4TwoTierMatchesOneProcess) {
