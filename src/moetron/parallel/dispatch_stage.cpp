@@ -364,11 +364,13 @@ void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> grou
                 b.max_tokens >= config_.max_tokens && b.token_payload == config_.token_payload &&
                 b.pair_rows(ep_size_) >= config_.pair_rows(ep_size_);
     MT_CHECK(fits,
-             "[{}] the dispatch buffer (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops) does "
-             "not fit the layout (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops)",
+             "[{}] the dispatch buffer (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops, {} "
+             "tokens) does not fit the layout (D {}, K {}, max_tokens {}, {} rows, ep {}, {} "
+             "hops, {} tokens)",
              op, b.hidden, b.top_k, b.max_tokens, b.capacity_rows(buffer.ep_size()),
-             buffer.ep_size(), buffer.num_hops(), config_.hidden, config_.top_k, config_.max_tokens,
-             config_.capacity_rows(ep_size_), ep_size_, hops_.size());
+             buffer.ep_size(), buffer.num_hops(), payload_format_name(b.token_payload),
+             config_.hidden, config_.top_k, config_.max_tokens, config_.capacity_rows(ep_size_),
+             ep_size_, hops_.size(), payload_format_name(config_.token_payload));
 }
 
 void Route::check_pair_budget() const {

@@ -17,6 +17,10 @@
 //   [0] the source rank in the EP group, [1, K] the token's K global expert ids,
 //   [K+1, 2K] its K weights (the float bits).
 // A row's peers at every hop follow from its ids, so no other metadata (masks) travels.
+// The token rows of a dispatch may travel packed in a low-precision format
+// (DispatchConfig::token_payload, dispatch_payload.h): encoded once before the first hop, passed
+// on as bytes by every hop (also by two_tier's forwarding rank), decoded once at the last hop's
+// receiver into the staging rows that expand to the expert rows.
 // Gradient rule (kernels/README.md): every output here is written, none accumulated.
 //
 // What moves or combines rows, and what computes the routing metadata per token or row, is a
