@@ -18,6 +18,7 @@
 
 #include "moetron/core/rng.h"
 #include "moetron/parallel/dispatch_flat.h"
+#include "moetron/parallel/dispatch_payload.h"
 #include "moetron/parallel/dispatch_two_tier.h"
 #include "testing.h"
 
@@ -42,6 +43,8 @@ struct DispatchCase {
     Routing routing = Routing::random;
     uint64_t seed = 1;
     int64_t domain_size = 0;  // EP ranks per domain (0: one domain)
+    // The format the token rows travel to the experts in (dispatch_payload.h).
+    parallel::PayloadFormat payload = parallel::PayloadFormat::fp32;
 
     int64_t tokens_of(int rank) const {
         return tokens_per_rank[static_cast<size_t>(rank) % tokens_per_rank.size()];
@@ -128,7 +131,13 @@ struct DispatchResult {
 inline DispatchResult reference_result(const DispatchCase& c, int rank, int world) {
     const int64_t K = c.top_k, D = c.hidden, E = c.num_experts, El = E / world;
     DispatchResult r;
-    const RankInputs mine = make_inputs(c, rank, world);
+    // The experts see each token row as it decodes from the wire format.
+    auto as_received = [&](RankInputs in) {
+        parallel::TokenRowCodec codec(c.payload, D, cpu_backend());
+        codec.round_trip(in.x.data(), in.num_tokens);
+        return in;
+    };
+    const RankInputs mine = as_received(make_inputs(c, rank, world));
     const int64_t N = mine.num_tokens;
     r.out.assign(static_cast<size_t>(N * D), 0.0f);
     r.dx.assign(static_cast<size_t>(N * D), 0.0f);
@@ -149,7 +158,7 @@ inline DispatchResult reference_result(const DispatchCase& c, int rank, int worl
     }
     // This rank's experts receive, per expert, the copies of rank 0's tokens, then rank 1's, ...
     std::vector<RankInputs> all;
-    for (int p = 0; p < world; ++p) all.push_back(make_inputs(c, p, world));
+    for (int p = 0; p < world; ++p) all.push_back(as_received(make_inputs(c, p, world)));
     r.expert_offsets.push_back(0);
     for (int64_t le = 0; le < El; ++le) {
         const int32_t e = static_cast<int32_t>(rank * El + le);
@@ -229,11 +238,14 @@ inline HopTraffic analytic_traffic(const DispatchCase& c, int rank, int world, b
 }
 
 // The bytes of each phase (DispatchResult::bytes) from the rows: route records (2K+1 words) and
-// one count per peer at layout; D floats per row each way; K floats of dweights per row back.
+// one count per peer at layout; a token row in the case's payload format to the experts (the
+// cluster model's payload_bytes_per_element: hidden must be a whole number of blocks), D floats
+// per row back and in the backward; K floats of dweights per row back.
 inline std::array<parallel::DispatchBytes, 5> analytic_bytes(const DispatchCase& c, int rank,
                                                              int world, bool two_tier) {
     const HopTraffic h = analytic_traffic(c, rank, world, two_tier);
     const uint64_t D = static_cast<uint64_t>(c.hidden) * 4, K = static_cast<uint64_t>(c.top_k) * 4;
+    const double payload_row = parallel::payload_bytes_per_element(c.payload) * c.hidden;
     const uint64_t record = (2 * static_cast<uint64_t>(c.top_k) + 1) * 4;
     auto tiers = [](const TierRows& rows, uint64_t bytes_per_row) {
         return parallel::DispatchBytes{static_cast<uint64_t>(rows.intra) * bytes_per_row,
@@ -243,9 +255,9 @@ inline std::array<parallel::DispatchBytes, 5> analytic_bytes(const DispatchCase&
         return parallel::DispatchBytes{a.intra_domain + b.intra_domain,
                                        a.inter_domain + b.inter_domain};
     };
-    return {plus(tiers(h.count_peers, 4), tiers(h.sent, record)), tiers(h.sent, D),
-            tiers(h.received, D), plus(tiers(h.sent, D), tiers(h.received, K)),
-            tiers(h.received, D)};
+    return {plus(tiers(h.count_peers, 4), tiers(h.sent, record)),
+            tiers(h.sent, static_cast<uint64_t>(payload_row)), tiers(h.received, D),
+            plus(tiers(h.sent, D), tiers(h.received, K)), tiers(h.received, D)};
 }
 
 // The four operations and the layout of one dispatch under test, flat or two-tier.
@@ -355,6 +367,7 @@ inline parallel::DispatchConfig config_for(const DispatchCase& c) {
     cfg.hidden = c.hidden;
     cfg.max_tokens = c.max_tokens();
     cfg.domain_size = c.domain_size;
+    cfg.token_payload = c.payload;
     return cfg;
 }
 

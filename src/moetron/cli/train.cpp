@@ -92,6 +92,7 @@ struct TrainOptions {
     bool no_overlap_dp_grad = false;
     bool profile_ops = false;
     std::string precision = "fp32";
+    std::string dispatch_payload = "recipe";
     CLI::Option* layout_opt = nullptr;
     // Overrides of the preset's [train] table; applied only when given (count() > 0).
     int64_t steps = 0, batch_size = 0, seq_len = 0, grad_accum = 0, eval_every = 0;
@@ -249,6 +250,9 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.moe.capacity_factor = o.moe_capacity_factor;
     parallel.moe.redundant_experts = o.redundant_experts;
     parallel.moe.rebalance_every = o.rebalance_every;
+    const Precision precision = parse_precision(o.precision);
+    parallel.moe.token_payload = o.dispatch_payload == "fp32" ? parallel::PayloadFormat::fp32
+                                                              : recipe_token_payload(precision);
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
@@ -258,8 +262,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     Backend& compute = o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend();
     // Outermost, so that --profile-ops times the quantization and the GEMMs apart.
     std::optional<LowPrecisionBackend> low_precision;
-    if (const Precision p = parse_precision(o.precision); p != Precision::fp32)
-        low_precision.emplace(compute, p);
+    if (precision != Precision::fp32) low_precision.emplace(compute, precision);
     Trainer trainer(model_config, config, std::move(loader), parallel,
                     low_precision ? static_cast<Backend&>(*low_precision) : compute);
     trainer.set_max_skipped_steps(o.max_skipped_steps);
@@ -364,9 +367,10 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
         }
         if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
             std::fprintf(out,
-                         "        experts: %s; MoE overlap %s; expert-side buffers of %lld rows "
-                         "per layer (capacity factor %g)\n",
+                         "        experts: %s; tokens travel as %s; MoE overlap %s; expert-side "
+                         "buffers of %lld rows per layer (capacity factor %g)\n",
                          d->description().c_str(),
+                         parallel::payload_format_name(d->token_payload()),
                          std::string(moe_overlap_name(parallel.moe.overlap)).c_str(),
                          static_cast<long long>(d->capacity_rows()), parallel.moe.capacity_factor);
     }
@@ -546,6 +550,12 @@ void register_train(CLI::App& app) {
                     "MXFP8 recipe) or fp8-blockwise (DeepSeek-V3's 1x128 / 128x128 FP8); router, "
                     "attention core, embedding, head, norms and optimizer stay float32")
         ->check(CLI::IsMember({"fp32", "bf16", "mxfp8", "fp8-blockwise"}));
+    cmd->add_option("--dispatch-payload", o->dispatch_payload,
+                    "format of the tokens sent to the routed experts: recipe (default: the "
+                    "--precision's own format, e.g. E4M3 plus E8M0 scales for mxfp8, which the "
+                    "experts consume as they arrive) or fp32 (float32, quantized at the GEMM); "
+                    "the combine and every gradient travel as float32")
+        ->check(CLI::IsMember({"recipe", "fp32"}));
     cmd->add_option("--moe-overlap", o->moe_overlap,
                     "how each MoE layer hides its all-to-all: off, shared (the shared experts "
                     "compute while the dispatch flies) or dual (also two half micro-batches, one "

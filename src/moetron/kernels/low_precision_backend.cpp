@@ -183,6 +183,15 @@ void LowPrecisionBackend::grouped_linear_forward(float* out, const float* inp, c
     inner_.grouped_linear_forward(out, x, w, offsets, num_experts, in_dim, out_dim);
 }
 
+void LowPrecisionBackend::grouped_linear_forward_quantized_input(float* out, const float* inp,
+                                                                 const float* weight,
+                                                                 const int64_t* offsets,
+                                                                 int64_t num_experts,
+                                                                 int64_t in_dim, int64_t out_dim) {
+    const float* w = fake_quantized_experts(weight, num_experts, out_dim, in_dim, true);
+    inner_.grouped_linear_forward(out, inp, w, offsets, num_experts, in_dim, out_dim);
+}
+
 void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, const float* dout,
                                                   const float* inp, const float* weight,
                                                   const int64_t* offsets, int64_t num_experts,

@@ -60,6 +60,12 @@ class LowPrecisionBackend final : public ForwardingBackend {
     void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                                  const float* weight, const int64_t* offsets, int64_t num_experts,
                                  int64_t in_dim, int64_t out_dim) override;
+    // grouped_linear_forward on an input that already holds this recipe's row-wise quantized
+    // values (the expert dispatch carried the tokens in that format, parallel/dispatch_payload.h):
+    // only the weight is quantized; the input is used as it arrived.
+    void grouped_linear_forward_quantized_input(float* out, const float* inp, const float* weight,
+                                                const int64_t* offsets, int64_t num_experts,
+                                                int64_t in_dim, int64_t out_dim);
 
   private:
     enum class Role : uint8_t { activation, weight };

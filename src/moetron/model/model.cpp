@@ -252,6 +252,7 @@ parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int6
     dc.routing.hidden = c.hidden_size;
     dc.routing.max_tokens = max_tokens;
     dc.routing.domain_size = ep_ranks_per_domain;
+    dc.routing.token_payload = moe.token_payload;
     dc.capacity_factor = moe.capacity_factor;
     dc.kind = moe.dispatch;
     // Dual overlap runs two half micro-batches, each with its own routing and buffers.

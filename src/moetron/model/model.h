@@ -78,6 +78,10 @@ struct MoeSettings {
     // --rebalance-every N: every N steps the trainer places the slots for the measured load and
     // migrates them (train/expert_balance.h); 0: the placement never moves.
     int64_t rebalance_every = 0;
+    // The format the tokens travel to the routed experts in (parallel/dispatch_payload.h):
+    // recipe_token_payload(--precision) by default, so that the experts consume the recipe's
+    // quantized copy as it arrives; fp32 sends float32 and quantizes at the GEMM.
+    parallel::PayloadFormat token_payload = parallel::PayloadFormat::fp32;
 };
 
 struct ModelParallel {

@@ -79,13 +79,29 @@ void place_halves(TokenHalf* halves, int num_halves, const parallel::ExpertDispa
              row, expert_rows);
 }
 
+// The experts' first GEMM (gate and up projections). When the dispatch delivered the tokens
+// already in the recipe's row-wise quantized format, they are used as they arrived.
+void experts_gate_up_forward(Backend& ops, float* gate_up, const float* expert_inp,
+                             const MoeActivations& saved, const MoeParams& w, const TokenHalf& h,
+                             int64_t El, int64_t D, int64_t F) {
+    auto* low = dynamic_cast<LowPrecisionBackend*>(&ops);
+    const parallel::PayloadFormat arrived = saved.dispatcher->token_payload();
+    if (low != nullptr && arrived != parallel::PayloadFormat::fp32 &&
+        arrived == recipe_token_payload(low->precision())) {
+        low->grouped_linear_forward_quantized_input(gate_up, expert_inp, w.experts_gate_up,
+                                                    h.offsets, El, D, 2 * F);
+        return;
+    }
+    ops.grouped_linear_forward(gate_up, expert_inp, w.experts_gate_up, h.offsets, El, D, 2 * F);
+}
+
 // The routed experts of one half: one grouped SwiGLU over its rows.
 void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams& w,
                      const TokenHalf& h, int64_t El, int64_t D, int64_t F) {
     const Timer timer;
     const int64_t r = h.expert_row;
-    ops.grouped_linear_forward(saved.expert_gate_up + r * 2 * F, saved.permuted + r * D,
-                               w.experts_gate_up, h.offsets, El, D, 2 * F);
+    experts_gate_up_forward(ops, saved.expert_gate_up + r * 2 * F, saved.permuted + r * D, saved, w,
+                            h, El, D, F);
     ops.swiglu_forward(saved.expert_hidden + r * F, saved.expert_gate_up + r * 2 * F, h.num_rows,
                        F);
     ops.grouped_linear_forward(saved.expert_out + r * D, saved.expert_hidden + r * F,
@@ -120,6 +136,20 @@ void zero_other_rows(Backend& ops, float* x, parallel::RowRange own, int64_t num
 }
 
 }  // namespace
+
+parallel::PayloadFormat recipe_token_payload(Precision precision) {
+    switch (precision) {
+        case Precision::fp32:
+            return parallel::PayloadFormat::fp32;
+        case Precision::bf16:
+            return parallel::PayloadFormat::bf16;
+        case Precision::mxfp8:
+            return parallel::PayloadFormat::mxfp8;
+        case Precision::fp8_blockwise:
+            return parallel::PayloadFormat::fp8_blockwise;
+    }
+    MT_THROW("[moe] unknown precision {}", static_cast<int>(precision));
+}
 
 MoeOverlap parse_moe_overlap(std::string_view name) {
     if (name == "off") return MoeOverlap::off;

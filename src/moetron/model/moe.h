@@ -32,8 +32,10 @@
 #include <string_view>
 
 #include "moetron/kernels/backend.h"
+#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/model/mlp.h"
 #include "moetron/model/params.h"
+#include "moetron/parallel/dispatch_traffic.h"
 #include "moetron/parallel/tensor_parallel.h"
 
 namespace moetron::parallel {
@@ -75,6 +77,11 @@ struct ExpertShard {
 enum class MoeOverlap { off, shared, dual };
 MoeOverlap parse_moe_overlap(std::string_view name);  // "off" | "shared" | "dual"; throws otherwise
 std::string_view moe_overlap_name(MoeOverlap overlap);
+
+// The format in which a precision's recipe has the routed experts' input: the payload that carries
+// it through the dispatch (parallel/dispatch_payload.h) so that the experts' first GEMM consumes
+// it without quantizing again. fp32 for fp32.
+parallel::PayloadFormat recipe_token_payload(Precision precision);
 
 // Letters: E experts, El local experts (E without expert parallelism), K experts per token,
 // F = moe_intermediate_size, Fs = n_shared_experts * F (this rank's Fs / tp under tensor

@@ -17,8 +17,10 @@ void exclusive_prefix_sum(std::span<int> offsets, std::span<const int> counts) {
     }
 }
 
+// Floats per row of the hop buffers: a hidden row, K weight gradients, or a packed token row.
 int64_t row_width(const DispatchConfig& c) {
-    return std::max(c.hidden, c.top_k);
+    const int64_t packed_floats = (c.token_row_bytes() + 3) / 4;
+    return std::max({c.hidden, c.top_k, packed_floats});
 }
 
 }  // namespace
@@ -53,6 +55,12 @@ void DispatchConfig::validate(int ep_size) const {
              "[dispatch] ep*max_tokens*D = {}*{}*{} staging floats exceed MPI's int count limit; "
              "use smaller micro-batches",
              ep_size, max_tokens, hidden);
+    // Packed token rows are counted in bytes (the same bounds as the floats above).
+    MT_CHECK(token_payload == PayloadFormat::fp32 ||
+                 std::max<int64_t>(top_k, ep_size) * max_tokens * token_row_bytes() <= INT_MAX,
+             "[dispatch] max(K, ep)*max_tokens*row_bytes = {}*{}*{} payload bytes exceed MPI's "
+             "int count limit; use smaller micro-batches",
+             std::max<int64_t>(top_k, ep_size), max_tokens, token_row_bytes());
     // The expert rows stay on this rank (no MPI count), indexed by int32.
     MT_CHECK(capacity_rows(ep_size) <= INT_MAX,
              "[dispatch] {} expert-side rows exceed the int32 row index; set a smaller MoE "
@@ -96,8 +104,12 @@ int64_t split_into_rounds(std::span<int64_t> ends, std::span<int64_t> rows_to_ra
 
 // ---- Hop ----
 
-Hop::Hop(HopSpec spec, int64_t hidden, int64_t top_k, Backend& backend)
-    : spec_(std::move(spec)), hidden_(hidden), top_k_(top_k), backend_(&backend) {
+Hop::Hop(HopSpec spec, int64_t hidden, int64_t top_k, int64_t packed_row_bytes, Backend& backend)
+    : spec_(std::move(spec)),
+      hidden_(hidden),
+      top_k_(top_k),
+      packed_row_bytes_(packed_row_bytes),
+      backend_(&backend) {
     const auto g = static_cast<size_t>(spec_.group_size);
     MT_CHECK(spec_.peer_is_remote.size() == g && spec_.self >= 0 && spec_.self < spec_.group_size,
              "[dispatch] hop '{}': bad spec (group {}, self {})", spec_.name, spec_.group_size,
@@ -124,6 +136,8 @@ int64_t Hop::width(Payload p) const {
             return top_k_;
         case Payload::records:
             return 2 * top_k_ + 1;
+        case Payload::packed_rows:
+            return packed_row_bytes_;
     }
     return 0;
 }
@@ -136,10 +150,10 @@ void Hop::check_group(const Communicator& group, const char* op) const {
              group.size());
 }
 
-void Hop::count_sent(std::span<const int> counts, DispatchBytes& bytes) const {
+void Hop::count_sent(std::span<const int> counts, DType element, DispatchBytes& bytes) const {
     for (int p = 0; p < spec_.group_size; ++p) {
         if (p == spec_.self) continue;
-        const uint64_t b = static_cast<uint64_t>(counts[p]) * 4;  // floats and int32 words
+        const uint64_t b = static_cast<uint64_t>(counts[p]) * dtype_size_bytes(element);
         (spec_.peer_is_remote[p] ? bytes.inter_domain : bytes.intra_domain) += b;
     }
 }
@@ -163,7 +177,7 @@ void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buf
     // Every peer learns how many rows it receives from this rank.
     group.all_to_all_v(recv_rows_.data(), one_per_peer_, peer_index_, send_rows_.data(),
                        one_per_peer_, peer_index_, kHostStream);
-    count_sent(one_per_peer_, bytes);
+    count_sent(one_per_peer_, DType::i32, bytes);
     exclusive_prefix_sum(recv_displs_, recv_rows_);
     num_recv_ = recv_displs_[g - 1] + recv_rows_[g - 1];
     // Cannot fail: Route::plan checked every source's rows against the pair budget, which
@@ -172,7 +186,8 @@ void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buf
              "[dispatch_layout] hop '{}': rank {} receives {} rows, more than the {} planned",
              spec_.name, spec_.self, num_recv_, spec_.max_recv);
 
-    for (Payload payload : {Payload::rows, Payload::weights, Payload::records}) {
+    for (Payload payload :
+         {Payload::rows, Payload::weights, Payload::records, Payload::packed_rows}) {
         PeerCounts& c = counts_[static_cast<int>(payload)];
         const int w = static_cast<int>(width(payload));
         for (int p = 0; p < g; ++p) {
@@ -191,30 +206,32 @@ void Hop::plan(const int32_t* records, int64_t num_inputs, const HopBuffers& buf
                                words * static_cast<int64_t>(sizeof(int32_t)), own_slots());
     group.all_to_all_v(buffers.recv_records, c.recv_counts, c.recv_displs, buffers.send_records,
                        c.send_counts, c.send_displs, backend_->stream());
-    count_sent(c.send_counts, bytes);
+    count_sent(c.send_counts, DType::i32, bytes);
 }
 
 SlotPlacement Hop::own_slots() const {
     return {send_displs_[spec_.self], send_rows_[spec_.self], recv_displs_[spec_.self]};
 }
 
-CollectiveHandle Hop::fan_out(float* recv, float* send, const float* input, Payload payload,
+CollectiveHandle Hop::fan_out(void* recv, void* send, const void* input, Payload payload,
                               Communicator& group, DispatchBytes& bytes) const {
     check_group(group, "dispatch");
-    const int64_t row_bytes = width(payload) * static_cast<int64_t>(sizeof(float));
+    const DType element = element_type(payload);
+    const auto row_bytes = width(payload) * static_cast<int64_t>(dtype_size_bytes(element));
     backend_->dispatch_fan_out(send, recv, input, input_slot_begin_.data(), input_slots_.data(),
                                num_inputs_, row_bytes, own_slots());
     const PeerCounts& c = counts_[static_cast<int>(payload)];
-    count_sent(c.send_counts, bytes);
+    count_sent(c.send_counts, element, bytes);
     return group.all_to_all_v_async(recv, c.recv_counts, c.recv_displs, send, c.send_counts,
-                                    c.send_displs, DType::f32, backend_->stream());
+                                    c.send_displs, element, backend_->stream());
 }
 
 CollectiveHandle Hop::fan_in_post(float* send, const float* recv, Payload payload,
                                   Communicator& group, DispatchBytes& bytes) const {
     check_group(group, "combine");
+    MT_CHECK(payload != Payload::packed_rows, "[combine] packed rows travel to the experts only");
     const PeerCounts& c = counts_[static_cast<int>(payload)];
-    count_sent(c.recv_counts, bytes);
+    count_sent(c.recv_counts, DType::f32, bytes);
     return group.all_to_all_v_async(send, c.send_counts, c.send_displs, recv, c.recv_counts,
                                     c.recv_displs, DType::f32, backend_->stream());
 }
@@ -289,6 +306,10 @@ ArenaPlan RouteBuffer::plan(const DispatchConfig& config, std::span<const HopSpe
     }
     p.add("token_records", Shape{config.max_tokens, words}, DType::i32);
     p.add("staging_weights", Shape{hops.back().max_recv, config.top_k});
+    if (config.token_payload != PayloadFormat::fp32) {
+        p.add("token_packed", Shape{config.max_tokens, config.token_row_bytes()}, DType::u8);
+        p.add("staging_decoded", Shape{hops.back().max_recv, config.hidden});
+    }
     return p;
 }
 
@@ -297,7 +318,8 @@ RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<co
     : config_(config),
       ep_size_(ep_size),
       backend_(&backend),
-      arena_(plan(config, hops), backend.memory()) {
+      arena_(plan(config, hops), backend.memory()),
+      codec_(config.token_payload, config.hidden, backend) {
     for (const HopSpec& h : hops) {
         HopBuffers b;
         b.send = arena_.view(h.name + ".send_rows").f32();
@@ -308,6 +330,10 @@ RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<co
     }
     token_records_ = arena_.view("token_records").ptr<int32_t>();
     staging_weights_ = arena_.view("staging_weights").f32();
+    if (config.token_payload != PayloadFormat::fp32) {
+        token_packed_ = arena_.view("token_packed").ptr<uint8_t>();
+        staging_decoded_ = arena_.view("staging_decoded").f32();
+    }
 }
 
 // ---- Route ----
@@ -320,7 +346,9 @@ Route::Route(const DispatchConfig& config, int ep_size, int ep_rank, std::vector
       backend_(&backend),
       experts_(config, ep_size, ep_rank, backend),
       rows_to_rank_(static_cast<size_t>(ep_size)) {
-    for (HopSpec& h : hops) hops_.emplace_back(std::move(h), config.hidden, config.top_k, backend);
+    for (HopSpec& h : hops)
+        hops_.emplace_back(std::move(h), config.hidden, config.top_k, config.token_row_bytes(),
+                           backend);
 }
 
 void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> groups,
@@ -333,14 +361,16 @@ void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> grou
     const DispatchConfig& b = buffer.config();
     bool fits = buffer.ep_size() == ep_size_ && buffer.num_hops() == hops_.size() &&
                 b.hidden == config_.hidden && b.top_k == config_.top_k &&
-                b.max_tokens >= config_.max_tokens &&
+                b.max_tokens >= config_.max_tokens && b.token_payload == config_.token_payload &&
                 b.pair_rows(ep_size_) >= config_.pair_rows(ep_size_);
     MT_CHECK(fits,
-             "[{}] the dispatch buffer (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops) does "
-             "not fit the layout (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops)",
+             "[{}] the dispatch buffer (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops, {} "
+             "tokens) does not fit the layout (D {}, K {}, max_tokens {}, {} rows, ep {}, {} "
+             "hops, {} tokens)",
              op, b.hidden, b.top_k, b.max_tokens, b.capacity_rows(buffer.ep_size()),
-             buffer.ep_size(), buffer.num_hops(), config_.hidden, config_.top_k, config_.max_tokens,
-             config_.capacity_rows(ep_size_), ep_size_, hops_.size());
+             buffer.ep_size(), buffer.num_hops(), payload_format_name(b.token_payload),
+             config_.hidden, config_.top_k, config_.max_tokens, config_.capacity_rows(ep_size_),
+             ep_size_, hops_.size(), payload_format_name(config_.token_payload));
 }
 
 void Route::check_pair_budget() const {
@@ -405,10 +435,10 @@ void Route::start(RouteTransfer& t, RouteTransfer::Movement movement, RouteBuffe
     buffer.in_flight = &t;
 }
 
-void Route::post_forward(RouteTransfer& t, size_t k, const float* token_rows) const {
+void Route::post_forward(RouteTransfer& t, size_t k, const void* token_rows) const {
     const HopBuffers& b = t.buffer_->hop(k);
-    const float* input = k == 0 ? token_rows : t.buffer_->hop(k - 1).recv;
-    t.handle_ = hops_[k].fan_out(b.recv, b.send, input, Payload::rows, *t.groups_[k],
+    const void* input = k == 0 ? token_rows : t.buffer_->hop(k - 1).recv;
+    t.handle_ = hops_[k].fan_out(b.recv, b.send, input, t.forward_payload_, *t.groups_[k],
                                  t.buffer_->bytes_sent());
 }
 
@@ -437,7 +467,15 @@ void Route::begin_to_experts(RouteTransfer& t, float* expert_rows, const float* 
     t.out_ = expert_rows;
     t.in_ = token_rows;
     t.weighted_ = weighted;
-    post_forward(t, 0, token_rows);
+    if (config_.token_payload == PayloadFormat::fp32) {
+        t.forward_payload_ = Payload::rows;
+        post_forward(t, 0, token_rows);
+        return;
+    }
+    // The tokens leave in the wire format, once each, and are decoded where the experts are.
+    t.forward_payload_ = Payload::packed_rows;
+    buffer.codec().encode(buffer.token_packed(), token_rows, num_tokens_);
+    post_forward(t, 0, buffer.token_packed());
 }
 
 void Route::begin_to_tokens(RouteTransfer& t, float* token_rows, const float* expert_rows,
@@ -463,6 +501,7 @@ void Route::begin_combine_grads(RouteTransfer& t, float* dexpert_out, float* dwe
     t.dweights_ = dweights;
     t.expert_out_ = expert_out;
     t.weighted_ = true;
+    t.forward_payload_ = Payload::rows;
     post_forward(t, 0, dout);
 }
 
@@ -476,6 +515,12 @@ void Route::advance(RouteTransfer& t) const {
         case RouteTransfer::Movement::to_experts:
             if (k + 1 < H) {
                 post_forward(t, k + 1, t.in_);
+            } else if (t.forward_payload_ == Payload::packed_rows) {
+                buffer.codec().decode(buffer.staging_decoded(),
+                                      reinterpret_cast<const uint8_t*>(staging(buffer)),
+                                      hops_.back().num_recv());
+                experts_.expand(t.out_, buffer.staging_decoded(), t.weighted_);
+                done = true;
             } else {
                 experts_.expand(t.out_, staging(buffer), t.weighted_);
                 done = true;

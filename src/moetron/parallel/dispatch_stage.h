@@ -17,6 +17,10 @@
 //   [0] the source rank in the EP group, [1, K] the token's K global expert ids,
 //   [K+1, 2K] its K weights (the float bits).
 // A row's peers at every hop follow from its ids, so no other metadata (masks) travels.
+// The token rows of a dispatch may travel packed in a low-precision format
+// (DispatchConfig::token_payload, dispatch_payload.h): encoded once before the first hop, passed
+// on as bytes by every hop (also by two_tier's forwarding rank), decoded once at the last hop's
+// receiver into the staging rows that expand to the expert rows.
 // Gradient rule (kernels/README.md): every output here is written, none accumulated.
 //
 // What moves or combines rows, and what computes the routing metadata per token or row, is a
@@ -33,6 +37,8 @@
 #include "moetron/core/arena.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
+#include "moetron/parallel/dispatch_payload.h"
+#include "moetron/parallel/dispatch_traffic.h"
 
 namespace moetron::parallel {
 
@@ -52,6 +58,10 @@ struct DispatchConfig {
     // Consecutive EP ranks per scale-up domain (0: the whole EP group is one domain). The flat
     // dispatch uses it only to tell intra- from inter-domain bytes; the two-tier one routes by it.
     int64_t domain_size = 0;
+    // The format the token rows travel to the experts in (dispatch_payload.h): the recipe's
+    // row-wise quantized copy, decoded on arrival into the expert rows. Everything else (combine,
+    // the gradients, the route records) travels as float32 or int32.
+    PayloadFormat token_payload = PayloadFormat::fp32;
 
     // Throws moetron::Error saying which value cannot work with an EP group of ep_size ranks.
     void validate(int ep_size) const;
@@ -68,6 +78,7 @@ struct DispatchConfig {
     int64_t ranks_per_domain(int ep_size) const;
     int64_t num_domains(int ep_size) const { return ep_size / ranks_per_domain(ep_size); }
     int64_t record_words() const { return 2 * top_k + 1; }
+    int64_t token_row_bytes() const { return payload_row_bytes(token_payload, hidden); }
 };
 
 // Splits num_tokens tokens (topk_ids (N, K), global expert ids) into rounds that each send at most
@@ -121,13 +132,13 @@ struct HopBuffers {
     int32_t* recv_records = nullptr;  // (max_recv, 2K+1)
 };
 
-// What an exchange carries per row: hidden rows (D floats), weight gradients (K floats) or route
-// records (2K+1 words).
-enum class Payload { rows, weights, records };
+// What an exchange carries per row: hidden rows (D floats), weight gradients (K floats), route
+// records (2K+1 words) or token rows in the dispatch's wire format (token_row_bytes bytes).
+enum class Payload { rows, weights, records, packed_rows };
 
 class Hop {
   public:
-    Hop(HopSpec spec, int64_t hidden, int64_t top_k, Backend& backend);
+    Hop(HopSpec spec, int64_t hidden, int64_t top_k, int64_t packed_row_bytes, Backend& backend);
 
     const HopSpec& spec() const { return spec_; }
     int64_t num_inputs() const { return num_inputs_; }
@@ -141,7 +152,7 @@ class Hop {
               Communicator& group, DispatchBytes& bytes);
     // Forward: each input row (the payload's width) to each of its peers; recv gets what arrives
     // once the returned exchange completes (send and recv stay untouched until then).
-    CollectiveHandle fan_out(float* recv, float* send, const float* input, Payload payload,
+    CollectiveHandle fan_out(void* recv, void* send, const void* input, Payload payload,
                              Communicator& group, DispatchBytes& bytes) const;
     // Reverse, in two parts: fan_in_post sends recv's rows back to where they came from (they
     // arrive in send); once that completes, fan_in_sum makes input[i] = the sum over the peers of
@@ -153,24 +164,27 @@ class Hop {
                     bool accumulate) const;
 
   private:
-    struct PeerCounts {  // in elements, own rows zeroed (they bypass MPI)
+    struct PeerCounts {  // in elements (bytes for packed rows), own rows zeroed (they bypass MPI)
         std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
     };
-    int64_t width(Payload p) const;
+    int64_t width(Payload p) const;  // elements per row
+    static DType element_type(Payload p) {
+        return p == Payload::packed_rows ? DType::u8 : DType::f32;
+    }
     // Where this rank's own slots live (they bypass the exchange: straight into recv).
     SlotPlacement own_slots() const;
     void check_group(const Communicator& group, const char* op) const;
-    void count_sent(std::span<const int> counts, DispatchBytes& bytes) const;
+    void count_sent(std::span<const int> counts, DType element, DispatchBytes& bytes) const;
 
     HopSpec spec_;
-    int64_t hidden_, top_k_;
+    int64_t hidden_, top_k_, packed_row_bytes_;
     Backend* backend_;
     int64_t num_inputs_ = 0, num_recv_ = 0;
     std::vector<int32_t> input_slot_begin_;  // (max_inputs + 1) CSR over input rows
     std::vector<int32_t> input_slots_;       // (max_slots) send slot of each (row, peer)
     std::vector<int> send_rows_, send_displs_, recv_rows_, recv_displs_;  // (group) in rows
     std::vector<int> one_per_peer_, peer_index_;  // for exchanging one count with every peer
-    PeerCounts counts_[3];                        // by Payload
+    PeerCounts counts_[4];                        // by Payload
 };
 
 // The last hop's receiver: each staging row's copies on this rank's experts, the expert rows
@@ -221,7 +235,8 @@ class RouteBuffer {
                 Backend& backend);
     // The sizes, before allocating anything: per hop "<name>.send_rows", "<name>.recv_rows",
     // "<name>.send_records", "<name>.recv_records"; "token_records" (max_tokens, 2K+1) and
-    // "staging_weights" (last hop's max_recv, K).
+    // "staging_weights" (last hop's max_recv, K); with a quantized token payload also
+    // "token_packed" and "staging_decoded".
     static ArenaPlan plan(const DispatchConfig& config, std::span<const HopSpec> hops);
 
     const DispatchConfig& config() const { return config_; }
@@ -232,6 +247,11 @@ class RouteBuffer {
     size_t num_hops() const { return hops_.size(); }
     int32_t* token_records() const { return token_records_; }
     float* staging_weights() const { return staging_weights_; }
+    // A quantized token payload only (else null): the token rows encoded for the first hop
+    // (max_tokens, token_row_bytes), and the staging rows decoded (last hop's max_recv, D).
+    uint8_t* token_packed() const { return token_packed_; }
+    float* staging_decoded() const { return staging_decoded_; }
+    TokenRowCodec& codec() { return codec_; }
     DispatchBytes& bytes_sent() { return bytes_sent_; }
     const DispatchBytes& bytes_sent() const { return bytes_sent_; }
     // The movement in flight through this buffer (null: none); RouteTransfer sets and clears it.
@@ -245,6 +265,9 @@ class RouteBuffer {
     std::vector<HopBuffers> hops_;
     int32_t* token_records_;
     float* staging_weights_;
+    uint8_t* token_packed_ = nullptr;
+    float* staging_decoded_ = nullptr;
+    TokenRowCodec codec_;
     DispatchBytes bytes_sent_;
 };
 
@@ -278,6 +301,7 @@ class RouteTransfer {
     float* dweights_ = nullptr;          // combine_grads
     const float* expert_out_ = nullptr;  // combine_grads
     bool weighted_ = false, accumulate_ = false;
+    Payload forward_payload_ = Payload::rows;  // what the forward chain's hops carry
     CollectiveHandle handle_;
 };
 
@@ -348,7 +372,7 @@ class Route {
                std::span<Communicator* const> groups, const char* op) const;
     // Step k of a forward chain (hop k): post; and of a return chain (hop H-1-k, from the staging
     // rows last_recv back to token_out): post, then the sum once it arrived.
-    void post_forward(RouteTransfer& t, size_t k, const float* token_rows) const;
+    void post_forward(RouteTransfer& t, size_t k, const void* token_rows) const;
     void post_return(RouteTransfer& t, size_t k, const float* last_recv, Payload payload) const;
     void sum_return(const RouteTransfer& t, size_t k, float* token_out, const float* last_recv,
                     Payload payload, bool accumulate) const;

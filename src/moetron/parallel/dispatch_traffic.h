@@ -53,4 +53,13 @@ enum class PayloadFormat { fp32, bf16, mxfp8, fp8_blockwise };
 // engine's low-precision formats (kernels/cpu/quantize.h) and the cluster model's dispatch bytes.
 double payload_bytes_per_element(PayloadFormat format);
 
+// Bytes of one hidden row of `hidden` elements as it travels (dispatch_payload.h): the elements,
+// then the scales of its blocks, a partial last block counted whole. Equal to
+// payload_bytes_per_element(format) * hidden when the blocks divide the row (32 for MXFP8, 128
+// for DeepSeek-V3's FP8).
+int64_t payload_row_bytes(PayloadFormat format, int64_t hidden);
+
+// "fp32", "bf16", "mxfp8", "fp8-blockwise" (the --precision names of the recipes).
+const char* payload_format_name(PayloadFormat format);
+
 }  // namespace moetron::parallel

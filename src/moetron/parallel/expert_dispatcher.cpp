@@ -64,8 +64,11 @@ void check_slot(int64_t slot, int64_t num_slots) {
 class LocalDispatcher final : public ExpertDispatcher {
   public:
     LocalDispatcher(const ExpertDispatchConfig& c, Backend& backend)
-        : config_(c), backend_(backend) {
+        : config_(c),
+          backend_(backend),
+          codec_(c.routing.token_payload, c.routing.hidden, backend) {
         check_config(c);
+        token_payload_ = c.routing.token_payload;
         num_local_experts_ = c.routing.num_experts;
         first_local_expert_ = 0;
         description_ = "local (every expert in this process)";
@@ -121,6 +124,8 @@ class LocalDispatcher final : public ExpertDispatcher {
         const Slot& s = at(slot);
         backend_.permute_forward(expert_inp, inp, s.copy_to_row.data(), s.num_tokens,
                                  config_.routing.top_k, config_.routing.hidden);
+        // Each row is quantized on its own: the copies get what their token's row would.
+        codec_.round_trip(expert_inp, s.num_tokens * config_.routing.top_k);
     }
     void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
                                const float* weights, bool accumulate) override {
@@ -171,6 +176,7 @@ class LocalDispatcher final : public ExpertDispatcher {
 
     ExpertDispatchConfig config_;
     Backend& backend_;
+    parallel::TokenRowCodec codec_;  // the wire format's rounding, with no wire
     std::vector<Slot> slots_;
 };
 
@@ -205,6 +211,7 @@ class RoutedDispatcher final : public ExpertDispatcher {
         for (int64_t i = 0; i < c.num_buffers; ++i)
             buffers_.emplace_back(route_config_, ep.size(), backend);
         num_local_experts_ = route_config_.local_experts(ep.size());
+        token_payload_ = route_config_.token_payload;
         first_local_expert_ = static_cast<int64_t>(ep.rank()) * num_local_experts_;
         description_ = std::move(description);
         slots_.reserve(static_cast<size_t>(c.num_slots));

@@ -123,6 +123,10 @@ class ExpertDispatcher {
     virtual const char* kind() const = 0;
     // One line for the start-up log: the kind and why (e.g. two_tier asked over one domain).
     const std::string& description() const { return description_; }
+    // The format dispatch_forward's token rows travel in (DispatchConfig::token_payload): the
+    // expert rows hold what it decodes to, the recipe's row-wise quantized copy of the tokens,
+    // also when nothing travels (local), so that the numbers do not depend on the layout.
+    PayloadFormat token_payload() const { return token_payload_; }
     int64_t num_local_experts() const { return num_local_experts_; }  // El
     int64_t first_local_expert() const { return first_local_expert_; }
     // Rows the expert-side buffers (expert_inp, expert_out and their gradients) must hold.
@@ -197,6 +201,7 @@ class ExpertDispatcher {
   protected:
     int64_t num_local_experts_ = 0;
     int64_t first_local_expert_ = 0;
+    PayloadFormat token_payload_ = PayloadFormat::fp32;
     std::string description_;
 };
 

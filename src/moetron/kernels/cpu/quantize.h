@@ -18,6 +18,8 @@
 namespace moetron::cpu {
 
 inline constexpr int64_t kMxfp8BlockSize = 32;
+// DeepSeek-V3's activation tile (1 x 128) and weight block side (128 x 128).
+inline constexpr int64_t kDeepSeekTileSize = 128;
 
 inline int64_t blocks_covering(int64_t extent, int64_t block) {
     return (extent + block - 1) / block;
