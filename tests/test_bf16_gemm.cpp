@@ -68,8 +68,8 @@ TEST(Bf16Gemm, EqualsFloat64OfRoundedInputsWithinFloat32Summation) {
         const auto b = random_matrix(s.k * s.n, 2, 0.05f);
         const auto c0 = random_matrix(s.m * s.n, 3, 2.0f);
         std::vector<float> c = c0;
-        cpu::bf16_matmul(workspace, c.data(), a.data(), b.data(), s.m, s.n, s.k, s.trans_a,
-                         s.trans_b, s.beta);
+        cpu::bf16_matmul(
+            workspace, {c.data(), a.data(), b.data(), s.m, s.n, s.k, s.trans_a, s.trans_b, s.beta});
         double worst_ratio = 0;
         for (int64_t i = 0; i < s.m; ++i) {
             for (int64_t j = 0; j < s.n; ++j) {
@@ -98,11 +98,39 @@ TEST(Bf16Gemm, ThreadsChangeNothing) {
     std::vector<float> one(m * n), two(m * n);
     const int saved = omp_get_max_threads();
     omp_set_num_threads(1);
-    cpu::bf16_matmul(workspace, one.data(), a.data(), b.data(), m, n, k, false, true, 0.0f);
+    cpu::bf16_matmul(workspace, {one.data(), a.data(), b.data(), m, n, k, false, true, 0.0f});
     omp_set_num_threads(2);
-    cpu::bf16_matmul(workspace, two.data(), a.data(), b.data(), m, n, k, false, true, 0.0f);
+    cpu::bf16_matmul(workspace, {two.data(), a.data(), b.data(), m, n, k, false, true, 0.0f});
     omp_set_num_threads(saved);
     EXPECT_EQ(one, two);
+}
+
+// A batch of 9 GEMMs is handed out whole to 2 threads (each with its own packing buffers): the
+// same values as one at a time.
+TEST(Bf16Gemm, BatchOnThreadsEqualsOneByOne) {
+    SKIP_WITHOUT_AVX512_BF16();
+    const int64_t count = 9, m = 20, n = 70, k = 41;
+    const auto a = random_matrix(count * m * k, 13, 1.0f);
+    const auto b = random_matrix(count * n * k, 14, 1.0f);
+    std::vector<float> batched(count * m * n, 1.0f), single(count * m * n, 1.0f);
+    std::vector<cpu::Bf16Matmul> gemms;
+    for (int64_t i = 0; i < count; ++i) {
+        // Rows of different lengths, so that buffers sized for one GEMM would be wrong for another.
+        const int64_t rows = m - i;
+        gemms.push_back({batched.data() + i * m * n, a.data() + i * m * k, b.data() + i * n * k,
+                         rows, n, k, false, i % 2 == 1, 1.0f});
+    }
+    cpu::Bf16GemmWorkspace workspace;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
+    cpu::bf16_matmul_batch(workspace, gemms.data(), count);
+    omp_set_num_threads(saved);
+    for (int64_t i = 0; i < count; ++i) {
+        cpu::Bf16Matmul g = gemms[i];
+        g.c = single.data() + i * m * n;
+        cpu::bf16_matmul(workspace, g);
+    }
+    EXPECT_EQ(batched, single);
 }
 
 // |x - y| <= both GEMMs' float32 summation bounds, per element, given sum |a b| per element.

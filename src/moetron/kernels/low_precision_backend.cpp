@@ -170,17 +170,20 @@ const float* LowPrecisionBackend::fake_quantized_experts(const float* weight, in
     return dst;
 }
 
-void LowPrecisionBackend::native_bf16_matmul(float* c, const float* a, const float* b, int64_t m,
-                                             int64_t n, int64_t k, bool trans_a, bool trans_b,
-                                             float beta) {
-    cpu::bf16_matmul(bf16_workspace_, c, a, b, m, n, k, trans_a, trans_b, beta);
+void LowPrecisionBackend::native_bf16_matmul(const cpu::Bf16Matmul& gemm) {
+    cpu::bf16_matmul(bf16_workspace_, gemm);
+}
+
+void LowPrecisionBackend::native_bf16_expert_gemms() {
+    cpu::bf16_matmul_batch(bf16_workspace_, bf16_expert_gemms_.data(),
+                           static_cast<int64_t>(bf16_expert_gemms_.size()));
 }
 
 // C = op(A) op(B): A (M, K) has its reduction along rows unless transposed; B (K, N) runs it down
 // the columns unless transposed (then it is (N, K)).
 void LowPrecisionBackend::matmul(float* c, const float* a, const float* b, int64_t m, int64_t n,
                                  int64_t k, bool trans_a, bool trans_b, float beta) {
-    if (native_bf16_) return native_bf16_matmul(c, a, b, m, n, k, trans_a, trans_b, beta);
+    if (native_bf16_) return native_bf16_matmul({c, a, b, m, n, k, trans_a, trans_b, beta});
     const float* qa =
         fake_quantized(kFirst, a, trans_a ? k : m, trans_a ? m : k, !trans_a, Role::activation);
     const float* qb =
@@ -191,7 +194,7 @@ void LowPrecisionBackend::matmul(float* c, const float* a, const float* b, int64
 void LowPrecisionBackend::linear_forward(float* out, const float* inp, const float* weight,
                                          int64_t num_rows, int64_t in_dim, int64_t out_dim) {
     if (native_bf16_) {
-        return native_bf16_matmul(out, inp, weight, num_rows, out_dim, in_dim, false, true, 0.0f);
+        return native_bf16_matmul({out, inp, weight, num_rows, out_dim, in_dim, false, true, 0.0f});
     }
     const float* x = fake_quantized(kFirst, inp, num_rows, in_dim, true, Role::activation);
     const float* w = fake_quantized(kSecond, weight, out_dim, in_dim, true, Role::weight);
@@ -203,9 +206,10 @@ void LowPrecisionBackend::linear_backward(float* dinp, float* dweight, const flo
                                           int64_t in_dim, int64_t out_dim) {
     if (native_bf16_) {
         if (dinp != nullptr) {
-            native_bf16_matmul(dinp, dout, weight, num_rows, in_dim, out_dim, false, false, 0.0f);
+            native_bf16_matmul({dinp, dout, weight, num_rows, in_dim, out_dim, false, false, 0.0f});
         }
-        return native_bf16_matmul(dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f);
+        return native_bf16_matmul(
+            {dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f});
     }
     // dinp (M, I) = dout (M, O) @ W (O, I): reduced over O, along dout's rows and down W's
     // columns (W's column-wise copy).
@@ -224,13 +228,14 @@ void LowPrecisionBackend::grouped_linear_forward(float* out, const float* inp, c
                                                  const int64_t* offsets, int64_t num_experts,
                                                  int64_t in_dim, int64_t out_dim) {
     if (native_bf16_) {
+        bf16_expert_gemms_.clear();
         for (int64_t e = 0; e < num_experts; ++e) {
             const int64_t row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
-            native_bf16_matmul(out + row0 * out_dim, inp + row0 * in_dim,
-                               weight + e * out_dim * in_dim, rows, out_dim, in_dim, false, true,
-                               0.0f);
+            bf16_expert_gemms_.push_back({out + row0 * out_dim, inp + row0 * in_dim,
+                                          weight + e * out_dim * in_dim, rows, out_dim, in_dim,
+                                          false, true, 0.0f});
         }
-        return;
+        return native_bf16_expert_gemms();
     }
     // Row-wise blocks lie within one token's row, so the whole input is quantized at once.
     const float* x =
@@ -245,18 +250,21 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
                                                   int64_t in_dim, int64_t out_dim) {
     const int64_t per_expert = out_dim * in_dim;
     if (native_bf16_) {
+        // Both GEMMs of every expert in one batch (an expert's dinp and dW are independent).
+        bf16_expert_gemms_.clear();
         for (int64_t e = 0; e < num_experts; ++e) {
             const int64_t row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
-            if (rows == 0) continue;
+            if (rows == 0) continue;  // its dweight gets += 0
             if (dinp != nullptr) {
-                native_bf16_matmul(dinp + row0 * in_dim, dout + row0 * out_dim,
-                                   weight + e * per_expert, rows, in_dim, out_dim, false, false,
-                                   0.0f);
+                bf16_expert_gemms_.push_back({dinp + row0 * in_dim, dout + row0 * out_dim,
+                                              weight + e * per_expert, rows, in_dim, out_dim, false,
+                                              false, 0.0f});
             }
-            native_bf16_matmul(dweight + e * per_expert, dout + row0 * out_dim, inp + row0 * in_dim,
-                               out_dim, in_dim, rows, true, false, 1.0f);
+            bf16_expert_gemms_.push_back({dweight + e * per_expert, dout + row0 * out_dim,
+                                          inp + row0 * in_dim, out_dim, in_dim, rows, true, false,
+                                          1.0f});
         }
-        return;
+        return native_bf16_expert_gemms();
     }
     if (dinp != nullptr) {
         const float* g =

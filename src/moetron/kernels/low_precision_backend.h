@@ -87,9 +87,10 @@ class LowPrecisionBackend final : public ForwardingBackend {
     const float* fake_quantized(Slot slot, const float* x, int64_t rows, int64_t cols,
                                 bool reduction_along_rows, Role role);
     float* slot_buffer(Slot slot, int64_t count);
-    // matmul()'s GEMM on the AVX512_BF16 kernel (native_bf16_ only).
-    void native_bf16_matmul(float* c, const float* a, const float* b, int64_t m, int64_t n,
-                            int64_t k, bool trans_a, bool trans_b, float beta);
+    // The GEMMs on the AVX512_BF16 kernel (native_bf16_ only): one, or the experts' batch
+    // (bf16_expert_gemms_, filled by the caller).
+    void native_bf16_matmul(const cpu::Bf16Matmul& gemm);
+    void native_bf16_expert_gemms();
     // A grouped weight (E, O, I), expert by expert (blocks never span two experts).
     const float* fake_quantized_experts(const float* weight, int64_t num_experts, int64_t out_dim,
                                         int64_t in_dim, bool reduction_along_rows);
@@ -99,6 +100,7 @@ class LowPrecisionBackend final : public ForwardingBackend {
     // Why the bf16 GEMMs run as they do, for describe().
     std::string bf16_gemm_reason_;
     cpu::Bf16GemmWorkspace bf16_workspace_;
+    std::vector<cpu::Bf16Matmul> bf16_expert_gemms_;
     std::vector<float> copies_[2];
     std::vector<uint8_t> codes_;
     std::vector<uint8_t> e8m0_scales_;

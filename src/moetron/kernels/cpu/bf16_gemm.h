@@ -22,17 +22,34 @@ namespace moetron::cpu {
 // True when the CPU has AVX512_BF16 and the AVX-512 F/BW/DQ/VL the kernel also uses.
 bool cpu_has_avx512_bf16();
 
-// Scratch of the packed operands: grows to the largest GEMM it has served and is reused after.
-// One GEMM at a time per workspace.
-struct Bf16GemmWorkspace {
-    std::vector<uint32_t> a_pairs, b_pairs;
+// C (m, n) = bf16(op(A)) bf16(op(B)) + beta C, row-major, with matmul()'s conventions (matmul.h):
+// op(A) is (m, k), A stored (k, m) when trans_a; op(B) is (k, n), B stored (n, k) when trans_b.
+// beta 0: C is written without being read.
+struct Bf16Matmul {
+    float* c;
+    const float* a;
+    const float* b;
+    int64_t m, n, k;
+    bool trans_a, trans_b;
+    float beta;
 };
 
-// C (M, N) = bf16(op(A)) bf16(op(B)) + beta C, row-major, with matmul()'s conventions (matmul.h):
-// op(A) is (M, K), A stored (K, M) when trans_a; op(B) is (K, N), B stored (N, K) when trans_b.
-// Runs on omp_get_max_threads() threads (one inside a parallel region). Needs
-// cpu_has_avx512_bf16().
-void bf16_matmul(Bf16GemmWorkspace& workspace, float* c, const float* a, const float* b, int64_t m,
-                 int64_t n, int64_t k, bool trans_a, bool trans_b, float beta);
+// Scratch of the packed operands, one pair of buffers per thread that packs: grows to the largest
+// GEMM it has served and is reused after. One call at a time per workspace.
+struct Bf16GemmWorkspace {
+    struct Buffers {
+        std::vector<uint32_t> a_pairs, b_pairs;
+    };
+    std::vector<Buffers> per_thread;
+};
+
+// One GEMM on omp_get_max_threads() threads (one inside a parallel region, or for small ones).
+// Needs cpu_has_avx512_bf16().
+void bf16_matmul(Bf16GemmWorkspace& workspace, const Bf16Matmul& gemm);
+
+// Many independent GEMMs (the experts' of a grouped linear layer): whole GEMMs handed to threads
+// when there are enough of them to keep every thread busy (as matmul.cpp's grouped GEMM does),
+// else one after the other, each on all threads. Empty GEMMs (m or n zero) cost nothing.
+void bf16_matmul_batch(Bf16GemmWorkspace& workspace, const Bf16Matmul* gemms, int64_t count);
 
 }  // namespace moetron::cpu
