@@ -21,6 +21,10 @@ constexpr double kMinParallelFlops = 4e6;
 // kMinExpertsPerThread, for the same reason: dynamic scheduling evens out unequal GEMMs).
 constexpr int64_t kMinGemmsPerThread = 4;
 
+// Tiles a thread takes at a time: dynamic, so that a thread the OS preempts (a shared machine)
+// does not hold up the others, in runs long enough to reuse a column panel of B from cache.
+constexpr int kTilesPerGrab = 16;
+
 int64_t panels_covering(int64_t extent, int64_t width) {
     return (extent + width - 1) / width;
 }
@@ -52,22 +56,44 @@ struct Packing {
     // Panel `panel` of op(A) (rows) or op(B) (columns): x as vectors of k elements, element i of
     // vector j at x[j * vector_stride + i * k_stride], out[pair][j in panel] holding elements 2p
     // (low half) and 2p + 1 (high half), each rounded to bfloat16 as round_to_bf16 rounds; zero
-    // past the last vector and past k.
+    // past the last vector and past k. The loops run along whichever of x's dimensions is
+    // contiguous, so that the rounding vectorizes.
     void pack_panel(uint32_t* out, const float* x, int64_t extent, int64_t vector_stride,
                     int64_t k_stride, int64_t width, int64_t panel) const {
         uint32_t* dst = out + panel * pairs * width;
         const int64_t first = panel * width;
         const int64_t count = extent - first < width ? extent - first : width;
-        for (int64_t p = 0; p < pairs; ++p) {
-            const bool has_high = 2 * p + 1 < g.k;
+        const int64_t whole_pairs = g.k / 2;  // the last pair of an odd k has no high half
+        const float* base = x + first * vector_stride;
+        if (k_stride == 1) {
             for (int64_t j = 0; j < count; ++j) {
-                const float* element = x + (first + j) * vector_stride + 2 * p * k_stride;
-                const uint32_t low = encode_bf16(element[0]);
-                const uint32_t high = has_high ? encode_bf16(element[k_stride]) : 0u;
-                dst[p * width + j] = low | (high << 16);
+                const float* v = base + j * vector_stride;
+                for (int64_t p = 0; p < whole_pairs; ++p)
+                    dst[p * width + j] = bf16_pair(v[2 * p], v[2 * p + 1]);
             }
-            for (int64_t j = count; j < width; ++j) dst[p * width + j] = 0u;
+        } else {
+            for (int64_t p = 0; p < whole_pairs; ++p) {
+                const float* low = base + 2 * p * k_stride;
+                for (int64_t j = 0; j < count; ++j) {
+                    dst[p * width + j] =
+                        bf16_pair(low[j * vector_stride], low[j * vector_stride + k_stride]);
+                }
+            }
         }
+        if (whole_pairs < pairs) {
+            const float* low = base + 2 * whole_pairs * k_stride;
+            for (int64_t j = 0; j < count; ++j)
+                dst[whole_pairs * width + j] = encode_bf16(low[j * vector_stride]);
+        }
+        if (count < width) {
+            for (int64_t p = 0; p < pairs; ++p) {
+                for (int64_t j = count; j < width; ++j) dst[p * width + j] = 0u;
+            }
+        }
+    }
+    static uint32_t bf16_pair(float low, float high) {
+        return static_cast<uint32_t>(encode_bf16(low)) |
+               (static_cast<uint32_t>(encode_bf16(high)) << 16);
     }
     // op(A)[r][i] = a[r * k + i], or a[i * m + r] when A is stored transposed.
     void pack_a(int64_t panel) const {
@@ -108,7 +134,7 @@ void gemm_on_threads(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers, i
         for (int64_t panel = 0; panel < packing.row_panels; ++panel) packing.pack_a(panel);
 #pragma omp for schedule(static)
         for (int64_t panel = 0; panel < packing.col_panels; ++panel) packing.pack_b(panel);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, kTilesPerGrab)
         for (int64_t t = 0; t < packing.num_tiles(); ++t) packing.compute_tile(packed, t);
     }
 }
