@@ -5,7 +5,10 @@
 // the same iterations, interleaved, so that both see the same machine load: the median of the
 // per-pair ratios and their spread (ratio_min..ratio_max), over 9 pairs.
 //
-// Run: build/bench/bench_kernels [--benchmark_filter=Grouped|Attention]
+// BM_Bf16Gemm times the bf16 recipe's GEMMs on the native AVX512_BF16 kernel against the emulated
+// recipe and float32, interleaved likewise (its comment says how).
+//
+// Run: build/bench/bench_kernels [--benchmark_filter=Grouped|Attention|Bf16]
 //
 // Shapes: `small` is configs/models/small.toml (hidden 512, dense F 1536, expert F 256, 8 heads of
 // Dqk 96 / Dv 64, seq 512, 4096 tokens in a micro-batch of 8 sequences); `wide` is the larger
@@ -21,8 +24,11 @@
 #include <vector>
 
 #include "moetron/core/timer.h"
+#include "moetron/kernels/backend.h"
 #include "moetron/kernels/cpu/attention.h"
+#include "moetron/kernels/cpu/bf16_gemm.h"
 #include "moetron/kernels/cpu/matmul.h"
+#include "moetron/kernels/low_precision_backend.h"
 #include "ratio_spread.h"
 
 namespace moetron {
@@ -316,6 +322,91 @@ BENCHMARK(BM_AttentionBackward)
     ->ArgNames({"B", "S", "H", "Dqk", "Dv"})
     ->Args({8, 512, 8, 96, 64})
     ->Args({2, 1024, 8, 192, 128});
+
+// ---- the bf16 recipe: the native AVX512_BF16 GEMM against the emulation and float32 ----
+
+// A linear layer's forward and backward (rows, in, out), or with experts > 0 the grouped one of
+// `experts` experts of `rows` tokens each, run three ways per iteration, interleaved: the bf16
+// recipe on the native kernel (kernels/cpu/bf16_gemm.h), the same recipe emulated (inputs
+// rounded to bfloat16, then the float32 GEMM: MOETRON_BF16_GEMM=emulated) and plain float32.
+// Reports native_vs_emulated and native_vs_fp32: the medians of the per-iteration speed ratios,
+// with their spreads (printed as bench/ratio_stats.py does). Skipped without AVX512_BF16.
+void BM_Bf16Gemm(benchmark::State& state) {
+    if (!cpu::cpu_has_avx512_bf16()) {
+        state.SkipWithError("this CPU has no AVX512_BF16");
+        return;
+    }
+    const int64_t rows = state.range(0), experts = state.range(1);
+    const int64_t in_dim = state.range(2), out_dim = state.range(3);
+    const int64_t total_rows = experts > 0 ? rows * experts : rows;
+    const int64_t weight_count = (experts > 0 ? experts : 1) * out_dim * in_dim;
+    const auto inp = filled(total_rows * in_dim, 1), weight = filled(weight_count, 2),
+               dout = filled(total_rows * out_dim, 3);
+    std::vector<float> out(static_cast<size_t>(total_rows * out_dim)),
+        dinp(static_cast<size_t>(total_rows * in_dim)), dweight(weight.size(), 0.0f);
+    std::vector<int64_t> offsets(static_cast<size_t>(experts + 1));
+    for (int64_t e = 0; e <= experts; ++e) offsets[e] = e * rows;
+    LowPrecisionBackend native(cpu_backend(), Precision::bf16, Bf16Gemm::native);
+    LowPrecisionBackend emulated(cpu_backend(), Precision::bf16, Bf16Gemm::emulated);
+    auto forward_backward = [&](Backend& ops) {
+        if (experts > 0) {
+            ops.grouped_linear_forward(out.data(), inp.data(), weight.data(), offsets.data(),
+                                       experts, in_dim, out_dim);
+            ops.grouped_linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(),
+                                        weight.data(), offsets.data(), experts, in_dim, out_dim);
+        } else {
+            ops.linear_forward(out.data(), inp.data(), weight.data(), rows, in_dim, out_dim);
+            ops.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
+                                rows, in_dim, out_dim);
+        }
+        benchmark::DoNotOptimize(dweight.data());
+    };
+    std::vector<double> vs_emulated, vs_fp32;
+    for (auto _ : state) {
+        Timer timer;
+        forward_backward(native);
+        const double native_s = timer.elapsed_s();
+        state.PauseTiming();
+        timer.reset();
+        forward_backward(emulated);
+        const double emulated_s = timer.elapsed_s();
+        timer.reset();
+        forward_backward(cpu_backend());
+        const double fp32_s = timer.elapsed_s();
+        vs_emulated.push_back(emulated_s / native_s);
+        vs_fp32.push_back(fp32_s / native_s);
+        state.ResumeTiming();
+    }
+    set_gflops(state, 6.0 * total_rows * in_dim * out_dim);
+    const bench::RatioSpread emulated_spread = bench::ratio_spread(vs_emulated);
+    const bench::RatioSpread fp32_spread = bench::ratio_spread(vs_fp32);
+    state.counters["native_vs_emulated"] = emulated_spread.median;
+    state.counters["native_vs_fp32"] = fp32_spread.median;
+    const std::string shape = experts > 0 ? fmt::format("{} experts x {} tokens, {} -> {}", experts,
+                                                        rows, in_dim, out_dim)
+                                          : fmt::format("{} rows, {} -> {}", rows, in_dim, out_dim);
+    std::printf("%s\n", bench::format_ratio_spread("bf16 native / emulated speed, forward + "
+                                                   "backward, " +
+                                                       shape,
+                                                   emulated_spread)
+                            .c_str());
+    std::printf("%s\n", bench::format_ratio_spread(
+                            "bf16 native / fp32 speed, forward + backward, " + shape, fp32_spread)
+                            .c_str());
+}
+
+// small.toml's GEMMs at 4096 tokens (8 sequences of 512): the dense MLP's up (512 -> 2 x 1152)
+// and down projections, MLA's q_b (192 -> 8 heads x 96), and the routed experts (512 -> 2 x 128)
+// at small's mean load of 4096 x top-4 / 32 = 512 tokens per expert.
+BENCHMARK(BM_Bf16Gemm)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(kGroupedPairs)
+    ->ArgNames({"rows", "experts", "in", "out"})
+    ->Args({4096, 0, 512, 2304})
+    ->Args({4096, 0, 1152, 512})
+    ->Args({4096, 0, 192, 768})
+    ->Args({512, 32, 512, 256});
 
 }  // namespace
 }  // namespace moetron

@@ -4,30 +4,41 @@
 usage: tools/low_precision_convergence.py [--binary build/moetron] [--steps 1500]
            [--text ../shared/data/tinyshakespeare.txt] [--out-dir /tmp/moetron_precision]
            [--svg docs/low_precision_convergence.svg] [--timing-rounds 3 --timing-steps 20]
+           [--seeds 1234,1,2]
 
-For each of fp32, bf16, mxfp8 and fp8-blockwise: one run of --steps steps (same seed, data and
-schedule; validation every 100 steps) logged as JSONL, then the validation curves of all four
-in one SVG and a Markdown table of the final validation losses. The CPU cost per step comes from
-separate short runs, interleaved (fp32, bf16, mxfp8, fp8-blockwise, fp32, ...) so that a load
-change on a shared machine hits every recipe alike; the table gives each recipe's median ms per
-step (the median over rounds of each run's median step time) and its ratio to fp32. Exits 0 with a message when the text file is missing.
-Standard library only.
+For each of fp32, bf16, mxfp8 and fp8-blockwise: one run of --steps steps per seed (same data
+and schedule; validation every 100 steps) logged as JSONL, then the validation curves of the
+first seed in one SVG and a Markdown table of the final validation losses: per recipe the mean
+over seeds, its gap to fp32's mean, and the per-seed gaps (min..max), so that a gap can be set
+against the seed-to-seed spread of fp32 itself (also printed). The CPU cost per step comes from
+separate short runs, interleaved (fp32, bf16, bf16 emulated, mxfp8, fp8-blockwise, fp32, ...) so
+that a load change on a shared machine hits every recipe alike; the table gives each recipe's
+median ms per step (the median over rounds of each run's median step time) and its ratio to
+fp32. "bf16 emulated" is bf16 with MOETRON_BF16_GEMM=emulated (rounded inputs into the float32
+GEMM), timed only: on a CPU without AVX512_BF16 bf16 is emulated anyway. Exits 0 with a message
+when the text file is missing. Standard library only.
 """
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import subprocess
 import sys
 
 PRECISIONS = ["fp32", "bf16", "mxfp8", "fp8-blockwise"]
+# The timed variants: (label, precision, extra environment).
+TIMED = [("fp32", "fp32", {}), ("bf16", "bf16", {}),
+         ("bf16 emulated", "bf16", {"MOETRON_BF16_GEMM": "emulated"}),
+         ("mxfp8", "mxfp8", {}), ("fp8-blockwise", "fp8-blockwise", {})]
 COLORS = {"fp32": "#222222", "bf16": "#1f77b4", "mxfp8": "#d62728", "fp8-blockwise": "#2ca02c"}
 
 
-def train(binary, text, precision, steps, extra):
+def train(binary, text, precision, steps, extra, environment=None):
     command = [binary, "train", "--config", "tiny", "--text", text, "--steps", str(steps),
                "--precision", precision, "--threads", "1"] + extra
-    done = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, **(environment or {}))
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
     return done
 
 
@@ -85,6 +96,8 @@ def main():
     ap.add_argument("--svg", default="docs/low_precision_convergence.svg")
     ap.add_argument("--timing-rounds", type=int, default=3)
     ap.add_argument("--timing-steps", type=int, default=20)
+    ap.add_argument("--seeds", default="1234",
+                    help="comma-separated training seeds; each recipe trains once per seed")
     ap.add_argument("--reuse-logs", action="store_true",
                     help="take the curves from --out-dir's logs of an earlier run; time only")
     args = ap.parse_args()
@@ -94,35 +107,54 @@ def main():
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    curves, final = {}, {}
-    for precision in PRECISIONS:
-        log = out_dir / f"{precision}.jsonl"
-        if not args.reuse_logs:
-            train(args.binary, args.text, precision, args.steps,
-                  ["--eval-every", "100", "--log-jsonl", str(log)])
-        rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        curves[precision] = [(r["step"], r["val_loss"]) for r in rows
-                             if r.get("val_loss") is not None]
-        final[precision] = curves[precision][-1][1]
-        print(f"{precision}: final validation loss {final[precision]:.4f}", flush=True)
-
-    times = {p: [] for p in PRECISIONS}
-    for _ in range(args.timing_rounds):
+    seeds = [int(s) for s in args.seeds.split(",")]
+    curves, final = {}, {p: {} for p in PRECISIONS}
+    for seed in seeds:
         for precision in PRECISIONS:
-            timing_log = out_dir / f"timing-{precision}.jsonl"
+            # The first seed's logs keep the names of single-seed runs (--reuse-logs reads them).
+            suffix = "" if seed == seeds[0] else f"-seed{seed}"
+            log = out_dir / f"{precision}{suffix}.jsonl"
+            if not args.reuse_logs:
+                train(args.binary, args.text, precision, args.steps,
+                      ["--eval-every", "100", "--seed", str(seed), "--log-jsonl", str(log)])
+            rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+            points = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
+            if seed == seeds[0]:
+                curves[precision] = points
+            final[precision][seed] = points[-1][1]
+            print(f"{precision} seed {seed}: final validation loss {points[-1][1]:.4f}",
+                  flush=True)
+
+    times = {label: [] for label, _, _ in TIMED}
+    for _ in range(args.timing_rounds):
+        for label, precision, environment in TIMED:
+            timing_log = out_dir / f"timing-{label.replace(' ', '-')}.jsonl"
             timing_log.unlink(missing_ok=True)
             train(args.binary, args.text, precision, args.timing_steps,
-                  ["--eval-every", str(args.timing_steps), "--log-jsonl", str(timing_log)])
-            times[precision].append(median_step_ms(timing_log))
-    median = {p: statistics.median(t) for p, t in times.items()}
+                  ["--eval-every", str(args.timing_steps), "--log-jsonl", str(timing_log)],
+                  environment)
+            times[label].append(median_step_ms(timing_log))
+    median = {label: statistics.median(t) for label, t in times.items()}
 
     svg(curves, args.svg, args.steps)
-    print(f"\n| precision | final val loss ({args.steps} steps) | vs fp32 | ms/step (median of "
+    mean = {p: statistics.mean(final[p].values()) for p in PRECISIONS}
+    fp32_seeds = list(final["fp32"].values())
+    if len(seeds) > 1:
+        print(f"\nfp32 across seeds {args.seeds}: {min(fp32_seeds):.4f}..{max(fp32_seeds):.4f} "
+              f"({100 * (max(fp32_seeds) / min(fp32_seeds) - 1):.2f}% apart)")
+    print(f"\n| precision | final val loss ({args.steps} steps, mean of {len(seeds)} seed(s)) "
+          f"| vs fp32 | per-seed gap to fp32 (min..max) | ms/step (median of "
           f"{args.timing_rounds} interleaved x {args.timing_steps} steps) | vs fp32 |")
-    print("|---|---|---|---|---|")
-    for p in PRECISIONS:
-        print(f"| {p} | {final[p]:.4f} | {100 * (final[p] / final['fp32'] - 1):+.2f}% | "
-              f"{median[p]:.1f} | {median[p] / median['fp32']:.2f}x |")
+    print("|---|---|---|---|---|---|")
+    for label, precision, _ in TIMED:
+        if label in PRECISIONS:
+            gaps = [100 * (final[label][s] / final["fp32"][s] - 1) for s in seeds]
+            loss = (f"{mean[label]:.4f} | {100 * (mean[label] / mean['fp32'] - 1):+.2f}% | "
+                    f"{min(gaps):+.2f}%..{max(gaps):+.2f}%")
+        else:
+            loss = "(timed only) | | "
+        print(f"| {label} | {loss} | {median[label]:.1f} | "
+              f"{median[label] / median['fp32']:.2f}x |")
     return 0
 
 

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/quantize.h"
@@ -16,8 +18,15 @@ namespace {
 // 128 x 128 for weights.
 constexpr int64_t kDeepSeekTile = 128;
 
-bool cpu_has_avx512_bf16() {
-    return __builtin_cpu_supports("avx512bf16");
+// The environment's MOETRON_BF16_GEMM, if set: "native" or "emulated".
+Bf16Gemm bf16_gemm_from_environment() {
+    const char* value = std::getenv("MOETRON_BF16_GEMM");
+    if (value == nullptr || *value == '\0') return Bf16Gemm::automatic;
+    const std::string_view name(value);
+    if (name == "native") return Bf16Gemm::native;
+    if (name == "emulated") return Bf16Gemm::emulated;
+    MT_USER_THROW("MOETRON_BF16_GEMM='{}' is not a choice; use native or emulated (or unset it)",
+                  name);
 }
 
 }  // namespace
@@ -44,24 +53,46 @@ std::string_view precision_name(Precision precision) {
     return "?";
 }
 
-LowPrecisionBackend::LowPrecisionBackend(Backend& inner, Precision precision)
+LowPrecisionBackend::LowPrecisionBackend(Backend& inner, Precision precision, Bf16Gemm bf16_gemm)
     : ForwardingBackend(inner), precision_(precision) {
     MT_CHECK(precision != Precision::fp32, "[low_precision] fp32 needs no decorator");
     MT_USER_CHECK(inner.device() == Device::cpu,
                   "--precision {} runs on the CPU backend only for now (the {} backend has no "
                   "quantization kernels yet)",
                   precision_name(precision), inner.name());
+    if (precision != Precision::bf16) return;
+    const bool from_environment = bf16_gemm == Bf16Gemm::automatic;
+    if (from_environment) bf16_gemm = bf16_gemm_from_environment();
+    const bool cpu_native = cpu::cpu_has_avx512_bf16();
+    switch (bf16_gemm) {
+        case Bf16Gemm::automatic:
+            native_bf16_ = cpu_native;
+            bf16_gemm_reason_ = cpu_native ? "native AVX512_BF16 (vdpbf16ps, float32 sums)"
+                                           : "emulated (no AVX512_BF16): the float32 GEMM runs "
+                                             "on the rounded values";
+            break;
+        case Bf16Gemm::native:
+            MT_USER_CHECK(cpu_native,
+                          "the native bf16 GEMM needs a CPU with AVX512_BF16, which this one "
+                          "lacks{}",
+                          from_environment ? " (unset MOETRON_BF16_GEMM)" : "");
+            native_bf16_ = true;
+            bf16_gemm_reason_ = "native AVX512_BF16 (vdpbf16ps, float32 sums)";
+            break;
+        case Bf16Gemm::emulated:
+            bf16_gemm_reason_ =
+                fmt::format("emulated{}: the float32 GEMM runs on the rounded values",
+                            from_environment ? " (MOETRON_BF16_GEMM=emulated)" : " (asked for)");
+            break;
+    }
 }
 
 std::string LowPrecisionBackend::describe() const {
     std::string recipe;
     switch (precision_) {
         case Precision::bf16:
-            recipe = fmt::format(
-                "GEMM inputs rounded to bfloat16, float32 accumulation; emulated (the float32 "
-                "GEMM runs on the rounded values){}",
-                cpu_has_avx512_bf16() ? "; this CPU has avx512_bf16, not used yet"
-                                      : "; this CPU has no avx512_bf16");
+            recipe = fmt::format("GEMM inputs rounded to bfloat16, float32 accumulation; bf16: {}",
+                                 bf16_gemm_reason_);
             break;
         case Precision::mxfp8:
             recipe =
@@ -139,10 +170,20 @@ const float* LowPrecisionBackend::fake_quantized_experts(const float* weight, in
     return dst;
 }
 
+void LowPrecisionBackend::native_bf16_matmul(const cpu::Bf16Matmul& gemm) {
+    cpu::bf16_matmul(bf16_workspace_, gemm);
+}
+
+void LowPrecisionBackend::native_bf16_expert_gemms() {
+    cpu::bf16_matmul_batch(bf16_workspace_, bf16_expert_gemms_.data(),
+                           static_cast<int64_t>(bf16_expert_gemms_.size()));
+}
+
 // C = op(A) op(B): A (M, K) has its reduction along rows unless transposed; B (K, N) runs it down
 // the columns unless transposed (then it is (N, K)).
 void LowPrecisionBackend::matmul(float* c, const float* a, const float* b, int64_t m, int64_t n,
                                  int64_t k, bool trans_a, bool trans_b, float beta) {
+    if (native_bf16_) return native_bf16_matmul({c, a, b, m, n, k, trans_a, trans_b, beta});
     const float* qa =
         fake_quantized(kFirst, a, trans_a ? k : m, trans_a ? m : k, !trans_a, Role::activation);
     const float* qb =
@@ -152,6 +193,9 @@ void LowPrecisionBackend::matmul(float* c, const float* a, const float* b, int64
 
 void LowPrecisionBackend::linear_forward(float* out, const float* inp, const float* weight,
                                          int64_t num_rows, int64_t in_dim, int64_t out_dim) {
+    if (native_bf16_) {
+        return native_bf16_matmul({out, inp, weight, num_rows, out_dim, in_dim, false, true, 0.0f});
+    }
     const float* x = fake_quantized(kFirst, inp, num_rows, in_dim, true, Role::activation);
     const float* w = fake_quantized(kSecond, weight, out_dim, in_dim, true, Role::weight);
     inner_.linear_forward(out, x, w, num_rows, in_dim, out_dim);
@@ -160,6 +204,13 @@ void LowPrecisionBackend::linear_forward(float* out, const float* inp, const flo
 void LowPrecisionBackend::linear_backward(float* dinp, float* dweight, const float* dout,
                                           const float* inp, const float* weight, int64_t num_rows,
                                           int64_t in_dim, int64_t out_dim) {
+    if (native_bf16_) {
+        if (dinp != nullptr) {
+            native_bf16_matmul({dinp, dout, weight, num_rows, in_dim, out_dim, false, false, 0.0f});
+        }
+        return native_bf16_matmul(
+            {dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f});
+    }
     // dinp (M, I) = dout (M, O) @ W (O, I): reduced over O, along dout's rows and down W's
     // columns (W's column-wise copy).
     if (dinp != nullptr) {
@@ -176,6 +227,16 @@ void LowPrecisionBackend::linear_backward(float* dinp, float* dweight, const flo
 void LowPrecisionBackend::grouped_linear_forward(float* out, const float* inp, const float* weight,
                                                  const int64_t* offsets, int64_t num_experts,
                                                  int64_t in_dim, int64_t out_dim) {
+    if (native_bf16_) {
+        bf16_expert_gemms_.clear();
+        for (int64_t e = 0; e < num_experts; ++e) {
+            const int64_t row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+            bf16_expert_gemms_.push_back({out + row0 * out_dim, inp + row0 * in_dim,
+                                          weight + e * out_dim * in_dim, rows, out_dim, in_dim,
+                                          false, true, 0.0f});
+        }
+        return native_bf16_expert_gemms();
+    }
     // Row-wise blocks lie within one token's row, so the whole input is quantized at once.
     const float* x =
         fake_quantized(kFirst, inp, offsets[num_experts], in_dim, true, Role::activation);
@@ -197,6 +258,23 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
                                                   const int64_t* offsets, int64_t num_experts,
                                                   int64_t in_dim, int64_t out_dim) {
     const int64_t per_expert = out_dim * in_dim;
+    if (native_bf16_) {
+        // Both GEMMs of every expert in one batch (an expert's dinp and dW are independent).
+        bf16_expert_gemms_.clear();
+        for (int64_t e = 0; e < num_experts; ++e) {
+            const int64_t row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
+            if (rows == 0) continue;  // its dweight gets += 0
+            if (dinp != nullptr) {
+                bf16_expert_gemms_.push_back({dinp + row0 * in_dim, dout + row0 * out_dim,
+                                              weight + e * per_expert, rows, in_dim, out_dim, false,
+                                              false, 0.0f});
+            }
+            bf16_expert_gemms_.push_back({dweight + e * per_expert, dout + row0 * out_dim,
+                                          inp + row0 * in_dim, out_dim, in_dim, rows, true, false,
+                                          1.0f});
+        }
+        return native_bf16_expert_gemms();
+    }
     if (dinp != nullptr) {
         const float* g =
             fake_quantized(kFirst, dout, offsets[num_experts], out_dim, true, Role::activation);

@@ -7,7 +7,10 @@
 // stay float32.
 //
 // Which tensor is quantized how (README "Low precision" gives the sources):
-//   bf16           every GEMM input rounded to bfloat16 (nearest even)
+//   bf16           every GEMM input rounded to bfloat16 (nearest even); on CPUs with AVX512_BF16
+//                  the GEMM itself runs in bfloat16 (cpu/bf16_gemm.h: rounded while packed,
+//                  products summed in float32 by vdpbf16ps), equal to the emulation up to the
+//                  order of the float32 additions
 //   mxfp8          E4M3 in 1 x 32 blocks along the reduction dimension, E8M0 scales (TE's
 //                  MXFP8BlockScaling): row-wise copies for the forward and the input gradient,
 //                  column-wise copies (32 x 1) of the output gradient and the input for the weight
@@ -27,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moetron/kernels/cpu/bf16_gemm.h"
 #include "moetron/kernels/forwarding_backend.h"
 
 namespace moetron {
@@ -37,12 +41,21 @@ enum class Precision : uint8_t { fp32, bf16, mxfp8, fp8_blockwise };
 Precision parse_precision(std::string_view name);
 std::string_view precision_name(Precision precision);
 
+// How the bf16 recipe's GEMMs run. automatic: native where the CPU has AVX512_BF16, unless the
+// environment variable MOETRON_BF16_GEMM says "emulated" (or "native"), so that both can be
+// measured on one machine; native: vdpbf16ps (a user error on a CPU without AVX512_BF16);
+// emulated: inputs rounded to bfloat16, then the inner backend's float32 GEMM.
+enum class Bf16Gemm : uint8_t { automatic, native, emulated };
+
 class LowPrecisionBackend final : public ForwardingBackend {
   public:
     // precision must not be fp32 (use the inner backend itself); inner must compute on the host.
-    LowPrecisionBackend(Backend& inner, Precision precision);
+    LowPrecisionBackend(Backend& inner, Precision precision,
+                        Bf16Gemm bf16_gemm = Bf16Gemm::automatic);
 
     Precision precision() const { return precision_; }
+    // True when the bf16 recipe runs its GEMMs on the AVX512_BF16 kernel.
+    bool native_bf16() const { return native_bf16_; }
 
     // The inner backend's line plus how the recipe runs here.
     std::string describe() const override;
@@ -80,11 +93,20 @@ class LowPrecisionBackend final : public ForwardingBackend {
     const float* fake_quantized(Slot slot, const float* x, int64_t rows, int64_t cols,
                                 bool reduction_along_rows, Role role);
     float* slot_buffer(Slot slot, int64_t count);
+    // The GEMMs on the AVX512_BF16 kernel (native_bf16_ only): one, or the experts' batch
+    // (bf16_expert_gemms_, filled by the caller).
+    void native_bf16_matmul(const cpu::Bf16Matmul& gemm);
+    void native_bf16_expert_gemms();
     // A grouped weight (E, O, I), expert by expert (blocks never span two experts).
     const float* fake_quantized_experts(const float* weight, int64_t num_experts, int64_t out_dim,
                                         int64_t in_dim, bool reduction_along_rows);
 
     Precision precision_;
+    bool native_bf16_ = false;
+    // Why the bf16 GEMMs run as they do, for describe().
+    std::string bf16_gemm_reason_;
+    cpu::Bf16GemmWorkspace bf16_workspace_;
+    std::vector<cpu::Bf16Matmul> bf16_expert_gemms_;
     std::vector<float> copies_[2];
     std::vector<uint8_t> codes_;
     std::vector<uint8_t> e8m0_scales_;

@@ -1,0 +1,191 @@
+// The native bf16 GEMM (bf16_gemm.h): packing with the recipe's rounding, then the register tiles
+// of C, each computed by the AVX512_BF16 micro-kernel; threads share the panels and tiles of one
+// GEMM (in one parallel region), or take whole GEMMs of a batch.
+#include "moetron/kernels/cpu/bf16_gemm.h"
+
+#include <omp.h>
+
+#include "moetron/core/error.h"
+#include "moetron/kernels/cpu/bf16_gemm_kernel.h"
+#include "moetron/kernels/cpu/blas_info.h"
+#include "moetron/kernels/cpu/number_formats.h"
+
+namespace moetron::cpu {
+
+namespace {
+
+// Below this many FLOPs a GEMM runs on the calling thread (as matmul.cpp's threshold: a
+// parallel region costs a few microseconds).
+constexpr double kMinParallelFlops = 4e6;
+// A batch hands whole GEMMs to threads when every thread gets at least this many (matmul.cpp's
+// kMinExpertsPerThread, for the same reason: dynamic scheduling evens out unequal GEMMs).
+constexpr int64_t kMinGemmsPerThread = 4;
+
+// Tiles a thread takes at a time: dynamic, so that a thread the OS preempts (a shared machine)
+// does not hold up the others, in runs long enough to reuse a column panel of B from cache.
+constexpr int kTilesPerGrab = 16;
+
+int64_t panels_covering(int64_t extent, int64_t width) {
+    return (extent + width - 1) / width;
+}
+
+double flops(const Bf16Matmul& g) {
+    return 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+}
+
+// A GEMM's operands packed (bf16_gemm_kernel.h), in one thread's buffers.
+struct Packing {
+    const Bf16Matmul& g;
+    int64_t pairs, row_panels, col_panels;
+    uint32_t* a_pairs;
+    uint32_t* b_pairs;
+
+    Packing(const Bf16Matmul& gemm, Bf16GemmWorkspace::Buffers& buffers)
+        : g(gemm),
+          pairs((gemm.k + 1) / 2),
+          row_panels(panels_covering(gemm.m, kBf16TileRows)),
+          col_panels(panels_covering(gemm.n, kBf16PanelColumns)),
+          a_pairs(grown(buffers.a_pairs, row_panels * pairs * kBf16TileRows)),
+          b_pairs(grown(buffers.b_pairs, col_panels * pairs * kBf16PanelColumns)) {}
+
+    static uint32_t* grown(std::vector<uint32_t>& buffer, int64_t count) {
+        if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(static_cast<size_t>(count));
+        return buffer.data();
+    }
+
+    // Panel `panel` of op(A) (rows) or op(B) (columns): x as vectors of k elements, element i of
+    // vector j at x[j * vector_stride + i * k_stride], out[pair][j in panel] holding elements 2p
+    // (low half) and 2p + 1 (high half), each rounded to bfloat16 as round_to_bf16 rounds; zero
+    // past the last vector and past k. The loops run along whichever of x's dimensions is
+    // contiguous, so that the rounding vectorizes.
+    void pack_panel(uint32_t* out, const float* x, int64_t extent, int64_t vector_stride,
+                    int64_t k_stride, int64_t width, int64_t panel) const {
+        uint32_t* dst = out + panel * pairs * width;
+        const int64_t first = panel * width;
+        const int64_t count = extent - first < width ? extent - first : width;
+        const int64_t whole_pairs = g.k / 2;  // the last pair of an odd k has no high half
+        const float* base = x + first * vector_stride;
+        if (k_stride == 1) {
+            for (int64_t j = 0; j < count; ++j) {
+                const float* v = base + j * vector_stride;
+                for (int64_t p = 0; p < whole_pairs; ++p)
+                    dst[p * width + j] = bf16_pair(v[2 * p], v[2 * p + 1]);
+            }
+        } else {
+            for (int64_t p = 0; p < whole_pairs; ++p) {
+                const float* low = base + 2 * p * k_stride;
+                for (int64_t j = 0; j < count; ++j) {
+                    dst[p * width + j] =
+                        bf16_pair(low[j * vector_stride], low[j * vector_stride + k_stride]);
+                }
+            }
+        }
+        if (whole_pairs < pairs) {
+            const float* low = base + 2 * whole_pairs * k_stride;
+            for (int64_t j = 0; j < count; ++j)
+                dst[whole_pairs * width + j] = encode_bf16(low[j * vector_stride]);
+        }
+        if (count < width) {
+            for (int64_t p = 0; p < pairs; ++p) {
+                for (int64_t j = count; j < width; ++j) dst[p * width + j] = 0u;
+            }
+        }
+    }
+    static uint32_t bf16_pair(float low, float high) {
+        return static_cast<uint32_t>(encode_bf16(low)) |
+               (static_cast<uint32_t>(encode_bf16(high)) << 16);
+    }
+    // op(A)[r][i] = a[r * k + i], or a[i * m + r] when A is stored transposed.
+    void pack_a(int64_t panel) const {
+        pack_panel(a_pairs, g.a, g.m, g.trans_a ? 1 : g.k, g.trans_a ? g.m : 1, kBf16TileRows,
+                   panel);
+    }
+    // op(B)[i][j] = b[i * n + j], or b[j * k + i] when B is stored transposed.
+    void pack_b(int64_t panel) const {
+        pack_panel(b_pairs, g.b, g.n, g.trans_b ? g.k : 1, g.trans_b ? 1 : g.n, kBf16PanelColumns,
+                   panel);
+    }
+    PackedBf16Gemm packed() const { return {a_pairs, b_pairs, pairs, g.c, g.m, g.n, g.beta}; }
+    // Tile t: consecutive tiles share a column panel of B, so a thread's run of them reuses it
+    // from cache.
+    int64_t num_tiles() const { return row_panels * col_panels; }
+    void compute_tile(const PackedBf16Gemm& p, int64_t t) const {
+        bf16_gemm_tile_avx512bf16(p, t % row_panels, t / row_panels);
+    }
+};
+
+void gemm_on_this_thread(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers) {
+    if (g.m == 0 || g.n == 0) return;
+    const Packing packing(g, buffers);
+    for (int64_t panel = 0; panel < packing.row_panels; ++panel) packing.pack_a(panel);
+    for (int64_t panel = 0; panel < packing.col_panels; ++panel) packing.pack_b(panel);
+    const PackedBf16Gemm packed = packing.packed();
+    for (int64_t t = 0; t < packing.num_tiles(); ++t) packing.compute_tile(packed, t);
+}
+
+// One parallel region: the threads pack both operands' panels, then compute the tiles.
+void gemm_on_threads(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers, int num_threads) {
+    if (g.m == 0 || g.n == 0) return;
+    const Packing packing(g, buffers);
+    const PackedBf16Gemm packed = packing.packed();
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t panel = 0; panel < packing.row_panels; ++panel) packing.pack_a(panel);
+#pragma omp for schedule(static)
+        for (int64_t panel = 0; panel < packing.col_panels; ++panel) packing.pack_b(panel);
+#pragma omp for schedule(dynamic, kTilesPerGrab)
+        for (int64_t t = 0; t < packing.num_tiles(); ++t) packing.compute_tile(packed, t);
+    }
+}
+
+int available_threads() {
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+}
+
+void check(const Bf16Matmul& g) {
+    MT_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0,
+             "[bf16_matmul] shape ({}, {}, {}) must not be negative", g.m, g.n, g.k);
+}
+
+}  // namespace
+
+bool cpu_has_avx512_bf16() {
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
+void bf16_matmul(Bf16GemmWorkspace& workspace, const Bf16Matmul& gemm) {
+    MT_CHECK(cpu_has_avx512_bf16(), "[bf16_matmul] needs a CPU with AVX512_BF16");
+    check(gemm);
+    if (workspace.per_thread.empty()) workspace.per_thread.resize(1);
+    const int num_threads = available_threads();
+    if (num_threads <= 1 || flops(gemm) < kMinParallelFlops) {
+        gemm_on_this_thread(gemm, workspace.per_thread[0]);
+    } else {
+        gemm_on_threads(gemm, workspace.per_thread[0], num_threads);
+    }
+}
+
+void bf16_matmul_batch(Bf16GemmWorkspace& workspace, const Bf16Matmul* gemms, int64_t count) {
+    MT_CHECK(cpu_has_avx512_bf16(), "[bf16_matmul_batch] needs a CPU with AVX512_BF16");
+    int64_t num_busy = 0;
+    for (int64_t i = 0; i < count; ++i) {
+        check(gemms[i]);
+        num_busy += gemms[i].m > 0 && gemms[i].n > 0 ? 1 : 0;
+    }
+    const int num_threads = available_threads();
+    if (num_threads <= 1 || num_busy < kMinGemmsPerThread * num_threads) {
+        for (int64_t i = 0; i < count; ++i) bf16_matmul(workspace, gemms[i]);
+        return;
+    }
+    // Every thread's buffers exist before the region; inside it they grow only while the GEMMs do.
+    if (static_cast<int64_t>(workspace.per_thread.size()) < num_threads)
+        workspace.per_thread.resize(static_cast<size_t>(num_threads));
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t i = 0; i < count; ++i) {
+        gemm_on_this_thread(gemms[i],
+                            workspace.per_thread[static_cast<size_t>(omp_get_thread_num())]);
+    }
+}
+
+}  // namespace moetron::cpu

@@ -1,0 +1,32 @@
+// What bf16_gemm.cpp (packing, threads) hands the AVX512_BF16 micro-kernel
+// (bf16_gemm_avx512bf16.cpp, the one file compiled with -mavx512bf16): the packed operands and
+// C, one register tile of C at a time.
+#pragma once
+
+#include <cstdint>
+
+namespace moetron::cpu {
+
+// The register tile: 6 rows of op(A) x 4 vectors of 16 float32 columns = 24 accumulators, plus
+// 4 vectors of B's pairs and a broadcast pair, out of AVX-512's 32 registers. op(A) is packed in
+// panels of kBf16TileRows rows, op(B) in panels of kBf16PanelColumns columns.
+inline constexpr int64_t kBf16TileRows = 6;
+inline constexpr int64_t kBf16PanelColumns = 64;
+
+// C (m, n), row-major, = A B + beta C with A and B packed as bfloat16 pairs (bf16_gemm.h):
+// a_pairs[panel][pair][row in panel] and b_pairs[panel][pair][column in panel], zero-padded
+// past m, n and k.
+struct PackedBf16Gemm {
+    const uint32_t* a_pairs;
+    const uint32_t* b_pairs;
+    int64_t pairs;  // ceil(k / 2)
+    float* c;
+    int64_t m, n;
+    float beta;  // 0: C is written without being read
+};
+
+// The tile of C at row panel `row_panel` and column panel `col_panel`; the parts past m and n
+// are neither read nor written.
+void bf16_gemm_tile_avx512bf16(const PackedBf16Gemm& g, int64_t row_panel, int64_t col_panel);
+
+}  // namespace moetron::cpu
