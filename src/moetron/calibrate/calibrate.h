@@ -67,6 +67,12 @@ struct CollectiveMeasurements {
     std::vector<CollectivePoint> all_to_all;
 };
 
+// The attention efficiency at one measured shape (sim: AttentionEfficiencyPoint).
+struct AttentionFitPoint {
+    double work_per_query = 0;  // S (Dqk + Dv)
+    double fwd = 0, bwd = 0;    // fractions of peak_gflops
+};
+
 // Fitted parameters of the sim's curves (docs/cluster-model.md "Compute time").
 struct CalibrationFit {
     double peak_gflops = 0;  // the sgemm asymptote of the fit (the file's fp32 peak)
@@ -76,10 +82,13 @@ struct CalibrationFit {
     double serial_gemm_below_flops = 0;
     double grouped_ratio = 0;
     double grouped_half_tokens = 0;
-    double attention_fwd = 0;  // fractions of peak_gflops
+    // Attention: each measured shape's fraction of peak_gflops, by increasing work per query (the
+    // sim interpolates between them), and the largest shape's, the file's constant.
+    std::vector<AttentionFitPoint> attention_by_work;
+    double attention_fwd = 0;
     double attention_bwd = 0;
     double memory_bw_efficiency = 0;
-    double gemm_fit_rms_rel_error = 0;  // time-weighted rms log error of the GEMM points
+    double gemm_fit_rms_rel_error = 0;  // rms log error of the GEMM points, each counted once
     // Collectives: alpha per ring step and bandwidth of each fit (1 rank: self copies).
     bool collectives_measured = false;
     double link_gbytes_per_s = 0;  // the best of the two fits; efficiencies are relative to it

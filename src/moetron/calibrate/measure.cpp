@@ -210,9 +210,17 @@ ComputeMeasurements measure_compute(const CalibrateOptions& o) {
         r.grouped.push_back(
             measure_grouped(tokens, 8, o.quick ? 32 : 128, o.quick ? 64 : 512, t, o.quick));
     }
-    // A tiny-like and a small-like MLA shape (QK head dim = nope + rope, V head dim).
+    // MLA shapes (QK head dim = nope + rope, V head dim) from tiny's to DeepSeek-V3's head dims:
+    // the kernel's efficiency grows ~10x over this range of work per query (S (Dqk + Dv) from
+    // 2,560 to 327,680), so one shape cannot stand for all (issue 17: tiny's backward ran at a
+    // fifth of the rate a mean over two shapes gave it).
     r.attention.push_back(measure_attention(4, 64, 4, 24, 16, t));
-    if (!o.quick) r.attention.push_back(measure_attention(2, 256, 8, 96, 64, t));
+    if (o.quick) {
+        r.attention.push_back(measure_attention(2, 128, 4, 48, 32, t));
+    } else {
+        r.attention.push_back(measure_attention(2, 256, 8, 96, 64, t));
+        r.attention.push_back(measure_attention(1, 1024, 4, 192, 128, t));
+    }
     const int64_t stream_count = o.quick ? (1 << 18) : (1 << 23);
     r.stream_gbytes_per_s = measure_stream_gbytes_per_s(stream_count, t);
     r.memory_kernels_gbytes_per_s = measure_memory_kernels_gbytes_per_s(
