@@ -188,7 +188,7 @@ TEST(Calibrate, GemmFitCountsTheSmallShapes) {
 }
 
 // On a CPU the ranks' own cores move a collective's bytes, and they are all computing: the
-// gradient sync the engine posts during the backward does not progress behind it (measured on
+// gradient sync the engine posts during the backward does not hide behind it (measured on
 // the 2-core machine: small's sync 100-215 ms exposed per step, the overlapped sim's 23 ms). The
 // written file says so (comm_sm_fraction 1), and the sim then prices a data-parallel step as
 // if the sync were not overlapped.

@@ -302,8 +302,8 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         "the");
     line("# byte side of every GEMM too). Not measured (set): host overhead 0 (the CPU is its own");
     line("# host), scale-out = scale-up (one node), comm_sm_fraction 1: the engine posts each");
-    line("# gradient bucket's collective during the backward, but MPI moves shared-memory bytes");
-    line("# on the ranks' own cores, all busy computing, so the sync is as if not overlapped.");
+    line("# gradient bucket's collective during the backward, but its bytes are copied by the");
+    line("# ranks' own cores, all busy computing, so the sync is as if not overlapped.");
     line("");
     line(fmt::format("name = \"{}\"", name));
     line("");
