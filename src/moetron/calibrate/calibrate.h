@@ -51,6 +51,7 @@ struct CollectivePoint {
 
 struct ComputeMeasurements {
     int threads = 0;
+    int64_t l2_bytes = 0;  // one core's L2 cache (0: unknown), see gemm_operand_copies
     std::vector<GemmPoint> gemm;
     std::vector<GroupedPoint> grouped;
     std::vector<AttentionPoint> attention;
@@ -106,6 +107,16 @@ struct MachineInfo {
     std::string command;    // how it was measured
     std::string timestamp;  // UTC, ISO 8601
 };
+
+// How many copies of a GEMM's operands (`bytes` in all) calibrate cycles through, so that each
+// call finds them where a training step would. A step's GEMM reads what the op before it just
+// wrote. On a rank of one thread that is still in its core's L2 when it fits (measured on the
+// 2-core machine: tiny's GEMM shapes run 1.2-1.4x faster from there than from L3, and tiny's
+// whole step lives in the caches), so such a GEMM is measured in place (1 copy). Otherwise, a
+// larger set or a rank whose threads each wrote part of the input in their own core's cache,
+// the operands are cycled through about 64 MiB (1 MiB with quick), at most 64 copies, so that
+// they come from outside this core's caches.
+int64_t gemm_operand_copies(double bytes, int threads, int64_t l2_bytes, bool quick);
 
 ComputeMeasurements measure_compute(const CalibrateOptions& options);
 // Collective measurements over `world` (every rank calls it). Needs world.size() > 1.

@@ -257,6 +257,12 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
             "#   GEMMs under {:.3g} FLOPs ran on one of the {} threads (1/{} of the asymptote)",
             f.serial_gemm_below_flops, c.threads, c.threads));
     }
+    if (c.threads == 1 && c.l2_bytes > 0) {
+        line(fmt::format(
+            "#   operands that fit one core's L2 ({} KiB) were measured in place, as a one-thread "
+            "rank's step finds them; larger ones cold",
+            c.l2_bytes / 1024));
+    }
     row = "#   grouped GEMM fwd+bwd (8 experts), tokens/expert: GFLOP/s:";
     for (const auto& p : c.grouped) {
         row += fmt::format(" {}: {:.1f}", p.tokens_per_expert, p.gflops);
