@@ -57,24 +57,19 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     MT_CHECK(!c.gemm.empty() && !c.grouped.empty() && !c.attention.empty(),
              "[calibrate] nothing measured to fit");
     CalibrationFit f;
-    // GEMM: log y = log peak + sum log s(dim; h) + log share, every measured shape's log error
-    // counting the same. (Weighting by each shape's time per call, before issue 17, let the
-    // largest shapes decide alone; the curve then priced the small GEMMs tiny is made of 1.2-2x
-    // slower than measured on one thread, where s(m) s(n) s(k) falls faster with small dims
-    // than this CPU's kernels do.) share is 1/threads for a GEMM the engine runs on one thread and
-    // 1 for one it splits over all of them: a single curve over both (the fit before issue 17) put
-    // the small shapes on the all-threads curve and, with two threads, bent h up to ~1,000 to pull
-    // them down, under-rating every mid-sized GEMM. The split point is fitted too (one of the
-    // measured FLOP counts, or none), so the fit needs no copy of the engine's constant. For each h
-    // and split, the best log peak is the weighted mean residual; keep the smallest weighted
-    // squared log error.
+    // GEMM: log y = log peak + sum log s(dim; h) + log share, least squares in log rate over the
+    // measured shapes, each counted once. (Weighting each shape by its time per call, before
+    // issue 17, let the largest shapes decide alone, and the curve priced the small GEMMs tiny is
+    // made of 1.2-2x too slow on one thread: s(m) s(n) s(k) falls faster with small dims than this
+    // CPU's kernels do.) share is 1/threads for a GEMM the engine runs on one thread and 1 for
+    // one it splits over all of them: a single curve over both put the small shapes on the
+    // all-threads curve and, with two threads, bent h up to ~1,000 to pull them down,
+    // under-rating every mid-sized GEMM. The split point is fitted too (one of the measured FLOP
+    // counts, or none), so the fit needs no copy of the engine's constant. For each h and split,
+    // the best log peak is the mean residual; keep the smallest squared log error.
     double best_err = 1e300;
-    std::vector<double> weights;
-    double weight_sum = 0;
     std::vector<double> split_candidates = {0};
     for (const auto& p : c.gemm) {
-        weights.push_back(1.0);
-        weight_sum += weights.back();
         if (c.threads > 1) {
             split_candidates.push_back(2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
                                        static_cast<double>(p.k));
@@ -88,17 +83,16 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
                         saturation(static_cast<double>(p.n), h) *
                         saturation(static_cast<double>(p.k), h) * share);
     };
+    const auto shapes = static_cast<double>(c.gemm.size());
     for (double split : split_candidates) {
         for (double h : half_candidates()) {
             double mean = 0;
-            for (size_t i = 0; i < c.gemm.size(); ++i) {
-                mean += weights[i] * (std::log(c.gemm[i].gflops) - log_curve(c.gemm[i], h, split));
-            }
-            mean /= weight_sum;
+            for (const auto& p : c.gemm) mean += std::log(p.gflops) - log_curve(p, h, split);
+            mean /= shapes;
             double err = 0;
-            for (size_t i = 0; i < c.gemm.size(); ++i) {
-                const double r = std::log(c.gemm[i].gflops) - mean - log_curve(c.gemm[i], h, split);
-                err += weights[i] * r * r;
+            for (const auto& p : c.gemm) {
+                const double r = std::log(p.gflops) - mean - log_curve(p, h, split);
+                err += r * r;
             }
             if (err < best_err) {
                 best_err = err;
@@ -108,8 +102,8 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
             }
         }
     }
-    best_err /= weight_sum;
-    f.gemm_fit_rms_rel_error = std::sqrt(best_err);  // over the shapes, each counted once
+    best_err /= shapes;
+    f.gemm_fit_rms_rel_error = std::sqrt(best_err);
 
     // Grouped GEMM: y / (peak s(n) s(k)) = ratio * s(tokens per expert; h_t).
     best_err = 1e300;
