@@ -14,6 +14,9 @@
 # also gives their spread (min-max) and the machine's load average, since a shared machine
 # makes both the calibration and the measured steps noisy (a spread of more than a few percent,
 # or a load above the core count, means the row says little).
+# Each row names the machine (CPU model, cores, widest vector ISA) and the date, so that rows
+# measured on different machines of a kind can be appended to one table
+# (docs/cluster-model.md, "The model of this machine").
 set -euo pipefail
 build_dir=${1:-build}
 ranks_list=${2:-"1 2 4"}
@@ -24,6 +27,14 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$(mktemp -d /tmp/calibrate_vs_train.XXXXXX)}
 mkdir -p "$out"
 cores=$(nproc)
+cpu_model=$(sed -n 's/^model name[[:space:]]*: *//p' /proc/cpuinfo | head -1)
+cpu_flags=$(sed -n 's/^flags[[:space:]]*: *//p' /proc/cpuinfo | head -1)
+vector_isa=scalar
+for isa in avx2 avx512f avx512_bf16; do
+    [[ " $cpu_flags " == *" $isa "* ]] && vector_isa=$isa
+done
+today=$(date -u +%Y-%m-%d)
+echo "machine: ${cpu_model:-unknown CPU}, $cores cores, widest vector ISA $vector_isa, $today"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 launch() {  # launch N cmd...: plain on one rank, mpirun otherwise
@@ -95,11 +106,11 @@ for n in $ranks_list; do
         err=$(python3 -c "import sys; p, m = map(float, sys.argv[1:]); print(f'{100 * (p - m) / m:+.1f}%')" "$predicted" "$measured")
         echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms, measured $measured ms" \
             "($err; steps $spread ms, load $load on $cores cores)"
-        rows+=("$(printf '| %-5s | %5s | %7s | %3s | %5s x %-4s | %10s | %10s | %9s | %5s | %7s |' "$model" "$n" "$threads" "dp$n" "$batch" "$seq" "$predicted" "$measured" "$spread" "$load" "$err")")
+        rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %9s | %5s | %7s |' "${cpu_model:-unknown CPU}" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$spread" "$load" "$err")")
     done
 done
 echo
 echo "predicted vs measured step time (simulate on the calibrated file vs moetron train); work files in $out"
-echo "| model | ranks | threads | layout | batch x seq | predicted ms | measured ms | steps ms | load | error |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| machine | date | model | ranks | threads | batch x seq | predicted ms | measured ms | steps ms | load | error |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done

@@ -12,6 +12,7 @@
 #include "moetron/model/layout_fit.h"
 #include "moetron/parallel/layout.h"
 #include "moetron/sim/collectives.h"
+#include "moetron/sim/costs.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/layout.h"
 
@@ -118,6 +119,40 @@ TEST(SimHardware, MalformedFilesNameTheProblem) {
         error_of([&] { parse_cluster_spec("name = \"x\"\n[gpu\n", "y.toml", "/"); }).find("y.toml"),
         std::string::npos);
     EXPECT_THROW(load_cluster_spec(kClusters + "no-such-cluster.toml"), Error);
+}
+
+// A calibrated CPU's measured attention curve (issue 17): interpolated in log work per query
+// between the measured shapes and constant outside them; arrays of different lengths or a
+// work axis that does not increase are errors naming the keys.
+TEST(SimHardware, AttentionCurveInterpolatesTheMeasuredShapes) {
+    std::string text = kCpuCluster;
+    text.replace(text.find("exp_efficiency = 0.5"), 20,
+                 "exp_efficiency = 0.5\nwork_per_query = [1000, 100000]\n"
+                 "fwd_efficiency_at_work = [0.1, 0.5]\nbwd_efficiency_at_work = [0.05, 0.45]");
+    const ClusterSpec c = parse_cluster_spec(text, "cpu.toml", "/nonexistent");
+    const EfficiencyParams& e = c.efficiency;
+    EXPECT_DOUBLE_EQ(attention_efficiency(e, false, 1000), 0.1);
+    EXPECT_DOUBLE_EQ(attention_efficiency(e, true, 100000), 0.45);
+    EXPECT_NEAR(attention_efficiency(e, false, 10000), 0.3, 1e-12);  // halfway in log work
+    EXPECT_DOUBLE_EQ(attention_efficiency(e, true, 10), 0.05);
+    EXPECT_DOUBLE_EQ(attention_efficiency(e, true, 1e9), 0.45);
+    // Without a curve (every GPU file): the constants.
+    const ClusterSpec plain = parse_cluster_spec(kCpuCluster, "cpu.toml", "/nonexistent");
+    EXPECT_DOUBLE_EQ(attention_efficiency(plain.efficiency, false, 1000), 0.3);
+    EXPECT_DOUBLE_EQ(attention_efficiency(plain.efficiency, true, 1000), 0.25);
+
+    std::string short_array = text;
+    short_array.replace(short_array.find("[0.05, 0.45]"), 12, "[0.05]");
+    EXPECT_NE(error_of([&] {
+                  parse_cluster_spec(short_array, "x.toml", "/");
+              }).find("bwd_efficiency_at_work"),
+              std::string::npos);
+    std::string decreasing = text;
+    decreasing.replace(decreasing.find("[1000, 100000]"), 14, "[100000, 1000]");
+    EXPECT_NE(error_of([&] {
+                  parse_cluster_spec(decreasing, "x.toml", "/");
+              }).find("strictly increasing"),
+              std::string::npos);
 }
 
 ModelConfig dsv3_like() {

@@ -51,6 +51,7 @@ struct CollectivePoint {
 
 struct ComputeMeasurements {
     int threads = 0;
+    int64_t l2_bytes = 0;  // one core's L2 cache (0: unknown), see gemm_operand_copies
     std::vector<GemmPoint> gemm;
     std::vector<GroupedPoint> grouped;
     std::vector<AttentionPoint> attention;
@@ -67,6 +68,12 @@ struct CollectiveMeasurements {
     std::vector<CollectivePoint> all_to_all;
 };
 
+// The attention efficiency at one measured shape (sim: AttentionEfficiencyPoint).
+struct AttentionFitPoint {
+    double work_per_query = 0;  // S (Dqk + Dv)
+    double fwd = 0, bwd = 0;    // fractions of peak_gflops
+};
+
 // Fitted parameters of the sim's curves (docs/cluster-model.md "Compute time").
 struct CalibrationFit {
     double peak_gflops = 0;  // the sgemm asymptote of the fit (the file's fp32 peak)
@@ -76,10 +83,13 @@ struct CalibrationFit {
     double serial_gemm_below_flops = 0;
     double grouped_ratio = 0;
     double grouped_half_tokens = 0;
-    double attention_fwd = 0;  // fractions of peak_gflops
+    // Attention: each measured shape's fraction of peak_gflops, by increasing work per query (the
+    // sim interpolates between them), and the largest shape's, the file's constant.
+    std::vector<AttentionFitPoint> attention_by_work;
+    double attention_fwd = 0;
     double attention_bwd = 0;
     double memory_bw_efficiency = 0;
-    double gemm_fit_rms_rel_error = 0;  // time-weighted rms log error of the GEMM points
+    double gemm_fit_rms_rel_error = 0;  // rms log error of the GEMM points, each counted once
     // Collectives: alpha per ring step and bandwidth of each fit (1 rank: self copies).
     bool collectives_measured = false;
     double link_gbytes_per_s = 0;  // the best of the two fits; efficiencies are relative to it
@@ -97,6 +107,16 @@ struct MachineInfo {
     std::string command;    // how it was measured
     std::string timestamp;  // UTC, ISO 8601
 };
+
+// How many copies of a GEMM's operands (`bytes` in all) calibrate cycles through, so that each
+// call finds them where a training step would. A step's GEMM reads what the op before it just
+// wrote. On a rank of one thread that is still in its core's L2 when it fits (measured on the
+// 2-core machine: tiny's GEMM shapes run 1.2-1.4x faster from there than from L3, and tiny's
+// whole step lives in the caches), so such a GEMM is measured in place (1 copy). Otherwise, a
+// larger set or a rank whose threads each wrote part of the input in their own core's cache,
+// the operands are cycled through about 64 MiB (1 MiB with quick), at most 64 copies, so that
+// they come from outside this core's caches.
+int64_t gemm_operand_copies(double bytes, int threads, int64_t l2_bytes, bool quick);
 
 ComputeMeasurements measure_compute(const CalibrateOptions& options);
 // Collective measurements over `world` (every rank calls it). Needs world.size() > 1.

@@ -57,23 +57,19 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     MT_CHECK(!c.gemm.empty() && !c.grouped.empty() && !c.attention.empty(),
              "[calibrate] nothing measured to fit");
     CalibrationFit f;
-    // GEMM: log y = log peak + sum log s(dim; h) + log share, weighted by each shape's time per
-    // call (m n k / rate): a step's time is dominated by its big GEMMs, so their rate matters
-    // most. share is 1/threads for a GEMM the engine runs on one thread and 1 for one it splits
-    // over all of them: a single curve over both (the fit before issue 17) put the small shapes
-    // on the all-threads curve and, with two threads, bent h up to ~1,000 to pull them down,
-    // under-rating every mid-sized GEMM. The split point is fitted too (one of the measured
-    // FLOP counts, or none), so the fit needs no copy of the engine's constant. For each h and
-    // split, the best log peak is the weighted mean residual; keep the smallest weighted squared
-    // log error.
+    // GEMM: log y = log peak + sum log s(dim; h) + log share, least squares in log rate over the
+    // measured shapes, each counted once. (Weighting each shape by its time per call, before
+    // issue 17, let the largest shapes decide alone, and the curve priced the small GEMMs tiny is
+    // made of 1.2-2x too slow on one thread: s(m) s(n) s(k) falls faster with small dims than this
+    // CPU's kernels do.) share is 1/threads for a GEMM the engine runs on one thread and 1 for
+    // one it splits over all of them: a single curve over both put the small shapes on the
+    // all-threads curve and, with two threads, bent h up to ~1,000 to pull them down,
+    // under-rating every mid-sized GEMM. The split point is fitted too (one of the measured FLOP
+    // counts, or none), so the fit needs no copy of the engine's constant. For each h and split,
+    // the best log peak is the mean residual; keep the smallest squared log error.
     double best_err = 1e300;
-    std::vector<double> weights;
-    double weight_sum = 0;
     std::vector<double> split_candidates = {0};
     for (const auto& p : c.gemm) {
-        weights.push_back(static_cast<double>(p.m) * static_cast<double>(p.n) *
-                          static_cast<double>(p.k) / p.gflops);
-        weight_sum += weights.back();
         if (c.threads > 1) {
             split_candidates.push_back(2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
                                        static_cast<double>(p.k));
@@ -87,17 +83,16 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
                         saturation(static_cast<double>(p.n), h) *
                         saturation(static_cast<double>(p.k), h) * share);
     };
+    const auto shapes = static_cast<double>(c.gemm.size());
     for (double split : split_candidates) {
         for (double h : half_candidates()) {
             double mean = 0;
-            for (size_t i = 0; i < c.gemm.size(); ++i) {
-                mean += weights[i] * (std::log(c.gemm[i].gflops) - log_curve(c.gemm[i], h, split));
-            }
-            mean /= weight_sum;
+            for (const auto& p : c.gemm) mean += std::log(p.gflops) - log_curve(p, h, split);
+            mean /= shapes;
             double err = 0;
-            for (size_t i = 0; i < c.gemm.size(); ++i) {
-                const double r = std::log(c.gemm[i].gflops) - mean - log_curve(c.gemm[i], h, split);
-                err += weights[i] * r * r;
+            for (const auto& p : c.gemm) {
+                const double r = std::log(p.gflops) - mean - log_curve(p, h, split);
+                err += r * r;
             }
             if (err < best_err) {
                 best_err = err;
@@ -107,7 +102,7 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
             }
         }
     }
-    best_err /= weight_sum;
+    best_err /= shapes;
     f.gemm_fit_rms_rel_error = std::sqrt(best_err);
 
     // Grouped GEMM: y / (peak s(n) s(k)) = ratio * s(tokens per expert; h_t).
@@ -139,14 +134,31 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     }
     f.grouped_ratio = clamp_fraction(f.grouped_ratio);
 
-    // Attention: the mean fraction of peak over the measured shapes.
-    double fwd = 0, bwd = 0;
+    // Attention: each shape's fraction of peak, by work per query S (Dqk + Dv), for the sim to
+    // interpolate. A mean over the shapes (before issue 17) priced tiny's attention backward at
+    // five times its measured rate. Shapes of equal work keep their mean.
+    std::vector<AttentionFitPoint> points;
     for (const auto& p : c.attention) {
-        fwd += p.fwd_gflops / f.peak_gflops;
-        bwd += p.bwd_gflops / f.peak_gflops;
+        const double work =
+            static_cast<double>(p.seq_len) * static_cast<double>(p.qk_dim + p.v_dim);
+        points.push_back({work, p.fwd_gflops / f.peak_gflops, p.bwd_gflops / f.peak_gflops});
     }
-    f.attention_fwd = clamp_fraction(fwd / static_cast<double>(c.attention.size()));
-    f.attention_bwd = clamp_fraction(bwd / static_cast<double>(c.attention.size()));
+    std::sort(points.begin(), points.end(),
+              [](const auto& a, const auto& b) { return a.work_per_query < b.work_per_query; });
+    for (size_t i = 0; i < points.size();) {
+        size_t j = i;
+        AttentionFitPoint sum{points[i].work_per_query, 0, 0};
+        for (; j < points.size() && points[j].work_per_query == sum.work_per_query; ++j) {
+            sum.fwd += points[j].fwd;
+            sum.bwd += points[j].bwd;
+        }
+        const double count = static_cast<double>(j - i);
+        f.attention_by_work.push_back(
+            {sum.work_per_query, clamp_fraction(sum.fwd / count), clamp_fraction(sum.bwd / count)});
+        i = j;
+    }
+    f.attention_fwd = f.attention_by_work.back().fwd;
+    f.attention_bwd = f.attention_by_work.back().bwd;
     // Memory-bound ops: the streaming bandwidth, halved because the sim counts 2-byte (bf16)
     // activations and this engine moves fp32. The engine's rmsnorm + SwiGLU rate is recorded but
     // not used: those kernels are bound by their exponentials, and the sim applies the same
@@ -232,12 +244,18 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(row);
     line(fmt::format(
         "#   fit eff = s(m) s(n) s(k), s(x) = x / (x + {:.0f}), asymptote {:.1f} GFLOP/s, "
-        "time-weighted rms log error {:.2f}",
+        "rms log error over the shapes {:.2f}",
         f.gemm_half_dim, f.peak_gflops, f.gemm_fit_rms_rel_error));
     if (c.threads > 1) {
         line(fmt::format(
             "#   GEMMs under {:.3g} FLOPs ran on one of the {} threads (1/{} of the asymptote)",
             f.serial_gemm_below_flops, c.threads, c.threads));
+    }
+    if (c.threads == 1 && c.l2_bytes > 0) {
+        line(fmt::format(
+            "#   operands that fit one core's L2 ({} KiB) were measured in place, as a one-thread "
+            "rank's step finds them; larger ones cold",
+            c.l2_bytes / 1024));
     }
     row = "#   grouped GEMM fwd+bwd (8 experts), tokens/expert: GFLOP/s:";
     for (const auto& p : c.grouped) {
@@ -283,7 +301,9 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         "# moves 4 (the rmsnorm + SwiGLU rate above is informational: the sim would apply it to "
         "the");
     line("# byte side of every GEMM too). Not measured (set): host overhead 0 (the CPU is its own");
-    line("# host), comm_sm_fraction 0, scale-out = scale-up (one node).");
+    line("# host), scale-out = scale-up (one node), comm_sm_fraction 1: the engine posts each");
+    line("# gradient bucket's collective during the backward, but its bytes are copied by the");
+    line("# ranks' own cores, all busy computing, so the sync is as if not overlapped.");
     line("");
     line(fmt::format("name = \"{}\"", name));
     line("");
@@ -325,9 +345,21 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(fmt::format("half_saturation_tokens_per_expert = {:.4g}", f.grouped_half_tokens));
     line("");
     line("[efficiency.attention]");
-    line(fmt::format("fwd_efficiency = {:.4g}", f.attention_fwd));
+    line(fmt::format("fwd_efficiency = {:.4g}  # the largest measured shape's", f.attention_fwd));
     line(fmt::format("bwd_efficiency = {:.4g}", f.attention_bwd));
     line("exp_efficiency = 1.0");
+    line(
+        "# The measured shapes, by work per query S (Dqk + Dv): the sim interpolates in log work.");
+    auto array = [&f](auto field) {
+        std::string out;
+        for (const auto& p : f.attention_by_work) {
+            out += fmt::format("{}{:.6g}", out.empty() ? "" : ", ", field(p));
+        }
+        return "[" + out + "]";
+    };
+    line("work_per_query = " + array([](const AttentionFitPoint& p) { return p.work_per_query; }));
+    line("fwd_efficiency_at_work = " + array([](const AttentionFitPoint& p) { return p.fwd; }));
+    line("bwd_efficiency_at_work = " + array([](const AttentionFitPoint& p) { return p.bwd; }));
     line("");
     line("[efficiency.memory]");
     line(fmt::format("bandwidth_efficiency = {:.4g}", f.memory_bw_efficiency));
@@ -341,7 +373,7 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(fmt::format("scale_up_bw_efficiency = {:.4g}", ar_eff));
     line(fmt::format("scale_out_bw_efficiency = {:.4g}", ar_eff));
     line(fmt::format("all_to_all_bw_efficiency = {:.4g}", a2a_eff));
-    line("comm_sm_fraction = 0");
+    line("comm_sm_fraction = 1  # the cores copy the collectives' bytes: nothing overlaps");
     return s;
 }
 

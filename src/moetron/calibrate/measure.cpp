@@ -1,6 +1,7 @@
 // The measurements of calibrate.h: each shape is warmed up once, then repeated for at least
 // options.seconds_per_point (and three times); the mean time per call is kept (see mean_time_s).
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -46,20 +47,19 @@ std::vector<float> pattern(int64_t count, float scale) {
     return v;
 }
 
-// How many copies of a working set of `bytes` to cycle through so that each repetition finds its
-// operands outside the caches, as a training step does (its activations stream through memory):
-// about 64 MiB in all, at most 64 copies.
-// (--quick: 1 MiB, the time goes into filling the buffers otherwise).
+// Operands cycled through cold copies whatever their size (gemm_operand_copies without L2).
 int64_t cold_copies(double bytes, bool quick) {
-    const double total = (quick ? 1.0 : 64.0) * 1024 * 1024;
-    return std::clamp<int64_t>(static_cast<int64_t>(total / std::max(bytes, 1.0)), 1, 64);
+    return gemm_operand_copies(bytes, /*threads=*/1, /*l2_bytes=*/0, quick);
 }
 
 // forward + backward (dgrad, wgrad) of a linear layer: 6 m n k FLOPs, the three GEMMs the sim
-// prices with this shape's curve. Operands are cycled through cold copies.
-GemmPoint measure_gemm(int64_t m, int64_t n, int64_t k, double seconds, bool quick) {
+// prices with this shape's curve. Operands are where a training step finds them
+// (gemm_operand_copies).
+GemmPoint measure_gemm(int64_t m, int64_t n, int64_t k, int threads, int64_t l2_bytes,
+                       double seconds, bool quick) {
     const int64_t per_set = 2 * m * k + 2 * n * k + 2 * m * n;
-    const int64_t copies = cold_copies(4.0 * static_cast<double>(per_set), quick);
+    const int64_t copies =
+        gemm_operand_copies(4.0 * static_cast<double>(per_set), threads, l2_bytes, quick);
     auto inp = pattern(copies * m * k, 0.5f), w = pattern(copies * n * k, 0.05f);
     auto out = filled(copies * m * n, 0), dout = pattern(copies * m * n, 0.1f);
     auto dinp = filled(copies * m * k, 0), dw = filled(copies * n * k, 0);
@@ -185,11 +185,18 @@ double measure_call_overhead_s() {
 
 }  // namespace
 
+int64_t gemm_operand_copies(double bytes, int threads, int64_t l2_bytes, bool quick) {
+    if (threads == 1 && bytes <= static_cast<double>(l2_bytes)) return 1;
+    const double total = (quick ? 1.0 : 64.0) * 1024 * 1024;
+    return std::clamp<int64_t>(static_cast<int64_t>(total / std::max(bytes, 1.0)), 1, 64);
+}
+
 ComputeMeasurements measure_compute(const CalibrateOptions& o) {
     MT_CHECK(o.seconds_per_point > 0, "[calibrate] seconds per point must be positive, got {}",
              o.seconds_per_point);
     ComputeMeasurements r;
     r.threads = omp_get_max_threads();
+    r.l2_bytes = std::max<int64_t>(0, sysconf(_SC_LEVEL2_CACHE_SIZE));
     const double t = o.seconds_per_point;
     const std::vector<int64_t> ms =
         o.quick ? std::vector<int64_t>{32, 256} : std::vector<int64_t>{128, 512, 2048};
@@ -199,20 +206,30 @@ ComputeMeasurements measure_compute(const CalibrateOptions& o) {
         o.quick ? std::vector<int64_t>{32, 128} : std::vector<int64_t>{32, 128, 512};
     for (int64_t m : ms) {
         for (int64_t n : ns) {
-            for (int64_t k : ks) r.gemm.push_back(measure_gemm(m, n, k, t, o.quick));
+            for (int64_t k : ks) {
+                r.gemm.push_back(measure_gemm(m, n, k, r.threads, r.l2_bytes, t, o.quick));
+            }
         }
     }
     // A vocabulary-sized output head (n = 8192).
-    if (!o.quick) r.gemm.push_back(measure_gemm(512, 8192, 512, t, o.quick));
+    if (!o.quick) r.gemm.push_back(measure_gemm(512, 8192, 512, r.threads, r.l2_bytes, t, o.quick));
     const std::vector<int64_t> tpe =
         o.quick ? std::vector<int64_t>{4, 64} : std::vector<int64_t>{8, 32, 128, 512};
     for (int64_t tokens : tpe) {
         r.grouped.push_back(
             measure_grouped(tokens, 8, o.quick ? 32 : 128, o.quick ? 64 : 512, t, o.quick));
     }
-    // A tiny-like and a small-like MLA shape (QK head dim = nope + rope, V head dim).
+    // MLA shapes (QK head dim = nope + rope, V head dim) from tiny's to DeepSeek-V3's head dims:
+    // the kernel's efficiency grows ~10x over this range of work per query (S (Dqk + Dv) from
+    // 2,560 to 327,680), so one shape cannot stand for all (issue 17: tiny's backward ran at a
+    // fifth of the rate a mean over two shapes gave it).
     r.attention.push_back(measure_attention(4, 64, 4, 24, 16, t));
-    if (!o.quick) r.attention.push_back(measure_attention(2, 256, 8, 96, 64, t));
+    if (o.quick) {
+        r.attention.push_back(measure_attention(2, 128, 4, 48, 32, t));
+    } else {
+        r.attention.push_back(measure_attention(2, 256, 8, 96, 64, t));
+        r.attention.push_back(measure_attention(1, 1024, 4, 192, 128, t));
+    }
     const int64_t stream_count = o.quick ? (1 << 18) : (1 << 23);
     r.stream_gbytes_per_s = measure_stream_gbytes_per_s(stream_count, t);
     r.memory_kernels_gbytes_per_s = measure_memory_kernels_gbytes_per_s(

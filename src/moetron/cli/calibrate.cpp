@@ -91,9 +91,11 @@ void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
                          this_process_writer());
     std::printf(
         "  sgemm asymptote %.1f GFLOP/s (half-saturation dim %.0f), grouped ratio %.2f "
-        "(half %.0f tokens/expert), attention fwd %.2f bwd %.2f of peak, stream %.1f GB/s\n",
+        "(half %.0f tokens/expert), attention fwd %.2f-%.2f bwd %.2f-%.2f of peak (smallest to "
+        "largest shape), stream %.1f GB/s\n",
         fit.peak_gflops, fit.gemm_half_dim, fit.grouped_ratio, fit.grouped_half_tokens,
-        fit.attention_fwd, fit.attention_bwd, compute.stream_gbytes_per_s);
+        fit.attention_by_work.front().fwd, fit.attention_fwd, fit.attention_by_work.front().bwd,
+        fit.attention_bwd, compute.stream_gbytes_per_s);
     if (fit.collectives_measured) {
         std::printf("  all_reduce %.2f GB/s, %.1f us/step; all_to_all %.2f GB/s, %.1f us\n",
                     fit.all_reduce_gbytes_per_s, fit.latency_us, fit.all_to_all_gbytes_per_s,

@@ -1,6 +1,7 @@
 #include "moetron/sim/costs.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "moetron/core/error.h"
 
@@ -35,6 +36,20 @@ double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double to
            saturation(k, h);
 }
 
+double attention_efficiency(const EfficiencyParams& e, bool backward, double work_per_query) {
+    const auto& curve = e.attention_by_work;
+    auto at = [backward](const AttentionEfficiencyPoint& p) { return backward ? p.bwd : p.fwd; };
+    if (curve.empty()) return backward ? e.attention_bwd : e.attention_fwd;
+    if (work_per_query <= curve.front().work_per_query) return at(curve.front());
+    if (work_per_query >= curve.back().work_per_query) return at(curve.back());
+    size_t i = 1;
+    while (curve[i].work_per_query < work_per_query) ++i;
+    const AttentionEfficiencyPoint &lo = curve[i - 1], &hi = curve[i];
+    const double t = std::log(work_per_query / lo.work_per_query) /
+                     std::log(hi.work_per_query / lo.work_per_query);
+    return at(lo) + t * (at(hi) - at(lo));
+}
+
 double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
     const EfficiencyParams& e = c.efficiency;
     const double fixed = op.kernels * e.kernel_gpu_overhead_s;
@@ -51,7 +66,7 @@ double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
             return std::max(op.flops / (c.peak_flops(op.precision) * eff), mem_s) + fixed;
         }
         case OpKind::attention: {
-            const double eff = op.attention_backward ? e.attention_bwd : e.attention_fwd;
+            const double eff = attention_efficiency(e, op.attention_backward, op.work_per_query);
             const double math_s = op.flops / (c.peak_flops(Precision::bf16) * eff);
             const double exp_s = op.exps / (c.gpu.exp_per_s * e.exp_efficiency);
             return std::max({math_s, exp_s, mem_s}) + fixed;

@@ -5,7 +5,9 @@
 //                 1/threads for a GEMM a calibrated CPU runs on one thread (below
 //                 serial_gemm_below_flops; the grouped GEMM hands whole experts to threads)
 //   grouped GEMM  the same with grouped_ratio, and m = tokens per expert with its own half point
-//   attention     bf16 peak * attention_fwd|bwd, or the SFU exponentials, whichever is slower
+//   attention     bf16 peak * attention_fwd|bwd, or the SFU exponentials, whichever is slower;
+//                 a calibrated CPU's efficiency instead follows its measured curve over the work
+//                 per query S (Dqk + Dv) (attention_efficiency)
 //   memory-bound  HBM bandwidth * memory_bw
 // Host time is the eager launch cost of the op's kernels (zero when a CUDA graph holds it).
 #pragma once
@@ -18,6 +20,10 @@ namespace moetron::sim {
 double gemm_efficiency(const EfficiencyParams& e, Precision p, double m, double n, double k);
 double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double tokens_per_expert,
                                double n, double k);
+
+// Fraction of the bf16 peak the attention core reaches, forward or backward, at this work per
+// query: the measured curve interpolated in log work (flat outside it), or the constant.
+double attention_efficiency(const EfficiencyParams& e, bool backward, double work_per_query);
 
 // GPU time of a compute or memory op (comm and sync ops: their comm time / 0).
 double op_gpu_time_s(const ClusterSpec& c, const Op& op);

@@ -101,6 +101,47 @@ void read_scale_out(const toml::table& t, const std::string& where, ScaleOutSpec
     }
 }
 
+std::vector<double> read_number_array(const toml::table& t, std::string_view key,
+                                      std::string_view where) {
+    std::vector<double> out;
+    const toml::array* a = t[key].as_array();
+    if (a == nullptr) {
+        MT_CHECK(!t.contains(key), "[sim] {}: '{}' must be an array of numbers", where, key);
+        return out;
+    }
+    for (const toml::node& item : *a) {
+        auto v = item.value<double>();
+        MT_CHECK(v.has_value() && std::isfinite(*v) && *v > 0,
+                 "[sim] {}: '{}' must hold positive numbers", where, key);
+        out.push_back(*v);
+    }
+    return out;
+}
+
+// The optional measured attention curve of a calibrated CPU: three arrays of one length, work
+// strictly increasing, efficiencies fractions in (0, 1].
+std::vector<AttentionEfficiencyPoint> read_attention_by_work(const toml::table& attn,
+                                                             const std::string& where) {
+    const auto work = read_number_array(attn, "work_per_query", where);
+    const auto fwd = read_number_array(attn, "fwd_efficiency_at_work", where);
+    const auto bwd = read_number_array(attn, "bwd_efficiency_at_work", where);
+    MT_CHECK(work.size() == fwd.size() && work.size() == bwd.size(),
+             "[sim] {}: work_per_query, fwd_efficiency_at_work and bwd_efficiency_at_work must "
+             "have the same length ({}, {}, {})",
+             where, work.size(), fwd.size(), bwd.size());
+    std::vector<AttentionEfficiencyPoint> out;
+    for (size_t i = 0; i < work.size(); ++i) {
+        MT_CHECK(i == 0 || work[i] > work[i - 1],
+                 "[sim] {}: work_per_query must be strictly increasing", where);
+        MT_CHECK(fwd[i] <= 1 && bwd[i] <= 1,
+                 "[sim] {}: attention efficiencies are fractions in "
+                 "(0, 1]",
+                 where);
+        out.push_back({work[i], fwd[i], bwd[i]});
+    }
+    return out;
+}
+
 void read_variability(const toml::table& t, const std::string& where, VariabilitySpec& v) {
     check_keys(t, where, {"gpu_speed_sigma", "straggler_rate", "straggler_slowdown"});
     v.gpu_speed_sigma = t["gpu_speed_sigma"].value_or(v.gpu_speed_sigma);
@@ -143,10 +184,12 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
 
     const auto& attn = need_table(t, "attention", where);
     check_keys(attn, fmt::format("{} [attention]", where),
-               {"fwd_efficiency", "bwd_efficiency", "exp_efficiency"});
+               {"fwd_efficiency", "bwd_efficiency", "exp_efficiency", "work_per_query",
+                "fwd_efficiency_at_work", "bwd_efficiency_at_work"});
     e.attention_fwd = need_fraction(attn, "fwd_efficiency", where);
     e.attention_bwd = need_fraction(attn, "bwd_efficiency", where);
     e.exp_efficiency = need_fraction(attn, "exp_efficiency", where);
+    e.attention_by_work = read_attention_by_work(attn, fmt::format("{} [attention]", where));
 
     const auto& mem = need_table(t, "memory", where);
     check_keys(mem, fmt::format("{} [memory]", where), {"bandwidth_efficiency"});
@@ -167,7 +210,7 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
     e.scale_out_bw = need_fraction(coll, "scale_out_bw_efficiency", where);
     e.all_to_all_bw = need_fraction(coll, "all_to_all_bw_efficiency", where);
     e.comm_sm_fraction = need_number(coll, "comm_sm_fraction", where);
-    MT_CHECK(e.comm_sm_fraction < 1, "[sim] {}: comm_sm_fraction must be below 1", where);
+    MT_CHECK(e.comm_sm_fraction <= 1, "[sim] {}: comm_sm_fraction must be at most 1", where);
     if (const toml::table* var = t["variability"].as_table()) {
         read_variability(*var, fmt::format("{} [variability]", where), e.variability);
     }

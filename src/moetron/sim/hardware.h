@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace moetron::sim {
 
@@ -57,6 +58,13 @@ struct SlowestOfN {
 };
 SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep);
 
+// An attention efficiency measured at one shape: work_per_query = S (Dqk + Dv), the key
+// length times the head dims one query's scores and output use.
+struct AttentionEfficiencyPoint {
+    double work_per_query = 0;
+    double fwd = 0, bwd = 0;  // fractions of the bf16 peak
+};
+
 // Efficiency of an architecture's kernels and collectives: fractions of peak that real kernels
 // reach, and fixed costs. One set per architecture, the same for every data point.
 struct EfficiencyParams {
@@ -79,6 +87,11 @@ struct EfficiencyParams {
     // exponentials also bound it (exp_efficiency of the SFU rate), whichever is slower.
     double attention_fwd = 0.5;
     double attention_bwd = 0.4;
+    // A calibrated CPU's attention, measured at a few shapes: its efficiency falls steeply with
+    // the work per query S (Dqk + Dv) (short sequences and narrow heads make small tiles), so a
+    // constant would misprice one shape or the other. Sorted by work; interpolated in log work,
+    // constant outside the measured range. Empty (GPUs): attention_fwd / attention_bwd.
+    std::vector<AttentionEfficiencyPoint> attention_by_work;
     double exp_efficiency = 0.8;
     // Memory-bound kernels reach this fraction of the HBM bandwidth.
     double memory_bw = 0.75;
@@ -92,7 +105,8 @@ struct EfficiencyParams {
     double scale_up_bw = 0.8;
     double scale_out_bw = 0.85;
     double all_to_all_bw = 0.75;
-    // Fraction of SMs a communication kernel occupies while it overlaps compute.
+    // Fraction of SMs a communication kernel occupies while it overlaps compute; 1 on a
+    // calibrated CPU, whose cores move a collective's bytes themselves (nothing overlaps).
     double comm_sm_fraction = 0.1;
     // GPU speed spread and stragglers of the fleet (a cluster file's [variability] overrides).
     VariabilitySpec variability;

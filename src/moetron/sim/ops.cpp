@@ -320,6 +320,7 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
         f.flops = 2 * causal_pairs * d.h * (d.dq + d.dv);
         f.model_flops = f.flops;
         f.exps = causal_pairs * d.h;
+        f.work_per_query = d.seq / d.cp * (d.dq + d.dv);
         f.bytes = qkv + d.Tf * d.h * d.dv * kActBytes;
         f.kernels = 4;
         f.saved_bytes = d.Tf * d.h * (d.dv * kActBytes + 4);  // output and log-sum-exp

@@ -73,6 +73,7 @@ struct Op {
     double model_flops = 0;                  // counted by the Megatron-LM convention
     double bytes = 0;                        // HBM bytes read + written
     double exps = 0;                         // softmax exponentials (attention)
+    double work_per_query = 0;               // attention: S_kv (Dqk + Dv) per query
     double m = 0, n = 0, k = 0, groups = 1;  // GEMM shape (grouped: m = rows per expert)
     Precision precision = Precision::bf16;
     bool attention_backward = false;

@@ -418,7 +418,9 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
             const double last_bucket =
                 o.overlap_dp_grad ? last_bwd_end[g] + rs / layers_in(g) : start + rs;
             free_at = std::max(start + rs, last_bucket);
-            hidden += std::max(0.0, std::min(free_at, r.schedule.end_s[s]) - start);
+            // The collective runs rs of the time between its start and the end of the compute
+            // (not the whole window: a small sync waits for the last bucket, idle meanwhile).
+            hidden += std::min(rs, std::max(0.0, std::min(free_at, r.schedule.end_s[s]) - start));
             shard += sharded ? cc[g].params.dense / static_cast<double>(layout.dp) +
                                    cc[g].params.expert /
                                        static_cast<double>(std::max<int64_t>(1, layout.edp()))
