@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -244,6 +245,12 @@ class Model {
     // Seconds this rank spent in the routed experts' computation since the last call (MoE layers'
     // grouped GEMMs and SwiGLU, forward and backward; host time, exact on the CPU backend).
     double take_expert_compute_s();
+    // The expert-side rows (token copies) this rank's routed experts computed since the last
+    // call, per MoE layer (main layers, then MTP blocks; 0 for one another pipeline stage holds):
+    // what the dispatch brought them, counted once per backward. rows_per_moe_layer holds
+    // num_moe_layers() values.
+    void take_expert_rows(std::span<int64_t> rows_per_moe_layer);
+    int64_t num_moe_layers() const;  // 0 without routed experts
 
     const ModelConfig& config() const;
     const LossWeights& loss_weights() const;
