@@ -173,6 +173,44 @@ TEST(ExpertPlacement, ReplicaChoiceFollowsTheShares) {
     }
 }
 
+TEST(ExpertPlacement, KeepingSlotsInPlaceMovesOnlyWhatChangesRank) {
+    const PlacementShape shape = shape_of(8, 4, 4);
+    const ExpertPlacement before = balanced_placement(kUneven, shape);
+    std::vector<double> shifted = kUneven;
+    std::swap(shifted[0], shifted[5]);  // the hottest expert cools down, another heats up
+    const ExpertPlacement balanced = balanced_placement(shifted, shape);
+    const ExpertPlacement kept = keep_slots_in_place(before, balanced);
+    expect_valid(kept);
+    auto moved = [&](const ExpertPlacement& after) {
+        int64_t n = 0;
+        for (size_t s = 0; s < after.slot_expert.size(); ++s)
+            n += after.slot_expert[s] != before.slot_expert[s];
+        return n;
+    };
+    // Each rank holds the same experts as in the balanced placement.
+    for (int64_t rank = 0; rank < shape.ep_size; ++rank) {
+        auto experts_of = [&](const ExpertPlacement& p) {
+            std::vector<int32_t> held(p.slot_expert.begin() + rank * 3,
+                                      p.slot_expert.begin() + rank * 3 + 3);
+            std::sort(held.begin(), held.end());
+            return held;
+        };
+        EXPECT_EQ(experts_of(kept), experts_of(balanced)) << "rank " << rank;
+    }
+    EXPECT_LT(moved(kept), moved(balanced));
+    // An expert that stays on its rank stays in its slot.
+    for (size_t s = 0; s < kept.slot_expert.size(); ++s) {
+        const int64_t rank = static_cast<int64_t>(s) / 3;
+        const int32_t e = before.slot_expert[s];
+        bool still_on_rank = false;
+        for (int64_t i = rank * 3; i < rank * 3 + 3; ++i)
+            still_on_rank |= balanced.slot_expert[static_cast<size_t>(i)] == e;
+        if (still_on_rank) {
+            EXPECT_EQ(kept.slot_expert[s], e) << "slot " << s;
+        }
+    }
+}
+
 TEST(ExpertPlacement, RedundantSlotsThatDoNotSplitOverTheRanksAreRefusedWithAReason) {
     try {
         initial_placement(shape_of(8, 3, 4));

@@ -1324,6 +1324,14 @@ int64_t Model::num_moe_layers() const {
     return static_cast<int64_t>(impl_->expert_rows.size());
 }
 
+void Model::set_expert_shares(int64_t moe_layer, std::span<const int32_t> slot_share) {
+    const parallel::ExpertPlacement* now = expert_placement(moe_layer);
+    MT_CHECK(now != nullptr && slot_share.size() == now->slot_share.size(),
+             "[model] new replica shares need redundant experts and the same slots");
+    parallel::ExpertPlacement& p = impl_->placements[static_cast<size_t>(moe_layer)];
+    std::copy(slot_share.begin(), slot_share.end(), p.slot_share.begin());
+}
+
 double Model::take_expert_compute_s() {
     const double s = impl_->expert_compute_s;
     impl_->expert_compute_s = 0;

@@ -284,6 +284,9 @@ class Model {
     // the slots' weights to it (train/expert_balance.h); the dispatcher routes by it from the next
     // forward. Allocates nothing.
     void set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacement& placement);
+    // Only the replicas' shares (ExpertPlacement::slot_share) of the layer's placement: a new
+    // split of the tokens over the same slots, which moves no weights.
+    void set_expert_shares(int64_t moe_layer, std::span<const int32_t> slot_share);
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report

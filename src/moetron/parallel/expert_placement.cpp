@@ -310,6 +310,32 @@ ExpertPlacement balanced_placement(std::span<const double> expert_loads,
     return with_balanced_shares(placement_from_slots(shape, std::move(slot_expert)), expert_loads);
 }
 
+ExpertPlacement keep_slots_in_place(const ExpertPlacement& previous, const ExpertPlacement& next) {
+    MT_CHECK(previous.slot_expert.size() == next.slot_expert.size(),
+             "[placement] {} slots before, {} after", previous.slot_expert.size(),
+             next.slot_expert.size());
+    const int64_t per_rank = next.shape.slots_per_rank();
+    std::vector<int32_t> slot_expert(next.slot_expert.size(), -1);
+    std::vector<int32_t> held;  // the rank's experts in next, not yet given a slot
+    for (int64_t rank = 0; rank < next.shape.ep_size; ++rank) {
+        const auto first = static_cast<size_t>(rank * per_rank);
+        const auto last = first + static_cast<size_t>(per_rank);
+        held.assign(next.slot_expert.begin() + static_cast<std::ptrdiff_t>(first),
+                    next.slot_expert.begin() + static_cast<std::ptrdiff_t>(last));
+        for (size_t s = first; s < last; ++s) {
+            const auto kept = std::find(held.begin(), held.end(), previous.slot_expert[s]);
+            if (kept == held.end()) continue;
+            slot_expert[s] = *kept;
+            held.erase(kept);
+        }
+        std::sort(held.begin(), held.end());
+        auto next_held = held.begin();
+        for (size_t s = first; s < last; ++s)
+            if (slot_expert[s] < 0) slot_expert[s] = *next_held++;
+    }
+    return placement_from_slots(next.shape, std::move(slot_expert));
+}
+
 ExpertPlacement initial_placement(const PlacementShape& shape) {
     check_placement_shape(shape);
     if (shape.num_slots == shape.num_experts) {  // the contiguous split of a run without EPLB

@@ -87,6 +87,11 @@ struct ExpertPlacement {
 ExpertPlacement balanced_placement(std::span<const double> expert_loads,
                                    const PlacementShape& shape);
 
+// next with each rank's slots reordered so that an expert the rank held in `previous` keeps its
+// slot there (the others fill the remaining slots in ascending order), and even shares: the same
+// placement for the loads, but a migration from previous moves only what changes rank.
+ExpertPlacement keep_slots_in_place(const ExpertPlacement& previous, const ExpertPlacement& next);
+
 // The placement before any load is measured: the one for equal loads. Without redundant slots it
 // is the contiguous split (expert e on slot e), the placement of a run without EPLB.
 ExpertPlacement initial_placement(const PlacementShape& shape);

@@ -94,6 +94,7 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
         tensors_.push_back(std::move(t));
     }
     average_.assign(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(E), 0.0));
+    last_load_ = average_;
     // A rank receives at most its own slots, but may be the source of every other rank's.
     const auto buffer = static_cast<size_t>(slots * slot_floats_);
     staging_.resize(buffer);
@@ -134,7 +135,8 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
     for (size_t l = 0; l < load.tokens_per_expert.size(); ++l) {
         if (l >= average_.size()) continue;  // no rebalancing
         const std::vector<int64_t>& counts = load.tokens_per_expert[l];
-        const std::vector<double> layer_load(counts.begin(), counts.end());
+        std::vector<double>& layer_load = last_load_[l];
+        std::copy(counts.begin(), counts.end(), layer_load.begin());
         std::vector<double>& average = average_[l];
         for (size_t e = 0; e < average.size(); ++e)
             average[e] = has_average_
@@ -142,18 +144,31 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
                              : layer_load[e];
     }
     has_average_ = true;
-    if (rebalance_every_ == 0 || step % rebalance_every_ != 0) return r;
+    if (rebalance_every_ == 0) return r;
+    if (step % rebalance_every_ != 0) {
+        // Between rebalances the slots stay and the replicas' shares follow the last step's
+        // loads: the loads drift faster than the average, and new shares move nothing.
+        for (size_t l = 0; l < average_.size(); ++l) {
+            const auto layer = static_cast<int64_t>(l);
+            model_.set_expert_shares(
+                layer, parallel::balanced_shares(*model_.expert_placement(layer), last_load_[l]));
+        }
+        return r;
+    }
 
     r.rebalanced = true;
     Timer timer;
     for (size_t l = 0; l < average_.size(); ++l) {
         const auto layer = static_cast<int64_t>(l);
         const parallel::ExpertPlacement& now = *model_.expert_placement(layer);
-        const parallel::ExpertPlacement next = parallel::balanced_placement(average_[l], now.shape);
+        const parallel::ExpertPlacement balanced =
+            parallel::balanced_placement(average_[l], now.shape);
         r.average_max_over_mean_before =
             std::max(r.average_max_over_mean_before, parallel::rank_imbalance(now, average_[l]));
-        r.average_max_over_mean_after =
-            std::max(r.average_max_over_mean_after, parallel::rank_imbalance(next, average_[l]));
+        r.average_max_over_mean_after = std::max(r.average_max_over_mean_after,
+                                                 parallel::rank_imbalance(balanced, average_[l]));
+        parallel::ExpertPlacement next = parallel::keep_slots_in_place(now, balanced);
+        next.slot_share = parallel::balanced_shares(next, last_load_[l]);  // as between rebalances
         r.average_expert_load.resize(average_[l].size());
         for (size_t e = 0; e < average_[l].size(); ++e) r.average_expert_load[e] += average_[l][e];
         if (next == now) continue;

@@ -103,6 +103,7 @@ class ExpertBalancer {
     bool moments_sharded_ = false;              // the experts' moments are ZeRO-1 shards over edp_
     int64_t num_moe_layers_ = 0;                // with redundant experts
     std::vector<std::vector<double>> average_;  // (layers, E) moving average of tokens per expert
+    std::vector<std::vector<double>> last_load_;  // (layers, E) the last step's tokens per expert
     bool has_average_ = false;
     std::vector<SlotTensor> tensors_;
     int64_t slot_floats_ = 0;   // floats one slot of one MoE layer moves
