@@ -2,10 +2,11 @@
 // (--rebalance-every N, train/expert_balance.h) do not change the math: the tiny model trained
 // expert parallel over the world with R = ep spare slots (one per rank), placed anew every 2
 // steps with the slots' weights and moments migrated, gives the losses and gradient norms of the
-// same run without them (1e-5 relative), flat and two_tier over emulated domains; with the
-// experts' ZeRO-1 shards over an EDP group, R without rebalancing does too. The replicas of an
-// expert are bit-identical after every step; a checkpoint keeps logical experts, so a run saved
-// with R resumes without R (and the other way) on the same losses.
+// same run without them (1e-5 relative), flat and two_tier over emulated domains, and with the
+// experts' ZeRO-1 shards over an EDP group (the migration then moves the sharded moments too).
+// The replicas of an expert are bit-identical after every step; a checkpoint keeps logical
+// experts, so a run saved with R resumes without R (and the other way) on the same losses, and one
+// saved right after a migration (also under ZeRO-1) resumes bit for bit.
 //
 // Runs under mpirun -np 1, 2 and 4 (one rank has no expert parallelism and is skipped).
 #include <fmt/format.h>
