@@ -2,10 +2,11 @@
 // (--rebalance-every N, train/expert_balance.h) do not change the math: the tiny model trained
 // expert parallel over the world with R = ep spare slots (one per rank), placed anew every 2
 // steps with the slots' weights and moments migrated, gives the losses and gradient norms of the
-// same run without them (1e-5 relative), flat and two_tier over emulated domains; with the
-// experts' ZeRO-1 shards over an EDP group, R without rebalancing does too. The replicas of an
-// expert are bit-identical after every step; a checkpoint keeps logical experts, so a run saved
-// with R resumes without R (and the other way) on the same losses.
+// same run without them (1e-5 relative), flat and two_tier over emulated domains, and with the
+// experts' ZeRO-1 shards over an EDP group (the migration then moves the sharded moments too).
+// The replicas of an expert are bit-identical after every step; a checkpoint keeps logical
+// experts, so a run saved with R resumes without R (and the other way) on the same losses, and one
+// saved right after a migration (also under ZeRO-1) resumes bit for bit.
 //
 // Runs under mpirun -np 1, 2 and 4 (one rank has no expert parallelism and is skipped).
 #include <fmt/format.h>
@@ -122,8 +123,9 @@ std::vector<RunSetup> setups(int world) {
     std::vector<RunSetup> out = {{ep, 0, parallel::DispatchKind::flat, world, 2}};
     // two_tier over two emulated domains (tiny's 4 router groups split over them).
     out.push_back({ep, world / 2, parallel::DispatchKind::two_tier, world, 2});
-    // The experts' ZeRO-1 shards over an EDP group of 2.
-    if (world == 4) out.push_back({"ep2", 0, parallel::DispatchKind::flat, 2});
+    // The experts' ZeRO-1 shards over an EDP group of 2, placed anew every 2 steps: the
+    // migration moves the sharded moments too.
+    if (world == 4) out.push_back({"ep2", 0, parallel::DispatchKind::flat, 2, 2});
     return out;
 }
 
@@ -174,24 +176,35 @@ TEST(MpiRedundantExperts, CheckpointsResumeWithAnotherNumberOfRedundantExperts) 
     const RunSetup with{ep, 0, parallel::DispatchKind::flat, world};
     const RunSetup without{ep, 0, parallel::DispatchKind::flat, 0};
     const RunSetup rebalancing{ep, 0, parallel::DispatchKind::flat, world, kSaveAt};
-    auto straight = make_trainer(model, without);
-    std::vector<StepRecord> want;
-    for (int s = 0; s < kSteps; ++s) want.push_back(straight->step());
-    auto straight_rebalancing = make_trainer(model, rebalancing);
-    std::vector<StepRecord> want_rebalancing;
-    for (int s = 0; s < kSteps; ++s) want_rebalancing.push_back(straight_rebalancing->step());
-    for (const auto& [saved_as, resumed_as] : {std::pair{with, without}, std::pair{without, with},
-                                               std::pair{rebalancing, rebalancing}}) {
+    std::vector<std::pair<RunSetup, RunSetup>> cases = {
+        {with, without}, {without, with}, {rebalancing, rebalancing}};
+    // On 4 ranks also ep2 x edp2, whose ZeRO-1 shards split the experts' moments.
+    if (world == 4)
+        cases.push_back({{"ep2", 0, parallel::DispatchKind::flat, 2, kSaveAt},
+                         {"ep2", 0, parallel::DispatchKind::flat, 2, kSaveAt}});
+    for (const auto& [saved_as, resumed_as] : cases) {
         const std::string what =
             fmt::format("saved as {}, resumed as {}", saved_as.str(), resumed_as.str());
+        std::vector<StepRecord> want;  // the straight run of the layout without R
+        {
+            auto straight =
+                make_trainer(model, {saved_as.layout, 0, parallel::DispatchKind::flat, 0});
+            for (int s = 0; s < kSteps; ++s) want.push_back(straight->step());
+        }
+        std::vector<StepRecord> want_rebalancing;  // the straight run with rebalancing
+        if (saved_as.rebalance_every > 0) {
+            auto straight_rebalancing = make_trainer(model, saved_as);
+            for (int s = 0; s < kSteps; ++s)
+                want_rebalancing.push_back(straight_rebalancing->step());
+        }
         auto first = make_trainer(model, saved_as);
         double migrated = 0;
         for (int s = 0; s < kSaveAt; ++s) migrated += first->step().rebalance_migrated_slots;
         if (saved_as.rebalance_every > 0) {
             EXPECT_GT(migrated, 0) << what;
         }
-        const auto root =
-            dir.path() / fmt::format("R{}-every{}", saved_as.redundant, saved_as.rebalance_every);
+        const auto root = dir.path() / fmt::format("{}-R{}-every{}", saved_as.layout,
+                                                   saved_as.redundant, saved_as.rebalance_every);
         save_checkpoint(*first, root, 0);
         first.reset();
         auto resumed = make_trainer(model, resumed_as);

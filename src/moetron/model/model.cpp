@@ -583,7 +583,8 @@ struct Model::Impl {
     std::vector<int64_t> entry_moe_layer;
     std::optional<parallel::ReplicaGradientSum> replica_grads;
     bool replica_sum_armed = false;
-    double expert_compute_s = 0;  // since the last take_expert_compute_s()
+    double expert_compute_s = 0;       // since the last take_expert_compute_s()
+    std::vector<int64_t> expert_rows;  // (MoE layers) since the last take_expert_rows()
     ParamTable table;
     Arena params, grads, acts;
     ModelParams w, g;  // the same tree, pointing into params and into grads
@@ -718,6 +719,7 @@ struct Model::Impl {
         if (!is_moe) return -1;
         const auto slot = static_cast<int64_t>(slot_bias.size());
         const auto all_slots = static_cast<int64_t>(num_moe_slots(config));
+        if (expert_rows.empty()) expert_rows.assign(static_cast<size_t>(all_slots), 0);
         const bool dual = parallel.moe.overlap == MoeOverlap::dual;
         slot_bias.push_back(bp != nullptr ? bp->moe.correction_bias : nullptr);
         slot_topk_ids.push_back(bp != nullptr ? block_of(sets[0])->moe.topk_ids : nullptr);
@@ -729,6 +731,7 @@ struct Model::Impl {
             const int64_t base = static_cast<int64_t>(k) * all_slots * (dual ? 2 : 1);
             ba.moe.dispatcher = dispatcher.get();
             ba.moe.expert_compute_s = &expert_compute_s;
+            ba.moe.expert_rows_computed = &expert_rows[static_cast<size_t>(slot)];
             ba.moe.overlap = parallel.moe.overlap;
             ba.moe.dispatch_slot = base + (dual ? 2 * slot : slot);
             ba.moe.dispatch_slot_b = dual ? base + 2 * slot + 1 : -1;
@@ -1307,6 +1310,27 @@ void Model::set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacem
     p.slot_expert = placement.slot_expert;  // same sizes: no allocation
     p.replica_first = placement.replica_first;
     p.replica_slots = placement.replica_slots;
+    p.slot_share = placement.slot_share;
+}
+
+void Model::take_expert_rows(std::span<int64_t> rows_per_moe_layer) {
+    MT_CHECK(rows_per_moe_layer.size() == impl_->expert_rows.size(),
+             "[model] {} MoE layers' rows asked, the model has {}", rows_per_moe_layer.size(),
+             impl_->expert_rows.size());
+    std::copy(impl_->expert_rows.begin(), impl_->expert_rows.end(), rows_per_moe_layer.begin());
+    std::fill(impl_->expert_rows.begin(), impl_->expert_rows.end(), 0);
+}
+
+int64_t Model::num_moe_layers() const {
+    return static_cast<int64_t>(impl_->expert_rows.size());
+}
+
+void Model::set_expert_shares(int64_t moe_layer, std::span<const int32_t> slot_share) {
+    const parallel::ExpertPlacement* now = expert_placement(moe_layer);
+    MT_CHECK(now != nullptr && slot_share.size() == now->slot_share.size(),
+             "[model] new replica shares need redundant experts and the same slots");
+    parallel::ExpertPlacement& p = impl_->placements[static_cast<size_t>(moe_layer)];
+    std::copy(slot_share.begin(), slot_share.end(), p.slot_share.begin());
 }
 
 double Model::take_expert_compute_s() {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -248,6 +249,12 @@ class Model {
     // Seconds this rank spent in the routed experts' computation since the last call (MoE layers'
     // grouped GEMMs and SwiGLU, forward and backward; host time, exact on the CPU backend).
     double take_expert_compute_s();
+    // The expert-side rows (token copies) this rank's routed experts computed since the last
+    // call, per MoE layer (main layers, then MTP blocks; 0 for one another pipeline stage holds):
+    // what the dispatch brought them, counted once per backward. rows_per_moe_layer holds
+    // num_moe_layers() values.
+    void take_expert_rows(std::span<int64_t> rows_per_moe_layer);
+    int64_t num_moe_layers() const;  // 0 without routed experts
 
     const ModelConfig& config() const;
     const LossWeights& loss_weights() const;
@@ -281,6 +288,9 @@ class Model {
     // the slots' weights to it (train/expert_balance.h); the dispatcher routes by it from the next
     // forward. Allocates nothing.
     void set_expert_placement(int64_t moe_layer, const parallel::ExpertPlacement& placement);
+    // Only the replicas' shares (ExpertPlacement::slot_share) of the layer's placement: a new
+    // split of the tokens over the same slots, which moves no weights.
+    void set_expert_shares(int64_t moe_layer, std::span<const int32_t> slot_share);
     TensorView param(const std::string& name) const;
     TensorView grad(const std::string& name) const;
     size_t planned_bytes() const;  // all arenas together, for the peak-RSS report

@@ -125,6 +125,7 @@ void experts_backward(Backend& ops, const MoeParams& grads, const MoeActivations
     ops.grouped_linear_backward(d_out, grads.experts_gate_up, d_gate_up, saved.permuted + r * D,
                                 w.experts_gate_up, h.offsets, El, D, 2 * F);
     if (saved.expert_compute_s != nullptr) *saved.expert_compute_s += timer.elapsed_s();
+    if (saved.expert_rows_computed != nullptr) *saved.expert_rows_computed += h.num_rows;
 }
 
 // Zeroes the rows of x (N, D) outside `own`: other TP ranks fill them, and the caller sums over TP.

@@ -111,6 +111,9 @@ struct MoeActivations {
     // When set, the seconds this rank spends in the routed experts' computation (grouped GEMMs
     // and SwiGLU, forward and backward) are added to it: host time, exact on the CPU backend.
     double* expert_compute_s = nullptr;
+    // When set, the expert-side rows (token copies) this rank's routed experts compute are added
+    // to it, once per backward: what the dispatch brought them.
+    int64_t* expert_rows_computed = nullptr;
 
     float* scores = nullptr;          // (N, E) sigmoid scores s
     int32_t* topk_ids = nullptr;      // (N, K) chosen experts (global ids)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
@@ -101,6 +102,16 @@ void place_over_ranks(std::vector<int32_t>& slot_expert, std::span<const int32_t
 
 }  // namespace
 
+namespace {
+
+ExpertPlacement with_balanced_shares(ExpertPlacement placement,
+                                     std::span<const double> expert_loads) {
+    placement.slot_share = balanced_shares(placement, expert_loads);
+    return placement;
+}
+
+}  // namespace
+
 void check_placement_shape(const PlacementShape& s) {
     MT_USER_CHECK(s.num_experts >= 1 && s.ep_size >= 1,
                   "expert placement needs at least one expert and one rank (got {} experts over "
@@ -123,8 +134,8 @@ void check_placement_shape(const PlacementShape& s) {
                   "{} experts do not split into {} expert groups", s.num_experts, s.num_groups);
 }
 
-ExpertPlacement placement_from_slots(const PlacementShape& shape,
-                                     std::vector<int32_t> slot_expert) {
+ExpertPlacement placement_from_slots(const PlacementShape& shape, std::vector<int32_t> slot_expert,
+                                     std::vector<int32_t> slot_share) {
     check_placement_shape(shape);
     MT_CHECK(static_cast<int64_t>(slot_expert.size()) == shape.num_slots,
              "[placement] {} slot entries for {} slots", slot_expert.size(), shape.num_slots);
@@ -147,7 +158,113 @@ ExpertPlacement placement_from_slots(const PlacementShape& shape,
         p.replica_slots[static_cast<size_t>(next[static_cast<size_t>(slot_expert[s])]++)] =
             static_cast<int32_t>(s);
     p.slot_expert = std::move(slot_expert);
+    if (slot_share.empty()) {
+        slot_share = balanced_shares(p, std::vector<double>(static_cast<size_t>(shape.num_experts),
+                                                            0.0));  // no load: even
+    }
+    MT_CHECK(slot_share.size() == p.slot_expert.size(), "[placement] {} shares for {} slots",
+             slot_share.size(), p.slot_expert.size());
+    for (int64_t e = 0; e < shape.num_experts; ++e) {
+        int64_t sum = 0;
+        for (int32_t s : p.slots_of(e)) {
+            const int32_t share = slot_share[static_cast<size_t>(s)];
+            MT_CHECK(share >= 0 && share <= kShareUnits, "[placement] slot {} has share {}", s,
+                     share);
+            sum += share;
+        }
+        MT_CHECK(sum == kShareUnits, "[placement] expert {}'s shares sum to {}, not {}", e, sum,
+                 kShareUnits);
+    }
+    p.slot_share = std::move(slot_share);
     return p;
+}
+
+std::vector<int32_t> balanced_shares(const ExpertPlacement& placement,
+                                     std::span<const double> expert_loads) {
+    const PlacementShape& shape = placement.shape;
+    MT_CHECK(static_cast<int64_t>(expert_loads.size()) == shape.num_experts,
+             "[placement] {} loads for {} experts", expert_loads.size(), shape.num_experts);
+    // Tokens per slot, starting from the even split.
+    std::vector<double> amount(placement.slot_expert.size());
+    std::vector<double> rank_load(static_cast<size_t>(shape.ep_size), 0.0);
+    for (size_t s = 0; s < amount.size(); ++s) {
+        const int32_t e = placement.slot_expert[s];
+        amount[s] =
+            expert_loads[static_cast<size_t>(e)] / static_cast<double>(placement.replicas(e));
+        rank_load[static_cast<size_t>(placement.rank_of_slot(static_cast<int64_t>(s)))] +=
+            amount[s];
+    }
+    // Water-filling: each replicated expert in turn spreads its load over its replicas' ranks to
+    // raise the least loaded ones to a common level, the others' loads held fixed. An expert's
+    // slots are ascending, so two replicas on one rank are neighbours: they split that rank's part.
+    constexpr int kPasses = 32;  // the loads settle in a few; more passes cost microseconds
+    std::vector<int64_t> ranks;
+    std::vector<double> base, sorted_base;
+    for (int pass = 0; pass < kPasses; ++pass) {
+        for (int64_t e = 0; e < shape.num_experts; ++e) {
+            const std::span<const int32_t> slots = placement.slots_of(e);
+            if (slots.size() < 2) continue;
+            ranks.clear();
+            base.clear();
+            for (int32_t s : slots) {
+                const int64_t r = placement.rank_of_slot(s);
+                if (ranks.empty() || ranks.back() != r) {
+                    ranks.push_back(r);
+                    base.push_back(rank_load[static_cast<size_t>(r)]);
+                }
+                base.back() -= amount[static_cast<size_t>(s)];
+            }
+            sorted_base = base;
+            std::sort(sorted_base.begin(), sorted_base.end());
+            // The level h with sum over ranks of max(0, h - base) = the expert's load.
+            const double load = expert_loads[static_cast<size_t>(e)];
+            double filled = load, level = 0;
+            for (size_t m = 0; m < sorted_base.size(); ++m) {
+                filled += sorted_base[m];
+                level = filled / static_cast<double>(m + 1);
+                if (m + 1 == sorted_base.size() || level <= sorted_base[m + 1]) break;
+            }
+            size_t j = 0;
+            for (size_t i = 0; i < slots.size(); ++i) {
+                const int64_t r = placement.rank_of_slot(slots[i]);
+                while (ranks[j] != r) ++j;
+                size_t on_rank = 1;
+                while (i + on_rank < slots.size() &&
+                       placement.rank_of_slot(slots[i + on_rank]) == r)
+                    ++on_rank;
+                const double part = std::max(0.0, level - base[j]);
+                for (size_t k = 0; k < on_rank; ++k)
+                    amount[static_cast<size_t>(slots[i + k])] = part / static_cast<double>(on_rank);
+                rank_load[static_cast<size_t>(r)] = base[j] + part;
+                i += on_rank - 1;
+            }
+        }
+    }
+    // To kShareUnits per expert: floors, then the units left over to the largest remainders (the
+    // lowest slot on ties). An expert without load splits evenly.
+    std::vector<int32_t> share(amount.size(), 0);
+    std::vector<std::pair<double, int32_t>> remainder;
+    for (int64_t e = 0; e < shape.num_experts; ++e) {
+        const std::span<const int32_t> slots = placement.slots_of(e);
+        double total = 0;
+        for (int32_t s : slots) total += amount[static_cast<size_t>(s)];
+        remainder.clear();
+        int64_t given = 0;
+        for (int32_t s : slots) {
+            const double exact =
+                total > 0 ? amount[static_cast<size_t>(s)] / total * kShareUnits
+                          : static_cast<double>(kShareUnits) / static_cast<double>(slots.size());
+            const auto units = static_cast<int32_t>(std::floor(exact));
+            share[static_cast<size_t>(s)] = units;
+            given += units;
+            remainder.emplace_back(exact - units, s);
+        }
+        std::stable_sort(remainder.begin(), remainder.end(),
+                         [](const auto& a, const auto& b) { return a.first > b.first; });
+        for (size_t i = 0; given < kShareUnits; ++i, ++given)
+            ++share[static_cast<size_t>(remainder[i % remainder.size()].second)];
+    }
+    return share;
 }
 
 ExpertPlacement balanced_placement(std::span<const double> expert_loads,
@@ -163,7 +280,8 @@ ExpertPlacement balanced_placement(std::span<const double> expert_loads,
         std::vector<int32_t> all(static_cast<size_t>(shape.num_experts));
         std::iota(all.begin(), all.end(), 0);
         place_over_ranks(slot_expert, all, expert_loads, 0, shape.ep_size, slots_per_rank);
-        return placement_from_slots(shape, std::move(slot_expert));
+        return with_balanced_shares(placement_from_slots(shape, std::move(slot_expert)),
+                                    expert_loads);
     }
     // Groups onto domains, then each domain on its own.
     const int64_t group_size = shape.num_experts / shape.num_groups;
@@ -189,7 +307,33 @@ ExpertPlacement balanced_placement(std::span<const double> expert_loads,
         place_over_ranks(slot_expert, experts, loads, d * ranks_per_domain, ranks_per_domain,
                          slots_per_rank);
     }
-    return placement_from_slots(shape, std::move(slot_expert));
+    return with_balanced_shares(placement_from_slots(shape, std::move(slot_expert)), expert_loads);
+}
+
+ExpertPlacement keep_slots_in_place(const ExpertPlacement& previous, const ExpertPlacement& next) {
+    MT_CHECK(previous.slot_expert.size() == next.slot_expert.size(),
+             "[placement] {} slots before, {} after", previous.slot_expert.size(),
+             next.slot_expert.size());
+    const int64_t per_rank = next.shape.slots_per_rank();
+    std::vector<int32_t> slot_expert(next.slot_expert.size(), -1);
+    std::vector<int32_t> held;  // the rank's experts in next, not yet given a slot
+    for (int64_t rank = 0; rank < next.shape.ep_size; ++rank) {
+        const auto first = static_cast<size_t>(rank * per_rank);
+        const auto last = first + static_cast<size_t>(per_rank);
+        held.assign(next.slot_expert.begin() + static_cast<std::ptrdiff_t>(first),
+                    next.slot_expert.begin() + static_cast<std::ptrdiff_t>(last));
+        for (size_t s = first; s < last; ++s) {
+            const auto kept = std::find(held.begin(), held.end(), previous.slot_expert[s]);
+            if (kept == held.end()) continue;
+            slot_expert[s] = *kept;
+            held.erase(kept);
+        }
+        std::sort(held.begin(), held.end());
+        auto next_held = held.begin();
+        for (size_t s = first; s < last; ++s)
+            if (slot_expert[s] < 0) slot_expert[s] = *next_held++;
+    }
+    return placement_from_slots(next.shape, std::move(slot_expert));
 }
 
 ExpertPlacement initial_placement(const PlacementShape& shape) {
@@ -212,7 +356,7 @@ std::vector<double> rank_loads(const ExpertPlacement& placement,
     for (size_t s = 0; s < placement.slot_expert.size(); ++s) {
         const int32_t e = placement.slot_expert[s];
         load[static_cast<size_t>(placement.rank_of_slot(static_cast<int64_t>(s)))] +=
-            expert_loads[static_cast<size_t>(e)] / static_cast<double>(placement.replicas(e));
+            expert_loads[static_cast<size_t>(e)] * placement.slot_share[s] / kShareUnits;
     }
     return load;
 }
@@ -236,10 +380,21 @@ int32_t choose_replica(const ExpertPlacement& placement, int32_t expert, int64_t
     auto first = std::lower_bound(slots.begin(), slots.end(), domain * domain_slots);
     auto last = std::lower_bound(first, slots.end(), (domain + 1) * domain_slots);
     std::span<const int32_t> candidates = first == last ? slots : std::span(first, last);
-    // source_rank shifts the start, so that ranks with few tokens do not all pick the first one.
-    const auto pick =
-        static_cast<size_t>((token_index + source_rank) % static_cast<int64_t>(candidates.size()));
-    return candidates[pick];
+    int64_t total = 0;
+    for (int32_t s : candidates) total += placement.slot_share[static_cast<size_t>(s)];
+    const bool even = total == 0;
+    if (even) total = static_cast<int64_t>(candidates.size());
+    // frac(n / golden ratio) in 32 bits: consecutive n land evenly over [0, 1) at every length.
+    constexpr uint64_t kGoldenFraction = 2654435769u;  // 2^32 / golden ratio
+    const uint64_t position = (static_cast<uint64_t>(token_index + 1) * kGoldenFraction +
+                               static_cast<uint64_t>(source_rank) * 0x85EBCA6Bu) &
+                              0xFFFFFFFFu;
+    int64_t pick = static_cast<int64_t>((position * static_cast<uint64_t>(total)) >> 32);
+    for (int32_t s : candidates) {
+        pick -= even ? 1 : placement.slot_share[static_cast<size_t>(s)];
+        if (pick < 0) return s;
+    }
+    MT_THROW("[placement] no replica picked for expert {}", expert);
 }
 
 }  // namespace moetron::parallel

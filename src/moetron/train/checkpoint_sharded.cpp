@@ -220,7 +220,9 @@ void save_expert_balance(json& state, Trainer& trainer) {
     if (balancer == nullptr) return;
     const std::vector<std::vector<int32_t>> tables = balancer->slot_tables();
     if (tables.empty()) return;
-    state["expert_balance"] = {{"slot_experts", tables}, {"load_average", balancer->averages()}};
+    state["expert_balance"] = {{"slot_experts", tables},
+                               {"slot_shares", balancer->slot_shares()},
+                               {"load_average", balancer->averages()}};
 }
 
 // Before the tensors are read: the placements decide which slot reads which logical expert.
@@ -229,6 +231,9 @@ void restore_expert_balance(const json& b, Trainer& trainer) {
     ExpertBalancer* balancer = trainer.expert_balancer();
     if (balancer == nullptr || b.is_null()) return;
     balancer->restore(b.at("slot_experts").get<std::vector<std::vector<int32_t>>>(),
+                      b.contains("slot_shares")  // older checkpoints: even shares
+                          ? b.at("slot_shares").get<std::vector<std::vector<int32_t>>>()
+                          : std::vector<std::vector<int32_t>>{},
                       b.at("load_average").get<std::vector<std::vector<double>>>());
 }
 

@@ -24,10 +24,11 @@ int64_t source_slot(const parallel::ExpertPlacement& from, const parallel::Exper
     return slots[static_cast<size_t>(slot) % slots.size()];
 }
 
-// Copies numel floats starting at flat offset `offset` between the moment ranges and `buffer`.
+// Calls copy(m, v, i, n) for each piece of the numel floats at flat offset `offset` that the
+// moment ranges hold (i: the piece's first float, from offset); returns the floats covered.
 template <class Copy>
-void for_moments(const std::vector<AdamW::MomentRange>& ranges, int64_t offset, int64_t numel,
-                 Copy copy) {
+int64_t for_moments(const std::vector<AdamW::MomentRange>& ranges, int64_t offset, int64_t numel,
+                    Copy copy) {
     int64_t done = 0;
     for (const AdamW::MomentRange& r : ranges) {
         const int64_t lo = std::max(offset, r.offset);
@@ -36,21 +37,23 @@ void for_moments(const std::vector<AdamW::MomentRange>& ranges, int64_t offset, 
         copy(r.m + (lo - r.offset), r.v + (lo - r.offset), lo - offset, hi - lo);
         done += hi - lo;
     }
-    MT_CHECK(done == numel, "[expert_balance] the moments cover {} of the {} floats of a slot",
-             done, numel);
+    return done;
 }
 
 }  // namespace
 
 ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communicator& ep,
-                               int64_t ep_ranks_per_domain, int64_t rebalance_every)
-    : model_(model), optimizer_(optimizer), ep_(ep), rebalance_every_(rebalance_every) {
-    const ModelConfig& c = model.config();
-    const int64_t E = c.n_routed_experts;
-    parallel::PlacementShape contiguous{E, E, ep.size(),
-                                        ep.size() / std::max<int64_t>(1, ep_ranks_per_domain), 1};
-    contiguous_ = parallel::initial_placement(contiguous);
+                               parallel::Communicator& edp, int64_t rebalance_every)
+    : model_(model),
+      optimizer_(optimizer),
+      ep_(ep),
+      edp_(edp),
+      rebalance_every_(rebalance_every),
+      moments_sharded_(optimizer.grad_sync().options().zero1 && edp.size() > 1) {
+    const int64_t E = model.config().n_routed_experts;
     compute_of_rank_.resize(static_cast<size_t>(ep.size()));
+    rows_.resize(static_cast<size_t>(model.num_moe_layers()));
+    rows_of_rank_.resize(rows_.size() * static_cast<size_t>(ep.size()));
     const parallel::ExpertPlacement* placement = model.expert_placement(0);
     MT_USER_CHECK(rebalance_every == 0 || placement != nullptr,
                   "--rebalance-every {} moves redundant expert slots: give --redundant-experts R "
@@ -71,29 +74,31 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
         t.moe_layer = layer;
         t.param = model.params() + e.offset;
         t.offset = e.offset;
+        t.numel = e.numel;
         t.per_slot = e.numel / slots;
         for (const AdamW::MomentRange& r : ranges)
             if (r.offset < e.offset + e.numel && r.offset + r.numel > e.offset)
                 t.moments.push_back(r);
         std::sort(t.moments.begin(), t.moments.end(),
                   [](const auto& a, const auto& b) { return a.offset < b.offset; });
-        int64_t covered = 0;
-        for (const AdamW::MomentRange& r : t.moments)
-            covered +=
-                std::min(r.offset + r.numel, e.offset + e.numel) - std::max(r.offset, e.offset);
-        MT_USER_CHECK(covered == e.numel,
-                      "--rebalance-every needs each rank to hold the whole optimizer state of its "
-                      "expert slots, but the experts' ZeRO-1 shards split it over an "
-                      "expert-data-parallel group: use --no-zero1, or a layout whose ep covers "
-                      "the expert ranks (edp 1)");
-        if (layer == 0) slot_floats_ += 3 * t.per_slot;  // every layer's experts are alike
+        // Every layer's experts are alike: the layer's moment buffer holds any layer's tensors
+        // at the same places.
+        t.in_layer = 0;
+        for (const SlotTensor& before : tensors_)
+            if (before.moe_layer == layer) t.in_layer += before.numel;
+        if (layer == 0) {
+            slot_floats_ += 3 * t.per_slot;
+            layer_floats_ += t.numel;
+        }
         layers = std::max(layers, layer + 1);
         tensors_.push_back(std::move(t));
     }
     average_.assign(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(E), 0.0));
+    last_load_ = average_;
     // A rank receives at most its own slots, but may be the source of every other rank's.
     const auto buffer = static_cast<size_t>(slots * slot_floats_);
     staging_.resize(buffer);
+    layer_moments_.resize(static_cast<size_t>(2 * layer_floats_));
     send_.resize(buffer * static_cast<size_t>(std::max(1, ep.size() - 1)));
     recv_.resize(buffer);
     const auto n = static_cast<size_t>(ep.size());
@@ -112,15 +117,26 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
         r.expert_compute_max_s = std::max(r.expert_compute_max_s, s);
         r.expert_compute_mean_s += s / static_cast<double>(compute_of_rank_.size());
     }
-    for (size_t l = 0; l < load.tokens_per_expert.size(); ++l) {
-        const std::vector<int64_t>& counts = load.tokens_per_expert[l];
-        const std::vector<double> layer_load(counts.begin(), counts.end());
-        const parallel::ExpertPlacement* placement =
-            model_.expert_placement(static_cast<int64_t>(l));
-        const parallel::ExpertPlacement& serving = placement != nullptr ? *placement : contiguous_;
+    model_.take_expert_rows(rows_);
+    ep_.all_gather(rows_of_rank_.data(), rows_.data(), rows_.size(), DType::i64, kHostStream);
+    for (size_t l = 0; l < rows_.size(); ++l) {
+        int64_t max_rows = 0, total_rows = 0;
+        for (size_t rank = 0; rank < compute_of_rank_.size(); ++rank) {
+            const int64_t rows = rows_of_rank_[rank * rows_.size() + l];
+            max_rows = std::max(max_rows, rows);
+            total_rows += rows;
+        }
+        if (total_rows == 0) continue;  // a layer of another pipeline stage
         r.rank_load_max_over_mean =
-            std::max(r.rank_load_max_over_mean, parallel::rank_imbalance(serving, layer_load));
+            std::max(r.rank_load_max_over_mean, static_cast<double>(max_rows) *
+                                                    static_cast<double>(compute_of_rank_.size()) /
+                                                    static_cast<double>(total_rows));
+    }
+    for (size_t l = 0; l < load.tokens_per_expert.size(); ++l) {
         if (l >= average_.size()) continue;  // no rebalancing
+        const std::vector<int64_t>& counts = load.tokens_per_expert[l];
+        std::vector<double>& layer_load = last_load_[l];
+        std::copy(counts.begin(), counts.end(), layer_load.begin());
         std::vector<double>& average = average_[l];
         for (size_t e = 0; e < average.size(); ++e)
             average[e] = has_average_
@@ -128,21 +144,38 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
                              : layer_load[e];
     }
     has_average_ = true;
-    if (rebalance_every_ == 0 || step % rebalance_every_ != 0) return r;
+    if (rebalance_every_ == 0) return r;
+    if (step % rebalance_every_ != 0) {
+        // Between rebalances the slots stay and the replicas' shares follow the last step's
+        // loads: the loads drift faster than the average, and new shares move nothing.
+        for (size_t l = 0; l < average_.size(); ++l) {
+            const auto layer = static_cast<int64_t>(l);
+            model_.set_expert_shares(
+                layer, parallel::balanced_shares(*model_.expert_placement(layer), last_load_[l]));
+        }
+        return r;
+    }
 
     r.rebalanced = true;
     Timer timer;
     for (size_t l = 0; l < average_.size(); ++l) {
         const auto layer = static_cast<int64_t>(l);
         const parallel::ExpertPlacement& now = *model_.expert_placement(layer);
-        const parallel::ExpertPlacement next = parallel::balanced_placement(average_[l], now.shape);
+        const parallel::ExpertPlacement balanced =
+            parallel::balanced_placement(average_[l], now.shape);
         r.average_max_over_mean_before =
             std::max(r.average_max_over_mean_before, parallel::rank_imbalance(now, average_[l]));
-        r.average_max_over_mean_after =
-            std::max(r.average_max_over_mean_after, parallel::rank_imbalance(next, average_[l]));
+        r.average_max_over_mean_after = std::max(r.average_max_over_mean_after,
+                                                 parallel::rank_imbalance(balanced, average_[l]));
+        parallel::ExpertPlacement next = parallel::keep_slots_in_place(now, balanced);
+        next.slot_share = parallel::balanced_shares(next, last_load_[l]);  // as between rebalances
         r.average_expert_load.resize(average_[l].size());
         for (size_t e = 0; e < average_[l].size(); ++e) r.average_expert_load[e] += average_[l][e];
         if (next == now) continue;
+        if (next.slot_expert == now.slot_expert) {  // new shares only: nothing moves
+            model_.set_expert_placement(layer, next);
+            continue;
+        }
         for (size_t s = 0; s < next.slot_expert.size(); ++s)
             r.migrated_slots += next.slot_expert[s] != now.slot_expert[s];
         migrate(layer, now, next);
@@ -169,7 +202,15 @@ std::vector<std::vector<int32_t>> ExpertBalancer::slot_tables() const {
     return tables;
 }
 
+std::vector<std::vector<int32_t>> ExpertBalancer::slot_shares() const {
+    std::vector<std::vector<int32_t>> shares;
+    for (int64_t l = 0; model_.expert_placement(0) != nullptr && l < num_moe_layers_; ++l)
+        shares.push_back(model_.expert_placement(l)->slot_share);
+    return shares;
+}
+
 bool ExpertBalancer::restore(const std::vector<std::vector<int32_t>>& slot_tables,
+                             const std::vector<std::vector<int32_t>>& slot_shares,
                              const std::vector<std::vector<double>>& averages) {
     if (averages.size() == average_.size()) {
         average_ = averages;
@@ -180,9 +221,11 @@ bool ExpertBalancer::restore(const std::vector<std::vector<int32_t>>& slot_table
         return false;
     for (const std::vector<int32_t>& t : slot_tables)
         if (static_cast<int64_t>(t.size()) != first->shape.num_slots) return false;
+    const bool with_shares = slot_shares.size() == slot_tables.size();  // else even shares
     for (int64_t l = 0; l < num_moe_layers_; ++l) {
-        const parallel::ExpertPlacement p =
-            parallel::placement_from_slots(first->shape, slot_tables[static_cast<size_t>(l)]);
+        const auto i = static_cast<size_t>(l);
+        const parallel::ExpertPlacement p = parallel::placement_from_slots(
+            first->shape, slot_tables[i], with_shares ? slot_shares[i] : std::vector<int32_t>{});
         model_.set_expert_placement(l, p);
     }
     // The replicas a slot has are its copies in the gradient norm.
@@ -200,30 +243,62 @@ bool ExpertBalancer::restore(const std::vector<std::vector<int32_t>>& slot_table
     return true;
 }
 
+void ExpertBalancer::gather_moments(int64_t moe_layer) {
+    float* m = layer_moments_.data();
+    float* v = m + layer_floats_;
+    std::fill(layer_moments_.begin(), layer_moments_.end(), 0.0f);
+    for (const SlotTensor& t : tensors_) {
+        if (t.moe_layer != moe_layer) continue;
+        const int64_t held =
+            for_moments(t.moments, t.offset, t.numel,
+                        [&](const float* rm, const float* rv, int64_t i, int64_t n) {
+                            std::copy(rm, rm + n, m + t.in_layer + i);
+                            std::copy(rv, rv + n, v + t.in_layer + i);
+                        });
+        MT_CHECK(moments_sharded_ || held == t.numel,
+                 "[expert_balance] the moments cover {} of the {} floats of an expert tensor", held,
+                 t.numel);
+    }
+    // The shards are disjoint and cover every float once: the sum over the EDP group adds zeros
+    // to each, so it is exact.
+    if (moments_sharded_)
+        edp_.all_reduce_sum(layer_moments_.data(), layer_moments_.size(), DType::f32, kHostStream);
+}
+
+void ExpertBalancer::scatter_moments(int64_t moe_layer) {
+    const float* m = layer_moments_.data();
+    const float* v = m + layer_floats_;
+    for (const SlotTensor& t : tensors_) {
+        if (t.moe_layer != moe_layer) continue;
+        for_moments(t.moments, t.offset, t.numel, [&](float* rm, float* rv, int64_t i, int64_t n) {
+            std::copy(m + t.in_layer + i, m + t.in_layer + i + n, rm);
+            std::copy(v + t.in_layer + i, v + t.in_layer + i + n, rv);
+        });
+    }
+}
+
 void ExpertBalancer::pack_slot(int64_t moe_layer, int64_t local_slot, float* out) const {
+    const float* m = layer_moments_.data();
+    const float* v = m + layer_floats_;
     for (const SlotTensor& t : tensors_) {
         if (t.moe_layer != moe_layer) continue;
         const int64_t at = local_slot * t.per_slot;
         std::copy(t.param + at, t.param + at + t.per_slot, out);
-        for_moments(t.moments, t.offset + at, t.per_slot,
-                    [&](const float* m, const float* v, int64_t i, int64_t n) {
-                        std::copy(m, m + n, out + t.per_slot + i);
-                        std::copy(v, v + n, out + 2 * t.per_slot + i);
-                    });
+        std::copy(m + t.in_layer + at, m + t.in_layer + at + t.per_slot, out + t.per_slot);
+        std::copy(v + t.in_layer + at, v + t.in_layer + at + t.per_slot, out + 2 * t.per_slot);
         out += 3 * t.per_slot;
     }
 }
 
 void ExpertBalancer::unpack_slot(int64_t moe_layer, int64_t local_slot, const float* in) {
+    float* m = layer_moments_.data();
+    float* v = m + layer_floats_;
     for (const SlotTensor& t : tensors_) {
         if (t.moe_layer != moe_layer) continue;
         const int64_t at = local_slot * t.per_slot;
         std::copy(in, in + t.per_slot, t.param + at);
-        for_moments(t.moments, t.offset + at, t.per_slot,
-                    [&](float* m, float* v, int64_t i, int64_t n) {
-                        std::copy(in + t.per_slot + i, in + t.per_slot + i + n, m);
-                        std::copy(in + 2 * t.per_slot + i, in + 2 * t.per_slot + i + n, v);
-                    });
+        std::copy(in + t.per_slot, in + 2 * t.per_slot, m + t.in_layer + at);
+        std::copy(in + 2 * t.per_slot, in + 3 * t.per_slot, v + t.in_layer + at);
         in += 3 * t.per_slot;
     }
 }
@@ -231,6 +306,7 @@ void ExpertBalancer::unpack_slot(int64_t moe_layer, int64_t local_slot, const fl
 void ExpertBalancer::migrate(int64_t moe_layer, const parallel::ExpertPlacement& from,
                              const parallel::ExpertPlacement& to) {
     const int64_t S = to.shape.slots_per_rank(), me = ep_.rank(), ranks = ep_.size();
+    gather_moments(moe_layer);
     for (int64_t i = 0; i < S; ++i) pack_slot(moe_layer, i, staging_.data() + i * slot_floats_);
     auto staged = [&](int64_t slot) { return staging_.data() + (slot - me * S) * slot_floats_; };
     // Sends in (destination, new slot) order; receives in (source rank, new slot) order.
@@ -268,6 +344,7 @@ void ExpertBalancer::migrate(int64_t moe_layer, const parallel::ExpertPlacement&
                               : recv_.data() + recv_displs_[a] + next_from_[a]++ * slot_floats_;
         unpack_slot(moe_layer, slot - me * S, in);
     }
+    scatter_moments(moe_layer);
 }
 
 }  // namespace moetron

@@ -183,8 +183,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     });
     if (model_config.n_routed_experts > 0 && groups_.ep->size() > 1)
         balancer_ = std::make_unique<ExpertBalancer>(*model_, *optimizer_, *groups_.ep,
-                                                     topology_.ep_ranks_per_domain(),
-                                                     parallel.moe.rebalance_every);
+                                                     *groups_.edp, parallel.moe.rebalance_every);
     else
         MT_USER_CHECK(parallel.moe.rebalance_every == 0,
                       "--rebalance-every needs expert parallelism (a layout with ep > 1) and "
