@@ -5,7 +5,10 @@
 // the same iterations, interleaved, so that both see the same machine load: the median of the
 // per-pair ratios and their spread (ratio_min..ratio_max), over 9 pairs.
 //
-// Run: build/bench/bench_kernels [--benchmark_filter=Grouped|Attention]
+// The norm kernels' AVX-512 build is timed against their AVX2 build the same way (ratio_vs_plain:
+// AVX-512 GFLOP/s over AVX2 GFLOP/s, the speedup of the run-time choice), on CPUs with AVX-512.
+//
+// Run: build/bench/bench_kernels [--benchmark_filter=Grouped|Attention|Norm]
 //
 // Shapes: `small` is configs/models/small.toml (hidden 512, dense F 1536, expert F 256, 8 heads of
 // Dqk 96 / Dv 64, seq 512, 4096 tokens in a micro-batch of 8 sequences); `wide` is the larger
@@ -24,7 +27,9 @@
 #include "moetron/core/arena.h"
 #include "moetron/core/timer.h"
 #include "moetron/kernels/cpu/attention.h"
+#include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/matmul.h"
+#include "moetron/kernels/cpu/norm_kernels_isa.h"
 #include "ratio_spread.h"
 
 namespace moetron {
@@ -277,6 +282,65 @@ void BM_AttentionBackward(benchmark::State& state) {
         [&] { plain.backward(); });
 }
 
+// ---- the norm kernels, AVX-512 build against AVX2 build: args (rows, dim) ----
+
+// RMSNorm's FLOPs as counted here: forward 4 per element (square, add, two multiplies),
+// backward 9 (the input gradient's dot product and update, the weight gradient's sum); the
+// gradient norm's sum of squares 2 per element. Only their ratio between builds matters.
+struct NormProblem {
+    int64_t rows, dim;
+    Floats inp, weight, dout, out, rstd, dinp, dweight;
+    explicit NormProblem(const benchmark::State& state)
+        : rows(state.range(0)),
+          dim(state.range(1)),
+          inp(filled(rows * dim, 1)),
+          weight(filled(dim, 2)),
+          dout(filled(rows * dim, 3)),
+          out(static_cast<size_t>(rows * dim)),
+          rstd(static_cast<size_t>(rows)),
+          dinp(static_cast<size_t>(rows * dim)),
+          dweight(static_cast<size_t>(dim), 0.0f) {}
+};
+
+// The kernels of one build on the problem: which = 0 forward, 1 backward, 2 sum of squares.
+void run_norm(const cpu::NormKernels& kernels, NormProblem& p, int which) {
+    if (which == 0) {
+        kernels.rmsnorm_forward(p.out.data(), p.rstd.data(), p.inp.data(), p.weight.data(), p.rows,
+                                p.dim, 1e-6f);
+    } else if (which == 1) {
+        kernels.rmsnorm_backward(p.dinp.data(), p.dweight.data(), p.dout.data(), p.inp.data(),
+                                 p.weight.data(), p.rstd.data(), p.rows, p.dim,
+                                 cpu::kMaxNormColumnBlock);
+    } else {
+        benchmark::DoNotOptimize(kernels.sum_squares(p.inp.data(), p.rows * p.dim));
+    }
+}
+
+void run_norm_avx512_vs_avx2(benchmark::State& state, int which, const char* what,
+                             double flops_per_element) {
+    if (!cpu::cpu_has_avx512()) {
+        state.SkipWithError("this CPU has no AVX-512");
+        return;
+    }
+    NormProblem p(state);
+    const cpu::NormKernels avx512 = cpu::norm_kernels_avx512(), avx2 = cpu::norm_kernels_avx2();
+    run_norm(avx512, p, 0);  // rstd for the backward
+    const double flops = flops_per_element * static_cast<double>(p.rows * p.dim);
+    run_interleaved_vs_plain(
+        state, fmt::format("{} avx512 / avx2 GFLOP/s, {} x {}", what, p.rows, p.dim), flops, flops,
+        [&] { run_norm(avx512, p, which); }, [&] { run_norm(avx2, p, which); });
+}
+
+void BM_NormRmsForwardAvx512VsAvx2(benchmark::State& state) {
+    run_norm_avx512_vs_avx2(state, 0, "rmsnorm forward", 4.0);
+}
+void BM_NormRmsBackwardAvx512VsAvx2(benchmark::State& state) {
+    run_norm_avx512_vs_avx2(state, 1, "rmsnorm backward", 9.0);
+}
+void BM_NormSumSquaresAvx512VsAvx2(benchmark::State& state) {
+    run_norm_avx512_vs_avx2(state, 2, "sum_squares", 2.0);
+}
+
 // Real time: the kernels use every core, so the main thread's CPU time would mislead.
 #define MOETRON_BENCH(fn) BENCHMARK(fn)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3)
 
@@ -337,6 +401,30 @@ BENCHMARK(BM_AttentionBackward)
     ->ArgNames({"B", "S", "H", "Dqk", "Dv"})
     ->Args({8, 512, 8, 96, 64})
     ->Args({2, 1024, 8, 192, 128});
+
+// Norms: `small`'s hidden norm (4096 tokens x 512) and its kv_lora norm (x 128); the sum of
+// squares over 4M floats (a large gradient). More pairs than the GEMMs: each takes a millisecond.
+constexpr int kNormPairs = 31;
+BENCHMARK(BM_NormRmsForwardAvx512VsAvx2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Iterations(kNormPairs)
+    ->ArgNames({"rows", "dim"})
+    ->Args({4096, 512})
+    ->Args({4096, 128});
+BENCHMARK(BM_NormRmsBackwardAvx512VsAvx2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Iterations(kNormPairs)
+    ->ArgNames({"rows", "dim"})
+    ->Args({4096, 512})
+    ->Args({4096, 128});
+BENCHMARK(BM_NormSumSquaresAvx512VsAvx2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Iterations(kNormPairs)
+    ->ArgNames({"rows", "dim"})
+    ->Args({4096, 1024});
 
 }  // namespace
 }  // namespace moetron
