@@ -3,6 +3,7 @@
 // of `moetron train`.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
