@@ -6,7 +6,6 @@
 #include <limits>
 
 #include "moetron/core/error.h"
-#include "moetron/kernels/cpu/vector_exp.h"
 
 namespace moetron::cpu {
 namespace {
@@ -31,6 +30,10 @@ void check_router_shape(const RouterShape& shape) {
              "[router] num_experts_per_tok ({}) must be in [1, topk_group * n_routed_experts / "
              "n_group = {} * {} / {} = {}]",
              shape.top_k, shape.topk_groups, shape.num_experts, shape.num_groups, eligible_experts);
+}
+
+float sigmoid(float x) {
+    return 1.0f / (1.0f + std::exp(-x));
 }
 
 // Offers candidate `index` with `value` to a list kept sorted by descending value, holding `count`
@@ -72,13 +75,13 @@ void router_forward(int32_t* topk_ids, float* topk_weights, float* scores, const
         int32_t* id_row = topk_ids + t * K;
         float* weight_row = topk_weights + t * K;
 
-        // s = sigmoid(logits) (scoring_func = "sigmoid"), vectorized (vector_exp.h); choice =
-        // s + b (e_score_correction_bias: steers selection toward balance, never enters the
-        // weights).
-#pragma omp simd
-        for (int64_t e = 0; e < E; ++e) score_row[e] = sigmoid_vectorizable(logit_row[e]);
+        // s = sigmoid(logits) (scoring_func = "sigmoid"); choice = s + b
+        // (e_score_correction_bias: steers selection toward balance, never enters the weights).
         float choice[kMaxExperts];
-        for (int64_t e = 0; e < E; ++e) choice[e] = score_row[e] + (bias ? bias[e] : 0.0f);
+        for (int64_t e = 0; e < E; ++e) {
+            score_row[e] = sigmoid(logit_row[e]);
+            choice[e] = score_row[e] + (bias ? bias[e] : 0.0f);
+        }
 
         // Group score = sum of the top-2 choices in the group; keep the topk_group best groups
         // (node-limited routing: a token reaches at most topk_group groups of devices).

@@ -1,6 +1,6 @@
 // exp(x) for float32 in a form the compiler vectorizes (no library call, no branch), for the
 // kernels that take an exponential per element of a large block (attention's probabilities,
-// the sigmoids of SwiGLU and the router).
+// SwiGLU's sigmoid).
 // std::exp does not vectorize without -ffast-math and costs more per element than attention's
 // arithmetic around it. Relative error below 2e-7 over [-87.3, 88]; 0 below -87.3 (and for
 // -inf), +inf above 88 (where exp is within 2x of the largest float).
