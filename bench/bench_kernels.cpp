@@ -8,7 +8,10 @@
 // BM_Bf16Gemm times the bf16 recipe's GEMMs on the native AVX512_BF16 kernel against the emulated
 // recipe and float32, interleaved likewise (its comment says how).
 //
-// Run: build/bench/bench_kernels [--benchmark_filter=Grouped|Attention|Bf16]
+// The norm kernels' AVX-512 build is timed against their AVX2 build the same way (ratio_vs_plain:
+// AVX-512 GFLOP/s over AVX2 GFLOP/s, the speedup of the run-time choice), on CPUs with AVX-512.
+//
+// Run: build/bench/bench_kernels [--benchmark_filter=Grouped|Attention|Bf16|Norm]
 //
 // Shapes: `small` is configs/models/small.toml (hidden 512, dense F 1536, expert F 256, 8 heads of
 // Dqk 96 / Dv 64, seq 512, 4096 tokens in a micro-batch of 8 sequences); `wide` is the larger
@@ -20,23 +23,47 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "moetron/core/arena.h"
 #include "moetron/core/timer.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/kernels/cpu/attention.h"
 #include "moetron/kernels/cpu/bf16_gemm.h"
+#include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/matmul.h"
+#include "moetron/kernels/cpu/norm_kernels_isa.h"
 #include "moetron/kernels/low_precision_backend.h"
 #include "ratio_spread.h"
 
 namespace moetron {
 namespace {
 
+// Buffers aligned as the training arenas align every tensor (core/arena.h, kHostAlignmentBytes).
+// A std::vector's large block starts 16 bytes into a cache line, which splits every 64-byte row
+// load of the kernels that read rows in place (attention's backward ran 13% slower on such
+// buffers) but not BLAS's, which packs its operands first: the ratios would understate the
+// kernels as training runs them.
+template <class T>
+struct ArenaAligned {
+    using value_type = T;
+    ArenaAligned() = default;
+    template <class U>
+    explicit ArenaAligned(const ArenaAligned<U>&) {}
+    T* allocate(size_t count) {
+        return static_cast<T*>(
+            ::operator new (count * sizeof(T), std::align_val_t{kHostAlignmentBytes}));
+    }
+    void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{kHostAlignmentBytes}); }
+    bool operator==(const ArenaAligned&) const = default;
+};
+using Floats = std::vector<float, ArenaAligned<float>>;
+
 // Deterministic values in [-0.5, 0.5), cheap enough for the ~100M-element expert weights.
-std::vector<float> filled(int64_t count, uint64_t seed) {
-    std::vector<float> v(static_cast<size_t>(count));
+Floats filled(int64_t count, uint64_t seed) {
+    Floats v(static_cast<size_t>(count));
     for (size_t i = 0; i < v.size(); ++i) {
         v[i] = static_cast<float>(((i + seed) * 2654435761u) % 1024) / 1024.0f - 0.5f;
     }
@@ -53,7 +80,7 @@ void set_gflops(benchmark::State& state, double flops_per_iteration) {
 void BM_LinearForward(benchmark::State& state) {
     const int64_t rows = state.range(0), in_dim = state.range(1), out_dim = state.range(2);
     const auto inp = filled(rows * in_dim, 1), weight = filled(out_dim * in_dim, 2);
-    std::vector<float> out(static_cast<size_t>(rows * out_dim));
+    Floats out(static_cast<size_t>(rows * out_dim));
     for (auto _ : state) {
         cpu::linear_forward(out.data(), inp.data(), weight.data(), rows, in_dim, out_dim);
         benchmark::DoNotOptimize(out.data());
@@ -66,7 +93,7 @@ void BM_LinearBackward(benchmark::State& state) {
     const int64_t rows = state.range(0), in_dim = state.range(1), out_dim = state.range(2);
     const auto inp = filled(rows * in_dim, 1), weight = filled(out_dim * in_dim, 2),
                dout = filled(rows * out_dim, 3);
-    std::vector<float> dinp(static_cast<size_t>(rows * in_dim)), dweight(weight.size(), 0.0f);
+    Floats dinp(static_cast<size_t>(rows * in_dim)), dweight(weight.size(), 0.0f);
     for (auto _ : state) {
         cpu::linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
                              rows, in_dim, out_dim);
@@ -83,7 +110,7 @@ constexpr int64_t kGroupedRows = 2048;
 
 struct GroupedProblem {
     int64_t rows_per_expert, num_experts, in_dim, out_dim;
-    std::vector<float> inp, weight, dout, out, dinp, dweight;
+    Floats inp, weight, dout, out, dinp, dweight;
     std::vector<int64_t> offsets;
 
     explicit GroupedProblem(const benchmark::State& state)
@@ -186,7 +213,7 @@ double attention_forward_flops(const benchmark::State& state) {
 struct AttentionProblem {
     int64_t batch, seq_len, heads, qk_dim, v_dim;
     float scale;
-    std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
+    Floats q, k, v, out, lse, dout, dq, dk, dv;
 
     explicit AttentionProblem(const benchmark::State& state)
         : batch(state.range(0)),
@@ -216,12 +243,11 @@ struct AttentionProblem {
 constexpr int64_t kPlainRows = 4096, kPlainIn = 1024, kPlainOut = 2816;
 
 struct PlainGemm {
-    std::vector<float> inp = filled(kPlainRows * kPlainIn, 5),
-                       weight = filled(kPlainOut * kPlainIn, 6),
-                       dout = filled(kPlainRows * kPlainOut, 7),
-                       out = std::vector<float>(static_cast<size_t>(kPlainRows * kPlainOut)),
-                       dinp = std::vector<float>(static_cast<size_t>(kPlainRows * kPlainIn)),
-                       dweight = std::vector<float>(weight.size(), 0.0f);
+    Floats inp = filled(kPlainRows * kPlainIn, 5), weight = filled(kPlainOut * kPlainIn, 6),
+           dout = filled(kPlainRows * kPlainOut, 7),
+           out = Floats(static_cast<size_t>(kPlainRows * kPlainOut)),
+           dinp = Floats(static_cast<size_t>(kPlainRows * kPlainIn)),
+           dweight = Floats(weight.size(), 0.0f);
     static constexpr double kForwardFlops = 2.0 * kPlainRows * kPlainIn * kPlainOut;
 
     void forward() {
@@ -260,6 +286,65 @@ void BM_AttentionBackward(benchmark::State& state) {
                                     p.batch, p.seq_len, p.heads, p.qk_dim, p.v_dim, p.scale);
         },
         [&] { plain.backward(); });
+}
+
+// ---- the norm kernels, AVX-512 build against AVX2 build: args (rows, dim) ----
+
+// RMSNorm's FLOPs as counted here: forward 4 per element (square, add, two multiplies),
+// backward 9 (the input gradient's dot product and update, the weight gradient's sum); the
+// gradient norm's sum of squares 2 per element. Only their ratio between builds matters.
+struct NormProblem {
+    int64_t rows, dim;
+    Floats inp, weight, dout, out, rstd, dinp, dweight;
+    explicit NormProblem(const benchmark::State& state)
+        : rows(state.range(0)),
+          dim(state.range(1)),
+          inp(filled(rows * dim, 1)),
+          weight(filled(dim, 2)),
+          dout(filled(rows * dim, 3)),
+          out(static_cast<size_t>(rows * dim)),
+          rstd(static_cast<size_t>(rows)),
+          dinp(static_cast<size_t>(rows * dim)),
+          dweight(static_cast<size_t>(dim), 0.0f) {}
+};
+
+// The kernels of one build on the problem: which = 0 forward, 1 backward, 2 sum of squares.
+void run_norm(const cpu::NormKernels& kernels, NormProblem& p, int which) {
+    if (which == 0) {
+        kernels.rmsnorm_forward(p.out.data(), p.rstd.data(), p.inp.data(), p.weight.data(), p.rows,
+                                p.dim, 1e-6f);
+    } else if (which == 1) {
+        kernels.rmsnorm_backward(p.dinp.data(), p.dweight.data(), p.dout.data(), p.inp.data(),
+                                 p.weight.data(), p.rstd.data(), p.rows, p.dim,
+                                 cpu::kMaxNormColumnBlock);
+    } else {
+        benchmark::DoNotOptimize(kernels.sum_squares(p.inp.data(), p.rows * p.dim));
+    }
+}
+
+void run_norm_avx512_vs_avx2(benchmark::State& state, int which, const char* what,
+                             double flops_per_element) {
+    if (!cpu::cpu_has_avx512()) {
+        state.SkipWithError("this CPU has no AVX-512");
+        return;
+    }
+    NormProblem p(state);
+    const cpu::NormKernels avx512 = cpu::norm_kernels_avx512(), avx2 = cpu::norm_kernels_avx2();
+    run_norm(avx512, p, 0);  // rstd for the backward
+    const double flops = flops_per_element * static_cast<double>(p.rows * p.dim);
+    run_interleaved_vs_plain(
+        state, fmt::format("{} avx512 / avx2 GFLOP/s, {} x {}", what, p.rows, p.dim), flops, flops,
+        [&] { run_norm(avx512, p, which); }, [&] { run_norm(avx2, p, which); });
+}
+
+void BM_NormRmsForwardAvx512VsAvx2(benchmark::State& state) {
+    run_norm_avx512_vs_avx2(state, 0, "rmsnorm forward", 4.0);
+}
+void BM_NormRmsBackwardAvx512VsAvx2(benchmark::State& state) {
+    run_norm_avx512_vs_avx2(state, 1, "rmsnorm backward", 9.0);
+}
+void BM_NormSumSquaresAvx512VsAvx2(benchmark::State& state) {
+    run_norm_avx512_vs_avx2(state, 2, "sum_squares", 2.0);
 }
 
 // Real time: the kernels use every core, so the main thread's CPU time would mislead.
@@ -407,6 +492,30 @@ BENCHMARK(BM_Bf16Gemm)
     ->Args({4096, 0, 1152, 512})
     ->Args({4096, 0, 192, 768})
     ->Args({512, 32, 512, 256});
+
+// Norms: `small`'s hidden norm (4096 tokens x 512) and its kv_lora norm (x 128); the sum of
+// squares over 4M floats (a large gradient). More pairs than the GEMMs: each takes a millisecond.
+constexpr int kNormPairs = 31;
+BENCHMARK(BM_NormRmsForwardAvx512VsAvx2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Iterations(kNormPairs)
+    ->ArgNames({"rows", "dim"})
+    ->Args({4096, 512})
+    ->Args({4096, 128});
+BENCHMARK(BM_NormRmsBackwardAvx512VsAvx2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Iterations(kNormPairs)
+    ->ArgNames({"rows", "dim"})
+    ->Args({4096, 512})
+    ->Args({4096, 128});
+BENCHMARK(BM_NormSumSquaresAvx512VsAvx2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond)
+    ->Iterations(kNormPairs)
+    ->ArgNames({"rows", "dim"})
+    ->Args({4096, 1024});
 
 }  // namespace
 }  // namespace moetron

@@ -237,9 +237,12 @@ TEST_P(AttentionLargeShapes, ForwardAndBackwardMatchFloat64) {
 
 // MLA's head dims (192 / 128) over 131 tokens: three query and key blocks of the kernel, the last
 // partial, and whole vectors plus tails in every product; two heads so that rows are strided.
-// Head dims above the kernel's 256 (packed a chunk at a time) over two blocks.
+// Head dims above the kernel's 256 (packed a chunk at a time) over two blocks. 4100 tokens: the
+// backward's queries come in spans of 4096, and keys of the first span are seen again by the
+// second (their dk and dv accumulate across spans).
 INSTANTIATE_TEST_SUITE_P(Large, AttentionLargeShapes,
-                         ::testing::Values(Shape{1, 131, 2, 192, 128}, Shape{1, 70, 1, 300, 260}));
+                         ::testing::Values(Shape{1, 131, 2, 192, 128}, Shape{1, 70, 1, 300, 260},
+                                           Shape{1, 4100, 1, 4, 3}));
 
 TEST(Attention, FutureTokensDoNotChangeEarlierOutputs) {
     const Shape s{2, 9, 2, 6, 4};

@@ -4,11 +4,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/kernels/cpu/blas_info.h"
+#include "moetron/kernels/cpu/norm_kernels_isa.h"
 #include "moetron/kernels/cpu/rmsnorm.h"
 #include "testing.h"
 
@@ -143,6 +146,65 @@ TEST(RmsNorm, WeightGradAccumulatesAndInputGradIsOverwritten) {
                           rstd.data(), num_rows, dim);
     EXPECT_EQ(dweight_only, dweight_a);
     EXPECT_EQ(dinp_only, dinp_a);
+}
+
+std::vector<cpu::NormKernels> runnable_norm_kernels() {
+    std::vector<cpu::NormKernels> kernels = {cpu::norm_kernels_avx2()};
+    if (cpu::cpu_has_avx512()) kernels.push_back(cpu::norm_kernels_avx512());
+    return kernels;
+}
+
+// Each instruction-set build of the norm kernels (the process runs one) against float64: the
+// forward, the backward from its formulas, and the gradient norm's sum of squares. 200 columns
+// leave vector tails of both widths; dweight is the same bit for bit whatever the column block
+// width the threads split it by (each column is summed over the rows in order).
+TEST(RmsNorm, EveryRunnableBuildMatchesFloat64) {
+    const int64_t num_rows = 37, dim = 200;
+    const double eps = 1e-6;
+    const auto inp = random_floats(num_rows * dim, 11), weight = random_floats(dim, 12),
+               dout = random_floats(num_rows * dim, 13), dweight_before = random_floats(dim, 14);
+    std::vector<double> out_ref, rstd_ref;
+    rmsnorm_reference(out_ref, rstd_ref, to_double(inp), to_double(weight), num_rows, dim, eps);
+    std::vector<double> dinp_ref(num_rows * dim),
+        dweight_ref(dweight_before.begin(), dweight_before.end());
+    double squares_ref = 0;
+    for (int64_t r = 0; r < num_rows; ++r) {
+        const double rs = rstd_ref[r];
+        double g_dot_x = 0;
+        for (int64_t i = 0; i < dim; ++i) {
+            const double x = inp[r * dim + i], dy = dout[r * dim + i];
+            g_dot_x += dy * weight[i] * x;
+            dweight_ref[i] += dy * x * rs;
+            squares_ref += x * x;
+        }
+        for (int64_t i = 0; i < dim; ++i) {
+            dinp_ref[r * dim + i] = rs * dout[r * dim + i] * weight[i] -
+                                    inp[r * dim + i] * rs * rs * rs * g_dot_x / dim;
+        }
+    }
+    for (const cpu::NormKernels& kernels : runnable_norm_kernels()) {
+        SCOPED_TRACE(kernels.isa);
+        std::vector<float> out(num_rows * dim), rstd(num_rows), dinp(num_rows * dim);
+        kernels.rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), num_rows, dim,
+                                static_cast<float>(eps));
+        expect_close(kernels.isa, "out", compare(out.data(), out_ref.data(), out.size()), 1e-5);
+        expect_close(kernels.isa, "rstd", compare(rstd.data(), rstd_ref.data(), rstd.size()), 1e-6);
+        std::vector<float> dweight_wide = dweight_before, dweight_narrow = dweight_before;
+        kernels.rmsnorm_backward(dinp.data(), dweight_wide.data(), dout.data(), inp.data(),
+                                 weight.data(), rstd.data(), num_rows, dim,
+                                 cpu::kMaxNormColumnBlock);
+        expect_close(kernels.isa, "dinp", compare(dinp.data(), dinp_ref.data(), dinp.size()), 1e-4);
+        // The kernel's rstd is the saved float32 one (rel. 6e-8 here); its rounding and the float32
+        // sum with dweight_before leave ~2e-5 on this data.
+        expect_close(kernels.isa, "dweight",
+                     compare(dweight_wide.data(), dweight_ref.data(), dweight_wide.size()), 1e-4);
+        kernels.rmsnorm_backward(nullptr, dweight_narrow.data(), dout.data(), inp.data(),
+                                 weight.data(), rstd.data(), num_rows, dim, 16);
+        EXPECT_EQ(std::memcmp(dweight_wide.data(), dweight_narrow.data(), dim * sizeof(float)), 0)
+            << "dweight depends on the column block width";
+        EXPECT_NEAR(kernels.sum_squares(inp.data(), num_rows * dim), squares_ref,
+                    1e-12 * squares_ref);
+    }
 }
 
 TEST(RmsNorm, ZeroRowIsFiniteAndBadShapesAreErrors) {

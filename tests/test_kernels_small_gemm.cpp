@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/small_gemm.h"
 #include "moetron/kernels/cpu/small_gemm_isa.h"
+#include "moetron/kernels/cpu/vector_isa.h"
 #include "testing.h"
 
 namespace moetron {
@@ -98,8 +100,12 @@ TEST(SmallGemm, StridedTransposedViewAccumulatesIntoCBlock) {
     }
 }
 
-TEST(SmallGemm, UsesAvx512ExactlyWhenTheCpuHasIt) {
-    EXPECT_EQ(std::string(cpu::small_gemm_isa()), cpu::cpu_has_avx512() ? "avx512" : "avx2");
+// AVX-512 exactly when the CPU has it, unless MOETRON_CPU_ISA forces AVX2 (vector_isa.h).
+TEST(SmallGemm, UsesTheProcesssVectorIsa) {
+    EXPECT_EQ(std::string(cpu::small_gemm_isa()), cpu::vector_isa_name(cpu::vector_isa()));
+    if (std::getenv("MOETRON_CPU_ISA") == nullptr) {
+        EXPECT_EQ(std::string(cpu::small_gemm_isa()), cpu::cpu_has_avx512() ? "avx512" : "avx2");
+    }
 }
 
 }  // namespace

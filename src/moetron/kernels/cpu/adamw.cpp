@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "moetron/core/error.h"
+#include "moetron/kernels/cpu/norm_kernels_isa.h"
 
 namespace moetron::cpu {
 
@@ -46,10 +47,7 @@ void adamw_update(float* params, float* m, float* v, const float* grads, int64_t
 }
 
 double sum_squares(const float* x, int64_t n) {
-    double total = 0.0;
-#pragma omp parallel for simd schedule(static) reduction(+ : total)
-    for (int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
-    return total;
+    return norm_kernels().sum_squares(x, n);  // norm_kernels.inc: in double, AVX2 or AVX-512
 }
 
 void scale_inplace(float* x, int64_t n, float factor) {

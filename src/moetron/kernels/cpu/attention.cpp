@@ -10,10 +10,13 @@
 //   dv_j = sum_i P_ij dout_i,   dq_i = scale sum_j dS_ij k_j,   dk_j = scale sum_i dS_ij q_i.
 //
 // Work is done in tiles of kBlock queries x kBlock keys, each product of a tile a small GEMM on
-// the register-tiled kernels of small_gemm.h (AVX2 or AVX-512). Tiles are held transposed, keys
-// by queries (S^T, P^T, dS^T), so that their products read the strided q, k, v, dout rows in
-// place and only a query block's q (and dout) is packed, transposed, once per block; the
-// softmax's per-query steps then run along the tile's contiguous rows. Exponentials use
+// the register-tiled kernels of small_gemm.h (AVX2 or AVX-512). The forward holds its tiles
+// transposed, keys by queries (S^T, P^T), so that their products read the strided k and v rows in
+// place and only a query block's q is packed, transposed, once per block; the softmax's
+// per-query steps then run along the tile's contiguous rows. The backward walks key blocks
+// outside and query blocks inside (FlashAttention-2's order), with tiles queries by keys: a key
+// block's k and v are packed transposed once, the rows its GEMMs reuse are copied contiguous, and
+// the diagonal tile computes only the products causality keeps. Exponentials use
 // exp_vectorizable (vector_exp.h). One OpenMP task per (batch, head) pair: each owns its rows of
 // out/lse and of dq/dk/dv, so there are no races and nothing to reduce.
 #include "moetron/kernels/cpu/attention.h"
@@ -30,16 +33,29 @@ namespace moetron::cpu {
 
 namespace {
 
-// Queries and keys per tile: the (keys x queries) tiles of scores, probabilities and their
-// gradients (16 KiB each) stay in L1/L2 while the k and v rows of a key block (80 KiB at
-// Dqk = 192, Dv = 128) are reused from L2 by every tile of queries. Query and key blocks are
-// aligned, so only the diagonal tile needs the causal mask.
+// Queries and keys per tile: the tiles of scores, probabilities and their gradients (16 KiB
+// each) stay in L1/L2 while the k and v rows of a key block (80 KiB at Dqk = 192, Dv = 128) are
+// reused from L2 by every tile of queries. Query and key blocks are aligned, so only the diagonal
+// tile needs the causal mask.
 constexpr int64_t kBlock = 64;
-// A block's query rows (q, or dout) are packed transposed (head dim x kBlock) once per query
-// block when the head dim is at most kMaxPackedHeadDim (64 KiB on the stack); larger head dims
-// are packed kHeadChunk dims at a time for every tile instead, so any head dim works.
+// A block's rows (the forward's q, the backward's k and v) are packed transposed (head dim x
+// kBlock) once per block when the head dim is at most kMaxPackedHeadDim (64 KiB on the stack);
+// larger head dims are packed kHeadChunk dims at a time for every tile instead, so any head dim
+// works.
 constexpr int64_t kMaxPackedHeadDim = 256;
 constexpr int64_t kHeadChunk = 64;
+// The backward's queries per span: their D_i (16 KiB) are computed once per span.
+constexpr int64_t kQuerySpan = 4096;
+static_assert(kQuerySpan % kBlock == 0, "spans must end on block boundaries");
+// The backward's diagonal tile goes in groups of this many rows (a multiple of both builds' tile
+// heights), each computed only over the keys its queries see, rounded up to whole vectors of
+// kColumnRounding (one 512-bit vector, two 256-bit ones): about 70% of the tile's products.
+constexpr int64_t kDiagonalGroupRows = 24;
+constexpr int64_t kColumnRounding = 16;
+
+int64_t round_up_to_columns(int64_t count) {
+    return (count + kColumnRounding - 1) / kColumnRounding * kColumnRounding;
+}
 
 const float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -54,53 +70,78 @@ inline HeadRows head_rows(int64_t b, int64_t h, int64_t seq_len, int64_t num_hea
     return {num_heads * head_dim, (b * seq_len * num_heads + h) * head_dim};
 }
 
-// A block of query rows (q or dout, strided by their heads' stride) as the packed operand of
-// transposed_dots: packed[d * kBlock + q] = row q's element d, for the whole head when it fits.
-struct QueryBlock {
+// A block of rows (q or dout in the forward, k or v in the backward; strided by their heads'
+// stride) as the packed operand of packed_dots: packed[d * kBlock + j] = row j's element d, for
+// the whole head when it fits.
+struct PackedRows {
     alignas(64) float packed[kMaxPackedHeadDim * kBlock];
     const float* rows = nullptr;
-    int64_t stride = 0, num_queries = 0, head_dim = 0;
+    int64_t stride = 0, count = 0, head_dim = 0;
     bool fits = false;
 
-    void set(const float* first_row, int64_t row_stride, int64_t count, int64_t dim) {
+    void set(const float* first_row, int64_t row_stride, int64_t num_rows, int64_t dim) {
         rows = first_row;
         stride = row_stride;
-        num_queries = count;
+        count = num_rows;
         head_dim = dim;
         fits = dim <= kMaxPackedHeadDim;
         if (fits) pack(packed, 0, dim);
     }
     // Dims [d0, d0 + chunk) of every row into out (chunk x kBlock).
     void pack(float* out, int64_t d0, int64_t chunk) const {
-        for (int64_t q = 0; q < num_queries; ++q) {
-            const float* row = rows + q * stride + d0;
-            for (int64_t d = 0; d < chunk; ++d) out[d * kBlock + q] = row[d];
+        for (int64_t j = 0; j < count; ++j) {
+            const float* row = rows + j * stride + d0;
+            for (int64_t d = 0; d < chunk; ++d) out[d * kBlock + j] = row[d];
         }
     }
 };
 
-// tile_t (num_keys x num_queries, rows kBlock apart) = keys . queries^T over the head dim: the
-// transposed dot products of a block of key rows (k or v, strided) with a block of query rows.
-void transposed_dots(float* tile_t, const float* keys, int64_t key_stride, int64_t num_keys,
-                     const QueryBlock& queries) {
-    if (queries.fits) {
-        small_gemm({tile_t, kBlock, false, keys, key_stride, 1, queries.packed, kBlock, num_keys,
-                    queries.num_queries, queries.head_dim});
+// A block of rows (strided by their heads' stride) as a GEMM reads them: copied into contiguous
+// rows when the head dim fits, else in place. Rows H * head_dim floats apart (4 or 6 KiB in the
+// benchmark's shape) map to the same few L1 sets, so a GEMM that reuses a panel of them as its B
+// operand evicts its own panel; the copies made the MLA backward about 2% faster. With the two
+// PackedRows, three RowBlocks hold the backward's ~370 KiB of stack per thread.
+struct RowBlock {
+    alignas(64) float copy[kMaxPackedHeadDim * kBlock];
+    const float* rows = nullptr;
+    int64_t stride = 0;
+
+    void set(const float* first_row, int64_t row_stride, int64_t num_rows, int64_t dim) {
+        if (dim > kMaxPackedHeadDim) {
+            rows = first_row;
+            stride = row_stride;
+            return;
+        }
+        for (int64_t j = 0; j < num_rows; ++j) {
+            std::copy_n(first_row + j * row_stride, dim, copy + j * dim);
+        }
+        rows = copy;
+        stride = dim;
+    }
+};
+
+// tile (num_rows x num_cols, rows kBlock apart) = rows . packed^T over the head dim: the dot
+// products of a block of strided rows with the first num_cols rows of a packed block.
+void packed_dots(float* tile, const float* rows, int64_t row_stride, int64_t num_rows,
+                 const PackedRows& packed, int64_t num_cols) {
+    if (packed.fits) {
+        small_gemm({tile, kBlock, false, rows, row_stride, 1, packed.packed, kBlock, num_rows,
+                    num_cols, packed.head_dim});
         return;
     }
     alignas(64) float chunk_packed[kHeadChunk * kBlock];
-    for (int64_t d0 = 0; d0 < queries.head_dim; d0 += kHeadChunk) {
-        const int64_t chunk = std::min(kHeadChunk, queries.head_dim - d0);
-        queries.pack(chunk_packed, d0, chunk);
-        small_gemm({tile_t, kBlock, d0 > 0, keys + d0, key_stride, 1, chunk_packed, kBlock,
-                    num_keys, queries.num_queries, chunk});
+    for (int64_t d0 = 0; d0 < packed.head_dim; d0 += kHeadChunk) {
+        const int64_t chunk = std::min(kHeadChunk, packed.head_dim - d0);
+        packed.pack(chunk_packed, d0, chunk);
+        small_gemm({tile, kBlock, d0 > 0, rows + d0, row_stride, 1, chunk_packed, kBlock, num_rows,
+                    num_cols, chunk});
     }
 }
 
 // Scores of the keys a query may not see become -inf: in row kk (key k0 + kk) of a transposed
 // tile, the queries q0 + q < k0 + kk. With aligned blocks only the diagonal tile has any.
-void mask_future_keys(float* scores_t, int64_t q0, int64_t k0, int64_t num_keys,
-                      int64_t num_queries) {
+void mask_future_keys_transposed(float* scores_t, int64_t q0, int64_t k0, int64_t num_keys,
+                                 int64_t num_queries) {
     for (int64_t kk = 0; kk < num_keys; ++kk) {
         const int64_t num_hidden = std::clamp<int64_t>(k0 + kk - q0, 0, num_queries);
         std::fill_n(scores_t + kk * kBlock, num_hidden, kNegInf);
@@ -145,15 +186,16 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             for (int64_t qi = 0; qi < num_queries; ++qi) {
                 std::fill_n(out_bh + (q0 + qi) * vo.stride, v_head_dim, 0.0f);
             }
-            QueryBlock queries;
+            PackedRows queries;
             queries.set(q_bh + q0 * qk.stride, qk.stride, num_queries, qk_head_dim);
             // Scores, then probabilities, keys x queries.
             alignas(64) float probs_t[kBlock * kBlock];
             // Causal: no query of this block sees a key past its last, so k0 <= q0.
             for (int64_t k0 = 0; k0 <= q0; k0 += kBlock) {
                 const int64_t num_keys = std::min(kBlock, seq_len - k0);
-                transposed_dots(probs_t, k_bh + k0 * qk.stride, qk.stride, num_keys, queries);
-                mask_future_keys(probs_t, q0, k0, num_keys, num_queries);
+                packed_dots(probs_t, k_bh + k0 * qk.stride, qk.stride, num_keys, queries,
+                            queries.count);
+                mask_future_keys_transposed(probs_t, q0, k0, num_keys, num_queries);
                 // A new maximum rescales what was summed so far (exp(-inf) = 0 the first time);
                 // every query sees key k0, so each block has a finite maximum.
                 float block_max[kBlock];
@@ -222,58 +264,91 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         float* dk_bh = dk + qk.offset;
         float* dv_bh = dv + vo.offset;
 
-        // Activation gradients are written: clear this pair's rows, then accumulate into them.
-        for (int64_t s = 0; s < seq_len; ++s) {
-            std::fill_n(dq_bh + s * qk.stride, qk_head_dim, 0.0f);
-            std::fill_n(dk_bh + s * qk.stride, qk_head_dim, 0.0f);
-            std::fill_n(dv_bh + s * vo.stride, v_head_dim, 0.0f);
-        }
-
-        // Query blocks outside, so that each block's q and dout are packed and its D_i computed
-        // once; the key blocks it sees (k0 <= q0) inside. dk, dv and dq all accumulate in place.
-        QueryBlock queries, douts;
-        alignas(64) float probs_t[kBlock * kBlock];   // P^T (keys x queries)
-        alignas(64) float dscore_t[kBlock * kBlock];  // dP^T, then dS^T (scale folded in)
-        for (int64_t q0 = 0; q0 < seq_len; q0 += kBlock) {
-            const int64_t num_queries = std::min(kBlock, seq_len - q0);
-            const float* q_tile = q_bh + q0 * qk.stride;
-            const float* dout_tile = dout_bh + q0 * vo.stride;
-            float d_row[kBlock], lse_row[kBlock];
-            for (int64_t qi = 0; qi < num_queries; ++qi) {
-                const float* dout_i = dout_tile + qi * vo.stride;
-                const float* out_i = out_bh + (q0 + qi) * vo.stride;
+        // Queries in spans of kQuerySpan, whose D_i are computed once (out is read nowhere else);
+        // within a span, key blocks outside (FlashAttention-2's order): a block's k and v are
+        // packed once, its dk and dv accumulate in place over the query blocks that see it
+        // (q0 >= k0), and dq is read and written per tile. Nothing is cleared first: the first
+        // product into each row writes it (dk, dv: the diagonal tile; dq: key block 0).
+        PackedRows keys_t, values_t;
+        RowBlock keys, queries, douts;
+        alignas(64) float probs[kBlock * kBlock];    // P (queries x keys)
+        alignas(64) float dscores[kBlock * kBlock];  // dP, then dS (scale folded in)
+        float d_span[kQuerySpan];                    // D_i = dout_i . out_i
+        for (int64_t span0 = 0; span0 < seq_len; span0 += kQuerySpan) {
+            const int64_t span_end = std::min(seq_len, span0 + kQuerySpan);
+            for (int64_t i = span0; i < span_end; ++i) {
+                const float* dout_i = dout_bh + i * vo.stride;
+                const float* out_i = out_bh + i * vo.stride;
                 float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
                 for (int64_t d = 0; d < v_head_dim; ++d) sum += dout_i[d] * out_i[d];
-                d_row[qi] = sum;
-                lse_row[qi] = lse_bh[q0 + qi];
+                d_span[i - span0] = sum;
             }
-            queries.set(q_tile, qk.stride, num_queries, qk_head_dim);
-            douts.set(dout_tile, vo.stride, num_queries, v_head_dim);
-            for (int64_t k0 = 0; k0 <= q0; k0 += kBlock) {
+            for (int64_t k0 = 0; k0 < span_end; k0 += kBlock) {
                 const int64_t num_keys = std::min(kBlock, seq_len - k0);
-                const float* k_block = k_bh + k0 * qk.stride;
-                const float* v_block = v_bh + k0 * vo.stride;
-                transposed_dots(probs_t, k_block, qk.stride, num_keys, queries);
-                mask_future_keys(probs_t, q0, k0, num_keys, num_queries);
-                transposed_dots(dscore_t, v_block, vo.stride, num_keys, douts);
-                for (int64_t kk = 0; kk < num_keys; ++kk) {
-                    float* p = probs_t + kk * kBlock;
-                    float* ds = dscore_t + kk * kBlock;
-#pragma omp simd
+                float* dk_block = dk_bh + k0 * qk.stride;
+                float* dv_block = dv_bh + k0 * vo.stride;
+                keys_t.set(k_bh + k0 * qk.stride, qk.stride, num_keys, qk_head_dim);
+                values_t.set(v_bh + k0 * vo.stride, vo.stride, num_keys, v_head_dim);
+                keys.set(k_bh + k0 * qk.stride, qk.stride, num_keys, qk_head_dim);
+                for (int64_t q0 = std::max(k0, span0); q0 < span_end; q0 += kBlock) {
+                    const int64_t num_queries = std::min(kBlock, span_end - q0);
+                    // On the diagonal tile (num_queries == num_keys) query qi sees keys kk <= qi
+                    // only: its rows go in groups, each computed only as far as they see.
+                    const bool diagonal = q0 == k0;
+                    const int64_t group_rows = diagonal ? kDiagonalGroupRows : kBlock;
+                    queries.set(q_bh + q0 * qk.stride, qk.stride, num_queries, qk_head_dim);
+                    douts.set(dout_bh + q0 * vo.stride, vo.stride, num_queries, v_head_dim);
+                    // S = q k^T and dP = dout v^T, queries by keys.
+                    for (int64_t g = 0; g < num_queries; g += group_rows) {
+                        const int64_t group_end = std::min(num_queries, g + group_rows);
+                        const int64_t num_cols =
+                            diagonal ? std::min(num_keys, round_up_to_columns(group_end))
+                                     : num_keys;
+                        packed_dots(probs + g * kBlock, queries.rows + g * queries.stride,
+                                    queries.stride, group_end - g, keys_t, num_cols);
+                        packed_dots(dscores + g * kBlock, douts.rows + g * douts.stride,
+                                    douts.stride, group_end - g, values_t, num_cols);
+                    }
+                    // P and dS; zero where a query may not see the key (read by the products
+                    // below, never computed above).
                     for (int64_t qi = 0; qi < num_queries; ++qi) {
-                        p[qi] = exp_vectorizable(scale * p[qi] - lse_row[qi]);
-                        ds[qi] = p[qi] * (ds[qi] - d_row[qi]) * scale;  // scale folded in
+                        float* p = probs + qi * kBlock;
+                        float* ds = dscores + qi * kBlock;
+                        const float lse_i = lse_bh[q0 + qi], d_i = d_span[q0 + qi - span0];
+                        const int64_t num_visible = diagonal ? qi + 1 : num_keys;
+#pragma omp simd
+                        for (int64_t kk = 0; kk < num_visible; ++kk) {
+                            p[kk] = exp_vectorizable(scale * p[kk] - lse_i);
+                            ds[kk] = p[kk] * (ds[kk] - d_i) * scale;  // scale folded in
+                        }
+                        std::fill(p + num_visible, p + num_keys, 0.0f);
+                        std::fill(ds + num_visible, ds + num_keys, 0.0f);
+                    }
+                    // dv_j += sum_i P_ij dout_i;  dk_j += sum_i dS_ij q_i  (op(A) = P^T, dS^T),
+                    // in groups of keys; queries before a group's first key see none of it.
+                    for (int64_t g = 0; g < num_keys; g += group_rows) {
+                        const int64_t group_end = std::min(num_keys, g + group_rows);
+                        const int64_t first_query = diagonal ? g : 0;
+                        const int64_t num_seeing = num_queries - first_query;
+                        small_gemm({dv_block + g * vo.stride, vo.stride, !diagonal,
+                                    probs + first_query * kBlock + g, 1, kBlock,
+                                    douts.rows + first_query * douts.stride, douts.stride,
+                                    group_end - g, v_head_dim, num_seeing});
+                        small_gemm({dk_block + g * qk.stride, qk.stride, !diagonal,
+                                    dscores + first_query * kBlock + g, 1, kBlock,
+                                    queries.rows + first_query * queries.stride, queries.stride,
+                                    group_end - g, qk_head_dim, num_seeing});
+                    }
+                    // dq_i += sum_j dS_ij k_j, in groups of queries, each over the keys it sees.
+                    for (int64_t g = 0; g < num_queries; g += group_rows) {
+                        const int64_t group_end = std::min(num_queries, g + group_rows);
+                        const int64_t num_seen = diagonal ? group_end : num_keys;
+                        small_gemm({dq_bh + (q0 + g) * qk.stride, qk.stride, k0 > 0,
+                                    dscores + g * kBlock, kBlock, 1, keys.rows, keys.stride,
+                                    group_end - g, qk_head_dim, num_seen});
                     }
                 }
-                // dv_j += sum_i P_ij dout_i;  dk_j += sum_i dS_ij q_i  (op(A) = P^T, dS^T)
-                small_gemm({dv_bh + k0 * vo.stride, vo.stride, true, probs_t, kBlock, 1, dout_tile,
-                            vo.stride, num_keys, v_head_dim, num_queries});
-                small_gemm({dk_bh + k0 * qk.stride, qk.stride, true, dscore_t, kBlock, 1, q_tile,
-                            qk.stride, num_keys, qk_head_dim, num_queries});
-                // dq_i += sum_j dS_ij k_j  (op(A) = dS, read from dS^T)
-                small_gemm({dq_bh + q0 * qk.stride, qk.stride, true, dscore_t, 1, kBlock, k_block,
-                            qk.stride, num_queries, qk_head_dim, num_keys});
             }
         }
     }

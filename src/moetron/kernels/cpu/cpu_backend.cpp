@@ -26,6 +26,7 @@
 #include "moetron/kernels/cpu/router.h"
 #include "moetron/kernels/cpu/row_copy.h"
 #include "moetron/kernels/cpu/swiglu.h"
+#include "moetron/kernels/cpu/vector_isa.h"
 
 namespace moetron {
 
@@ -35,7 +36,10 @@ class CpuBackend final : public Backend {
   public:
     std::string_view name() const override { return "cpu"; }
     Device device() const override { return Device::cpu; }
-    std::string describe() const override { return "cpu: " + cpu::describe_blas(); }
+    std::string describe() const override {
+        return std::string("cpu: vector kernels ") + cpu::describe_vector_isa() + ", " +
+               cpu::describe_blas();
+    }
     MemoryResource& memory() override { return host_memory(); }
     Stream stream() const override { return kHostStream; }
     void synchronize() override {}
@@ -388,6 +392,9 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 Backend& cpu_backend() {
+    // Chosen here, so that a bad MOETRON_CPU_ISA is reported before a kernel first asks for it
+    // inside an OpenMP region, where an exception cannot leave.
+    cpu::vector_isa();
     static CpuBackend backend;  // stateless: nothing in it changes after construction
     return backend;
 }

@@ -1,16 +1,17 @@
 // Picks the small-GEMM kernels for the CPU the binary runs on, once (small_gemm.h).
 #include "moetron/kernels/cpu/small_gemm.h"
 
-#include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/small_gemm_isa.h"
+#include "moetron/kernels/cpu/vector_isa.h"
 
 namespace moetron::cpu {
 
 namespace {
 
 const SmallGemmKernels& kernels() {
-    static const SmallGemmKernels chosen =
-        cpu_has_avx512() ? small_gemm_kernels_avx512() : small_gemm_kernels_avx2();
+    static const SmallGemmKernels chosen = vector_isa() == VectorIsa::kAvx512
+                                               ? small_gemm_kernels_avx512()
+                                               : small_gemm_kernels_avx2();
     return chosen;
 }
 

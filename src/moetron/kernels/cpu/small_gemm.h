@@ -9,7 +9,8 @@
 //
 // Each runs on the calling thread (the grouped GEMM hands whole experts to threads) with the
 // widest vectors the CPU has: AVX-512 when it has AVX-512 F/BW/DQ/VL, else AVX2 (the build's
-// baseline, x86-64-v3), chosen once at run time, so one binary runs on both.
+// baseline, x86-64-v3), chosen once at run time, so one binary runs on both (vector_isa.h; its
+// MOETRON_CPU_ISA=avx2 forces AVX2).
 #pragma once
 
 #include <cstdint>

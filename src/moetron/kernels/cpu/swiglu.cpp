@@ -14,12 +14,6 @@ namespace moetron::cpu {
 
 namespace {
 
-// 1 / (1 + e^-g): for g -> -inf, e^-g overflows to inf and the quotient is a clean 0. With
-// exp_vectorizable (vector_exp.h) the loops below vectorize; std::exp would keep them scalar.
-inline float sigmoid(float g) {
-    return 1.0f / (1.0f + exp_vectorizable(-g));
-}
-
 void check_dims(const char* op, int64_t num_rows, int64_t ffn_dim) {
     MT_CHECK(num_rows >= 0 && ffn_dim > 0, "[{}] need num_rows >= 0 and ffn_dim > 0, got M={} F={}",
              op, num_rows, ffn_dim);
@@ -35,7 +29,8 @@ void swiglu_forward(float* out, const float* inp, int64_t num_rows, int64_t ffn_
         const float* up = gate + ffn_dim;
         float* y = out + row * ffn_dim;
 #pragma omp simd
-        for (int64_t i = 0; i < ffn_dim; ++i) y[i] = gate[i] * sigmoid(gate[i]) * up[i];
+        for (int64_t i = 0; i < ffn_dim; ++i)
+            y[i] = gate[i] * sigmoid_vectorizable(gate[i]) * up[i];
     }
 }
 
@@ -52,7 +47,8 @@ void swiglu_backward(float* dinp, const float* dout, const float* inp, int64_t n
 #pragma omp simd
         for (int64_t i = 0; i < ffn_dim; ++i) {
             const float g = gate[i];
-            const float s = sigmoid(g);
+            const float s =
+                sigmoid_vectorizable(g);  // vector_exp.h: vectorizes, std::exp would not
             dgate[i] = dy[i] * up[i] * s * (1.0f + g * (1.0f - s));
             dup[i] = dy[i] * g * s;
         }
