@@ -612,6 +612,22 @@ TEST(MpiTrainer, PipelineInterleavedMatchesOneProcess) {
         run_trainer_case({.layout = "pp2.vpp2.ep2", .grad_accum = 2, .pp_schedule = "interleaved"});
 }
 
+// The zero-bubble schedule zb-h1: each backward split into B and W (the GEMMs' weight gradients
+// queued with copies of their operands and replayed later), the W's filling the cool-down. 3
+// micro-batches over 2 stages and 6 over 4: not multiples of pp. With data parallelism the
+// gradient sync is armed after the stage's last W; with expert parallelism the routed experts'
+// grouped GEMMs are split too.
+TEST(MpiTrainer, PipelineZeroBubbleMatchesOneProcess) {
+    const int n = mpi_world().size();
+    if (n == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+    run_trainer_case(
+        {.layout = "pp" + std::to_string(n), .grad_accum = n == 2 ? 3 : 6, .pp_schedule = "zb-h1"});
+    if (n == 4) {
+        run_trainer_case({.layout = "pp2.dp2", .grad_accum = 3, .pp_schedule = "zb-h1"});
+        run_trainer_case({.layout = "pp2.ep2", .grad_accum = 2, .pp_schedule = "zb-h1"});
+    }
+}
+
 // Tensor parallelism inside each stage: each TP rank sends its sequence-parallel rows of the
 // stream to the same TP rank of the next stage.
 TEST(MpiTrainer, PipelineWithTensorParallelMatchesOneProcess) {
