@@ -87,8 +87,10 @@ int64_t PipelineRunner::stash_floats_per_micro_batch(const Model& model, int64_t
             continue;
         const int64_t out_dim = e.shape.dims[static_cast<size_t>(e.shape.ndim) - 2];
         const int64_t in_dim = e.shape.dims[static_cast<size_t>(e.shape.ndim) - 1];
-        floats +=
-            e.shape.ndim == 3 ? expert_rows * (out_dim + in_dim) : tokens * (out_dim + 2 * in_dim);
+        // kv_a_proj's two parts (latent, rope key) are two calls, each with the whole input.
+        const int64_t calls = n.ends_with("kv_a_proj") ? 2 : 1;
+        floats += e.shape.ndim == 3 ? expert_rows * (out_dim + in_dim)
+                                    : tokens * (out_dim + calls * in_dim);
     }
     return floats;
 }

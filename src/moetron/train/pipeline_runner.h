@@ -72,9 +72,8 @@ class PipelineRunner {
     static std::vector<int64_t> sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
                                             int64_t micro_batches, int64_t vpp);
     // The most floats of GEMM operands one micro-batch's B can queue for its W on this model's
-    // stage, for tokens tokens per micro-batch (each GEMM weight's output gradient and input: at
-    // most two calls per dense weight, and for the routed experts the most rows the EP group can
-    // send this rank).
+    // stage, for tokens tokens per micro-batch (each GEMM weight's output gradient and input; for
+    // the routed experts the most rows the EP group can send this rank).
     static int64_t stash_floats_per_micro_batch(const Model& model, int64_t tokens);
 
   private:
