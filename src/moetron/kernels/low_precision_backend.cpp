@@ -214,8 +214,8 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
 }
 
 Backend& high_precision(Backend& ops) {
-    // The split backward of a zero-bubble schedule leaves these GEMMs whole (in B), in the
-    // precision of the backend it splits for.
+    // Under the split backward of a zero-bubble schedule these GEMMs stay whole (in B) and in
+    // float32: the split's inner backend's high-precision one.
     if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
         return high_precision(split->inner());
     auto* low = dynamic_cast<LowPrecisionBackend*>(&ops);
