@@ -52,6 +52,39 @@ TEST(SplitBackwardBackend, LinearWeightGradientWaitsForItsSlotAndMatchesTheWhole
     EXPECT_GT(split.stash_bytes(), 0u);
 }
 
+// A range the backward announced final during B is delivered after the weight gradients queued
+// before it, when they are final.
+TEST(SplitBackwardBackend, NoticesComeAfterTheWeightGradientsQueuedBeforeThem) {
+    constexpr int64_t rows = 2, dim = 2;
+    const std::vector<float> dout = ramp(rows * dim, 0.5f), inp = ramp(rows * dim, 0.25f),
+                             weight = ramp(dim * dim, 0.125f);
+    std::vector<float> dinp(rows * dim), dweight(dim * dim, 0.0f);
+    SplitBackwardBackend split(cpu_backend());
+    split.plan_stash(1, 2 * rows * 2 * dim, 0, 3);
+    split.defer_into(0);
+    split.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rows,
+                          dim, dim);
+    split.defer_notice(0, 4);
+    split.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rows,
+                          dim, dim);
+    split.stop_deferring();
+    std::vector<std::vector<float>> seen;  // dweight as each notice arrives
+    split.run_deferred(0, [&](int64_t begin, int64_t end) {
+        EXPECT_EQ(begin, 0);
+        EXPECT_EQ(end, 4);
+        seen.push_back(dweight);
+    });
+    std::vector<float> once(dim * dim, 0.0f), twice(dim * dim, 0.0f);
+    cpu_backend().linear_backward(nullptr, once.data(), dout.data(), inp.data(), weight.data(),
+                                  rows, dim, dim);
+    twice = once;
+    cpu_backend().linear_backward(nullptr, twice.data(), dout.data(), inp.data(), weight.data(),
+                                  rows, dim, dim);
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_EQ(seen[0], once) << "the notice came before or after the first weight gradient only";
+    EXPECT_EQ(dweight, twice);
+}
+
 TEST(SplitBackwardBackend, GroupedWeightGradientKeepsItsOwnOffsets) {
     constexpr int64_t experts = 3, in_dim = 4, out_dim = 2, rows = 6;
     std::vector<int64_t> offsets = {0, 2, 2, 6};  // expert 1 gets no rows

@@ -42,12 +42,23 @@ void SplitBackwardBackend::stop_deferring() {
     deferring_ = nullptr;
 }
 
-void SplitBackwardBackend::run_deferred(int64_t slot) {
+void SplitBackwardBackend::defer_notice(int64_t begin, int64_t end) {
+    MT_CHECK(deferring_ != nullptr, "[split_backward] a notice while not deferring");
+    MT_CHECK(static_cast<int64_t>(deferring_->gemms.size()) < gemms_per_slot_,
+             "[split_backward] more than the {} GEMMs and notices planned per stash slot",
+             gemms_per_slot_);
+    deferring_->gemms.push_back({.notice_begin = begin, .notice_end = end});
+}
+
+void SplitBackwardBackend::run_deferred(
+    int64_t slot, const std::function<void(int64_t begin, int64_t end)>& notify) {
     MT_CHECK(slot >= 0 && slot < static_cast<int64_t>(slots_.size()),
              "[split_backward] slot {} of a stash of {}", slot, slots_.size());
     Slot& s = slots_[static_cast<size_t>(slot)];
-    for (const DeferredGemm& g : s.gemms) {
-        if (g.offsets == nullptr)
+    for (const Deferred& g : s.gemms) {
+        if (g.dweight == nullptr) {
+            if (notify) notify(g.notice_begin, g.notice_end);
+        } else if (g.offsets == nullptr)
             inner().linear_backward(nullptr, g.dweight, g.dout, g.inp, nullptr, g.num_rows,
                                     g.in_dim, g.out_dim);
         else
@@ -78,11 +89,16 @@ void SplitBackwardBackend::linear_backward(float* dinp, float* dweight, const fl
         return;
     }
     MT_CHECK(static_cast<int64_t>(deferring_->gemms.size()) < gemms_per_slot_,
-             "[split_backward] more than the {} GEMMs planned per stash slot", gemms_per_slot_);
+             "[split_backward] more than the {} GEMMs and notices planned per stash slot",
+             gemms_per_slot_);
     const float* dout_copy = stash_floats(dout, num_rows * out_dim);
     const float* inp_copy = stash_floats(inp, num_rows * in_dim);
-    deferring_->gemms.push_back(
-        {dweight, dout_copy, inp_copy, nullptr, num_rows, 0, in_dim, out_dim});
+    deferring_->gemms.push_back({.dweight = dweight,
+                                 .dout = dout_copy,
+                                 .inp = inp_copy,
+                                 .num_rows = num_rows,
+                                 .in_dim = in_dim,
+                                 .out_dim = out_dim});
     if (dinp != nullptr)
         inner().linear_backward(dinp, nullptr, dout, inp, weight, num_rows, in_dim, out_dim);
 }
@@ -97,7 +113,8 @@ void SplitBackwardBackend::grouped_linear_backward(float* dinp, float* dweight, 
         return;
     }
     MT_CHECK(static_cast<int64_t>(deferring_->gemms.size()) < gemms_per_slot_,
-             "[split_backward] more than the {} GEMMs planned per stash slot", gemms_per_slot_);
+             "[split_backward] more than the {} GEMMs and notices planned per stash slot",
+             gemms_per_slot_);
     std::vector<int64_t>& kept = deferring_->offsets;
     MT_CHECK(static_cast<int64_t>(kept.size()) + num_experts + 1 <= offsets_per_slot_,
              "[split_backward] more than the {} expert offsets planned per stash slot",
@@ -108,8 +125,14 @@ void SplitBackwardBackend::grouped_linear_backward(float* dinp, float* dweight, 
     const int64_t num_rows = offsets[num_experts];
     const float* dout_copy = stash_floats(dout, num_rows * out_dim);
     const float* inp_copy = stash_floats(inp, num_rows * in_dim);
-    deferring_->gemms.push_back({dweight, dout_copy, inp_copy, kept.data() + first, num_rows,
-                                 num_experts, in_dim, out_dim});
+    deferring_->gemms.push_back({.dweight = dweight,
+                                 .dout = dout_copy,
+                                 .inp = inp_copy,
+                                 .offsets = kept.data() + first,
+                                 .num_rows = num_rows,
+                                 .num_experts = num_experts,
+                                 .in_dim = in_dim,
+                                 .out_dim = out_dim});
     if (dinp != nullptr)
         inner().grouped_linear_backward(dinp, nullptr, dout, inp, weight, offsets, num_experts,
                                         in_dim, out_dim);

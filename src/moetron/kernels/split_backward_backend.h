@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "moetron/core/arena.h"
@@ -30,15 +31,21 @@ class SplitBackwardBackend : public ForwardingBackend {
 
     // Plans and allocates the stash: `slots` micro-batches queued at once, each with at most
     // `floats_per_slot` floats of copied operands (in the inner backend's memory),
-    // `offsets_per_slot` expert segment offsets and `gemms_per_slot` GEMMs.
+    // `offsets_per_slot` expert segment offsets and `gemms_per_slot` GEMMs and notices.
     void plan_stash(int64_t slots, int64_t floats_per_slot, int64_t offsets_per_slot,
                     int64_t gemms_per_slot);
     // From here until stop_deferring(), the GEMM backwards queue their weight gradients into
     // slot `slot`, which must be empty.
     void defer_into(int64_t slot);
     void stop_deferring();
-    // Runs the weight gradients queued in `slot`, oldest first, and empties it.
-    void run_deferred(int64_t slot);
+    // Queues, into the deferring slot, the notice that gradients [begin, end) are final: the
+    // backward announced them during B, but they are final only once the weight gradients
+    // queued before the notice have run.
+    void defer_notice(int64_t begin, int64_t end);
+    // Runs the weight gradients queued in `slot`, oldest first, passing each notice to `notify`
+    // in its turn, and empties the slot.
+    void run_deferred(int64_t slot,
+                      const std::function<void(int64_t begin, int64_t end)>& notify = {});
     // The stash's size, for the memory report.
     size_t stash_bytes() const { return stash_.size_bytes(); }
 
@@ -50,19 +57,22 @@ class SplitBackwardBackend : public ForwardingBackend {
                                  int64_t in_dim, int64_t out_dim) override;
 
   private:
-    // One queued weight gradient: dweight += dout^T inp, per expert segment when grouped.
-    struct DeferredGemm {
-        float* dweight;
-        const float* dout;  // the slot's copies
-        const float* inp;
-        const int64_t* offsets;  // the slot's copy; null for a plain linear
-        int64_t num_rows, num_experts, in_dim, out_dim;
+    // One queued item: a weight gradient, dweight += dout^T inp (per expert segment when
+    // grouped), or, with a null dweight, the notice that gradients [notice_begin, notice_end)
+    // are final.
+    struct Deferred {
+        float* dweight = nullptr;
+        const float* dout = nullptr;  // the slot's copies
+        const float* inp = nullptr;
+        const int64_t* offsets = nullptr;  // the slot's copy; null for a plain linear
+        int64_t num_rows = 0, num_experts = 0, in_dim = 0, out_dim = 0;
+        int64_t notice_begin = 0, notice_end = 0;
     };
     struct Slot {
         float* floats = nullptr;
         int64_t floats_used = 0;
         std::vector<int64_t> offsets;  // reserved to offsets_per_slot_, never grown
-        std::vector<DeferredGemm> gemms;
+        std::vector<Deferred> gemms;   // and notices
     };
     // A copy of n floats of src in the deferring slot.
     const float* stash_floats(const float* src, int64_t n);

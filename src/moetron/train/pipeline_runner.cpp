@@ -67,8 +67,12 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
         const int64_t ep = local > 0 ? shard.slots(experts) / local : 1;
         const auto gemms =
             static_cast<int64_t>(model.param_entries().size()) * 2 * std::max<int64_t>(2, ep);
+        const auto notices = static_cast<int64_t>(model.param_entries().size());
         split->plan_stash(stash_slots_, stash_floats_per_micro_batch(model, rows * seq_len),
-                          gemms * (local + 1), gemms);
+                          gemms * (local + 1), gemms + notices);
+        announce_ = model.grad_ready_callback();
+        model.set_grad_ready_callback(
+            [this](int64_t begin, int64_t end) { on_grads_ready(begin, end); });
     }
 }
 
@@ -178,9 +182,15 @@ void PipelineRunner::run_backward(const PipelineAction& action) {
     const double begin_s = Timer::now_s();
     {
         const TraceScope scope(recorder_, split ? "pipeline backward (B)" : "pipeline backward");
-        if (split) split_->defer_into(inputs_done_++ % stash_slots_);
+        if (split) {
+            defer_notices_ = inputs_done_ + 1 == micro_batches_ * vpp_;
+            split_->defer_into(inputs_done_++ % stash_slots_);
+        }
         model_.stage_backward(set);
-        if (split) split_->stop_deferring();
+        if (split) {
+            split_->stop_deferring();
+            defer_notices_ = false;
+        }
     }
     times_.busy_s += Timer::now_s() - begin_s;
     if (!first_virtual(chunk))
@@ -190,13 +200,20 @@ void PipelineRunner::run_backward(const PipelineAction& action) {
     free_sets_[static_cast<size_t>(chunk)].push_back(set);
 }
 
+void PipelineRunner::on_grads_ready(int64_t begin, int64_t end) {
+    if (defer_notices_)
+        split_->defer_notice(begin, end);
+    else if (announce_)
+        announce_(begin, end);
+}
+
 void PipelineRunner::run_backward_weight(const PipelineAction& action) {
     MT_CHECK(weights_done_ < inputs_done_, "[pipeline] W of micro-batch {} before its B",
              action.micro_batch);
     const double begin_s = Timer::now_s();
     {
         const TraceScope scope(recorder_, "pipeline backward (W)");
-        split_->run_deferred(weights_done_++ % stash_slots_);
+        split_->run_deferred(weights_done_++ % stash_slots_, announce_);
     }
     times_.busy_s += Timer::now_s() - begin_s;
 }
@@ -211,13 +228,14 @@ std::array<double, 3> PipelineRunner::train_step(
     next_forward_ = 0;
     inputs_done_ = 0;
     weights_done_ = 0;
-    // Where the gradients become final: the last backward, or with split backwards the last W.
+    // Where the gradients become final (the sync is armed just before): the last backward, or
+    // with split backwards the last W, which delivers the last B's notices.
     const Op finishing_op = split_ != nullptr ? Op::backward_weight : Op::backward;
     int64_t remaining_finishing = 0;
     for (const PipelineAction& a : order_) remaining_finishing += a.op == finishing_op ? 1 : 0;
     for (const PipelineAction& action : order_) {
         const bool last = action.op == finishing_op && --remaining_finishing == 0;
-        if (last && split_ == nullptr && before_last_backward) before_last_backward();
+        if (last && before_last_backward) before_last_backward();
         switch (action.op) {
             case Op::forward:
                 run_forward(action, tokens, targets, micro_stride, den, losses);
@@ -230,7 +248,6 @@ std::array<double, 3> PipelineRunner::train_step(
                 run_backward_weight(action);
                 break;
         }
-        if (last && split_ != nullptr && before_last_backward) before_last_backward();
         prefetch_inputs();
     }
     // The step's last sends must land before the optimizer and the next step touch anything.

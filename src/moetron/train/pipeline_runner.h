@@ -14,7 +14,10 @@
 // adds the other's, before the gradient sync, so the two copies stay one.
 // With zb-h1 a backward is two actions: B (backward_input) runs the stage's backward while the
 // model's SplitBackwardBackend queues the GEMMs' weight gradients into a stash slot, sends the
-// input gradient and frees the activation set; W (backward_weight) replays that slot.
+// input gradient and frees the activation set; W (backward_weight) replays that slot. The
+// model's gradient-ready notices of the step's last B are queued with its weight gradients and
+// delivered as the last W makes them true, so that the gradient sync still posts its buckets
+// while the backward (that W) goes on.
 // Everything is sized in the constructor; a step allocates nothing.
 #pragma once
 
@@ -44,16 +47,16 @@ class PipelineRunner {
     // each chunk with at least the activation sets sets_needed() gives it. rows x seq_len: this
     // rank's micro-batch. recorder (may be null) gets a compute span per forward and backward.
     // split: the model's backend (ModelRuntime::backend) when kind splits the backwards (zb-h1),
-    // else null; the constructor plans its stash.
+    // else null; the constructor plans its stash, and routes the model's gradient-ready
+    // callback (already set) through the runner.
     PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
                    int64_t micro_batches, int64_t rows, int64_t seq_len, TraceRecorder* recorder,
                    SplitBackwardBackend* split = nullptr);
 
     // One step: micro-batch i's rows start at tokens + i * micro_stride (and targets likewise),
     // normalized by den. before_last_backward runs just before the step's last backward (the
-    // trainer arms its gradient synchronization there); with split backwards, after the step's
-    // last W instead (the weight gradients are final only then; the gradient sync then posts
-    // every bucket in its finish()). Returns this stage's shares of the lm,
+    // trainer arms its gradient synchronization there); with split backwards, just before the
+    // step's last W (which delivers the last B's notices). Returns this stage's shares of the lm,
     // MTP and balance losses (the lm and MTP losses only on the last stage).
     std::array<double, 3> train_step(const int32_t* tokens, const int32_t* targets,
                                      int64_t micro_stride, const LossDenominators& den,
@@ -103,6 +106,9 @@ class PipelineRunner {
     void run_backward(const PipelineAction& action);
     // W: the weight gradients the micro-batch's B queued.
     void run_backward_weight(const PipelineAction& action);
+    // The model's gradient-ready notice, with split backwards: queued during the step's last B,
+    // else passed on.
+    void on_grads_ready(int64_t begin, int64_t end);
     // The first and the MTP stage add each other's embedding gradient (Model::shares_embedding).
     void sum_shared_embedding_grads();
 
@@ -127,6 +133,8 @@ class PipelineRunner {
     SplitBackwardBackend* split_;
     int64_t stash_slots_ = 0;  // the ring of stash slots: B number k fills slot k % stash_slots_
     int64_t inputs_done_ = 0, weights_done_ = 0;  // this step's B's and W's
+    bool defer_notices_ = false;                  // during the step's last B
+    GradReadyCallback announce_;                  // the model's callback, as the caller set it
 };
 
 }  // namespace moetron
