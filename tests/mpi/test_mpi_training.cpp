@@ -619,7 +619,7 @@ TEST(MpiTrainer, PipelineInterleavedMatchesOneProcess) {
 // queued with copies of their operands and replayed later), the W's filling the cool-down. 3
 // micro-batches over 2 stages and 6 over 4: not multiples of pp. With data parallelism the
 // gradient sync posts buckets as the stage's last W makes them final; with expert parallelism
-// the routed experts' grouped GEMMs are split too.
+// the routed experts' grouped GEMMs are split too, with tensor parallelism the split weights'.
 TEST(MpiTrainer, PipelineZeroBubbleMatchesOneProcess) {
     const int n = mpi_world().size();
     if (n == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
@@ -631,6 +631,7 @@ TEST(MpiTrainer, PipelineZeroBubbleMatchesOneProcess) {
         // The last B's notices reach the sync during the last W: buckets post while it runs.
         EXPECT_GT(dp.last_sync.buckets_posted_in_backward, 0);
         run_trainer_case({.layout = "pp2.ep2", .grad_accum = 2, .pp_schedule = "zb-h1"});
+        run_trainer_case({.layout = "tp2.pp2", .grad_accum = 3, .pp_schedule = "zb-h1"});
     }
 }
 

@@ -8,6 +8,18 @@
 
 namespace moetron {
 
+namespace {
+
+// The ranks the model's routed experts are split over (1 without expert parallelism).
+int64_t expert_parallel_ranks(const Model& model) {
+    const int64_t experts = model.config().n_routed_experts;
+    const ExpertShard shard = model.expert_shard();
+    const int64_t local = shard.local_experts(experts);
+    return local > 0 ? shard.slots(experts) / local : 1;
+}
+
+}  // namespace
+
 std::vector<int64_t> PipelineRunner::sets_needed(PipelineScheduleKind kind, int64_t pp,
                                                  int64_t stage, int64_t micro_batches,
                                                  int64_t vpp) {
@@ -61,15 +73,12 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
     if (split != nullptr) {
         // GEMM calls per weight: two for kv_a_proj's parts; the routed experts' once per MoE
         // overlap half (2) or dispatch round (at most one per EP rank's share of the copies).
-        const ExpertShard shard = model.expert_shard();
-        const int64_t experts = model.config().n_routed_experts;
-        const int64_t local = shard.local_experts(experts);
-        const int64_t ep = local > 0 ? shard.slots(experts) / local : 1;
-        const auto gemms =
-            static_cast<int64_t>(model.param_entries().size()) * 2 * std::max<int64_t>(2, ep);
-        const auto notices = static_cast<int64_t>(model.param_entries().size());
+        const auto entries = static_cast<int64_t>(model.param_entries().size());
+        const int64_t gemms = entries * 2 * std::max<int64_t>(2, expert_parallel_ranks(model));
+        const int64_t local_experts =
+            model.expert_shard().local_experts(model.config().n_routed_experts);
         split->plan_stash(stash_slots_, stash_floats_per_micro_batch(model, rows * seq_len),
-                          gemms * (local + 1), gemms + notices);
+                          gemms * (local_experts + 1), gemms + /*notices=*/entries);
         announce_ = model.grad_ready_callback();
         model.set_grad_ready_callback(
             [this](int64_t begin, int64_t end) { on_grads_ready(begin, end); });
@@ -78,11 +87,11 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
 
 int64_t PipelineRunner::stash_floats_per_micro_batch(const Model& model, int64_t tokens) {
     const ModelConfig& c = model.config();
-    const ExpertShard shard = model.expert_shard();
-    const int64_t local_experts = shard.local_experts(c.n_routed_experts);
-    const int64_t ep = local_experts > 0 ? shard.slots(c.n_routed_experts) / local_experts : 1;
-    // Each token sends at most one copy to each expert it picks: min(K, El) to this rank.
-    const int64_t expert_rows = ep * tokens * std::min(c.num_experts_per_tok, local_experts);
+    const int64_t local_experts = model.expert_shard().local_experts(c.n_routed_experts);
+    // Each token sends at most one copy to each expert it picks: min(K, El) to this rank, from
+    // each rank of the EP group.
+    const int64_t expert_rows =
+        expert_parallel_ranks(model) * tokens * std::min(c.num_experts_per_tok, local_experts);
     int64_t floats = 0;
     for (const ParamEntry& e : model.param_entries()) {
         const std::string& n = e.name;
