@@ -85,6 +85,31 @@ TEST(SplitBackwardBackend, NoticesComeAfterTheWeightGradientsQueuedBeforeThem) {
     EXPECT_EQ(dweight, twice);
 }
 
+// A weight gradient into a buffer outside the model's gradients is a partial sum that the
+// backward reduces at once (MTP's eh_proj under tensor parallelism): it runs whole in B.
+TEST(SplitBackwardBackend, WeightGradientsOutsideTheGradientBufferRunInB) {
+    constexpr int64_t rows = 2, dim = 2;
+    const std::vector<float> dout = ramp(rows * dim, 0.5f), inp = ramp(rows * dim, 0.25f),
+                             weight = ramp(dim * dim, 0.125f);
+    std::vector<float> gradients(dim * dim, 0.0f), partial(dim * dim, 0.0f), dinp(rows * dim);
+    std::vector<float> want(dim * dim, 0.0f);
+    cpu_backend().linear_backward(nullptr, want.data(), dout.data(), inp.data(), weight.data(),
+                                  rows, dim, dim);
+    SplitBackwardBackend split(cpu_backend());
+    split.plan_stash(1, 2 * rows * 2 * dim, 0, 2);
+    split.set_deferrable_gradients(gradients.data(), dim * dim);
+    split.defer_into(0);
+    split.linear_backward(dinp.data(), partial.data(), dout.data(), inp.data(), weight.data(), rows,
+                          dim, dim);
+    split.linear_backward(dinp.data(), gradients.data(), dout.data(), inp.data(), weight.data(),
+                          rows, dim, dim);
+    split.stop_deferring();
+    EXPECT_EQ(partial, want) << "the partial sum waited for W";
+    EXPECT_EQ(gradients, std::vector<float>(dim * dim, 0.0f)) << "the model's gradient ran in B";
+    split.run_deferred(0);
+    EXPECT_EQ(gradients, want);
+}
+
 TEST(SplitBackwardBackend, GroupedWeightGradientKeepsItsOwnOffsets) {
     constexpr int64_t experts = 3, in_dim = 4, out_dim = 2, rows = 6;
     std::vector<int64_t> offsets = {0, 2, 2, 6};  // expert 1 gets no rows

@@ -1,6 +1,7 @@
 #include "moetron/kernels/split_backward_backend.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "moetron/core/error.h"
@@ -27,6 +28,20 @@ void SplitBackwardBackend::plan_stash(int64_t slots, int64_t floats_per_slot,
     floats_per_slot_ = floats_per_slot;
     offsets_per_slot_ = offsets_per_slot;
     gemms_per_slot_ = gemms_per_slot;
+}
+
+void SplitBackwardBackend::set_deferrable_gradients(const float* gradients, int64_t numel) {
+    deferrable_begin_ = gradients;
+    deferrable_end_ = gradients + numel;
+}
+
+bool SplitBackwardBackend::defers(const float* dweight) const {
+    if (deferring_ == nullptr || dweight == nullptr) return false;
+    if (deferrable_begin_ == nullptr) return true;
+    // Compared as addresses: dweight may lie in another allocation.
+    const auto at = reinterpret_cast<uintptr_t>(dweight);
+    return at >= reinterpret_cast<uintptr_t>(deferrable_begin_) &&
+           at < reinterpret_cast<uintptr_t>(deferrable_end_);
 }
 
 void SplitBackwardBackend::defer_into(int64_t slot) {
@@ -84,7 +99,7 @@ const float* SplitBackwardBackend::stash_floats(const float* src, int64_t n) {
 void SplitBackwardBackend::linear_backward(float* dinp, float* dweight, const float* dout,
                                            const float* inp, const float* weight, int64_t num_rows,
                                            int64_t in_dim, int64_t out_dim) {
-    if (deferring_ == nullptr) {
+    if (!defers(dweight)) {
         inner().linear_backward(dinp, dweight, dout, inp, weight, num_rows, in_dim, out_dim);
         return;
     }
@@ -107,7 +122,7 @@ void SplitBackwardBackend::grouped_linear_backward(float* dinp, float* dweight, 
                                                    const float* inp, const float* weight,
                                                    const int64_t* offsets, int64_t num_experts,
                                                    int64_t in_dim, int64_t out_dim) {
-    if (deferring_ == nullptr) {
+    if (!defers(dweight)) {
         inner().grouped_linear_backward(dinp, dweight, dout, inp, weight, offsets, num_experts,
                                         in_dim, out_dim);
         return;

@@ -34,6 +34,10 @@ class SplitBackwardBackend : public ForwardingBackend {
     // `offsets_per_slot` expert segment offsets and `gemms_per_slot` GEMMs and notices.
     void plan_stash(int64_t slots, int64_t floats_per_slot, int64_t offsets_per_slot,
                     int64_t gemms_per_slot);
+    // Only weight gradients into [gradients, gradients + numel) (the model's gradient buffer)
+    // are deferred; one into another buffer is a partial sum the backward goes on to reduce
+    // (MTP's eh_proj under tensor parallelism) and runs whole in B. Unset: all are deferred.
+    void set_deferrable_gradients(const float* gradients, int64_t numel);
     // From here until stop_deferring(), the GEMM backwards queue their weight gradients into
     // slot `slot`, which must be empty.
     void defer_into(int64_t slot);
@@ -76,11 +80,15 @@ class SplitBackwardBackend : public ForwardingBackend {
     };
     // A copy of n floats of src in the deferring slot.
     const float* stash_floats(const float* src, int64_t n);
+    // Whether a weight gradient into dweight waits for W now.
+    bool defers(const float* dweight) const;
 
     Arena stash_;
     std::vector<Slot> slots_;
     int64_t floats_per_slot_ = 0, offsets_per_slot_ = 0, gemms_per_slot_ = 0;
     Slot* deferring_ = nullptr;
+    const float* deferrable_begin_ = nullptr;  // null: every weight gradient
+    const float* deferrable_end_ = nullptr;
 };
 
 }  // namespace moetron

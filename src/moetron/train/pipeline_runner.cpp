@@ -79,6 +79,7 @@ PipelineRunner::PipelineRunner(Model& model, parallel::Communicator& pp, Pipelin
             model.expert_shard().local_experts(model.config().n_routed_experts);
         split->plan_stash(stash_slots_, stash_floats_per_micro_batch(model, rows * seq_len),
                           gemms * (local_experts + 1), gemms + /*notices=*/entries);
+        split->set_deferrable_gradients(model.grads(), model.num_params());
         announce_ = model.grad_ready_callback();
         model.set_grad_ready_callback(
             [this](int64_t begin, int64_t end) { on_grads_ready(begin, end); });
