@@ -2,8 +2,9 @@
 # Measured (moetron train --log-jsonl) vs predicted (moetron simulate on a cluster file written by
 # moetron calibrate) pipeline bubble of the tiny and small presets.
 #   bench/pp_vs_sim.sh [build_dir] [pp list] [micro-batch list] [models list] [schedules list]
-# e.g. bench/pp_vs_sim.sh build "2 4" "4 8" "tiny small" "1f1b interleaved"
-# (interleaved runs ppN.vpp2; the micro-batch counts must then be multiples of pp.)
+# e.g. bench/pp_vs_sim.sh build "2 4" "4 8" "tiny small" "1f1b interleaved zb-h1"
+# (interleaved runs ppN.vpp2; the micro-batch counts must then be multiples of pp. zb-h1 is the
+# zero-bubble schedule on both sides: --pp-schedule zb-h1 for train and for simulate.)
 # Environment: STEPS (measured steps after two warm-up ones; default 6), SMALL_BATCH / SMALL_SEQ
 # (default 8 x 256), THREADS (per rank; default cores / pp, at least 1), OUT (work folder;
 # default a temporary one).
@@ -12,9 +13,10 @@
 # --grad-accum M (M micro-batches of the preset's batch) and is simulated with the same global
 # batch, micro-batch, layout, schedule, sequence length, precision fp32 and the engine's default
 # block placement (--pp-layout, so that both place the same blocks on the same stages).
-# Measured bubble: the JSONL's bubble_fraction (sum over stages of the time spent waiting for a
-# neighbour over the stages' busy + idle time), median over the measured steps. Predicted: 1 -
-# mean(stage_busy_s) / max(stage_end_s) of the simulated schedule. The goal (issue 13) is the
+# Measured bubble: the JSONL's bubble_fraction (1 - mean(stage busy) / the slowest stage's busy +
+# idle, so a stage that finishes early counts its tail), median over the measured steps.
+# Predicted: 1 - mean(stage_busy_s) / max(stage_end_s) of the simulated schedule: the same
+# definition. The goal (issue 13) is the
 # two within 15% relative of each other; a shared, loaded machine makes the measured side noisy
 # (the table gives the load average).
 # Do not run this on a loaded machine expecting meaningful figures: it trains for a while.

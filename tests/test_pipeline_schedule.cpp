@@ -3,20 +3,27 @@
 // virtual stage's forward of the micro-batch, a backward for the next one's backward, or its own
 // forward on the last virtual stage): all actions must complete, so the orders of the stages fit
 // together without a deadlock, and the activations in flight stay within each schedule's bound.
+// A split backward's B counts as the backward (its W waits for nobody but its own B).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 #include <vector>
 
 #include "moetron/core/user_error.h"
+#include "moetron/sim/schedule.h"
 #include "moetron/train/pipeline_schedule.h"
 
 namespace moetron {
 namespace {
 
 using Op = PipelineAction::Op;
+
+bool is_backward(Op op) {
+    return op == Op::backward || op == Op::backward_input;
+}
 
 // Runs every stage's order in lock step rounds; returns false on a deadlock.
 bool completes(PipelineScheduleKind kind, int64_t pp, int64_t vpp, int64_t m) {
@@ -33,12 +40,12 @@ bool completes(PipelineScheduleKind kind, int64_t pp, int64_t vpp, int64_t m) {
             const PipelineAction& a = orders[s][next[s]];
             const int64_t v = a.chunk * pp + s;
             const bool ready =
-                a.op == Op::forward
+                a.op == Op::backward_weight || a.op == Op::forward
                     ? (v == 0 || done.count({Op::forward, v - 1, a.micro_batch}) > 0)
                     : (v == last_virtual ? done.count({Op::forward, v, a.micro_batch}) > 0
                                          : done.count({Op::backward, v + 1, a.micro_batch}) > 0);
             if (!ready) continue;
-            finished.emplace_back(a.op, v, a.micro_batch);
+            finished.emplace_back(is_backward(a.op) ? Op::backward : a.op, v, a.micro_batch);
             ++next[s];
             progress = true;
         }
@@ -50,12 +57,15 @@ bool completes(PipelineScheduleKind kind, int64_t pp, int64_t vpp, int64_t m) {
 }
 
 void expect_each_action_once(const std::vector<PipelineAction>& order, int64_t m, int64_t vpp) {
-    std::map<std::pair<int64_t, int64_t>, int> forwards, backwards;
+    std::map<std::pair<int64_t, int64_t>, int> forwards, backwards, weights;
     std::vector<int64_t> last_forward(static_cast<size_t>(vpp), -1),
         last_backward(static_cast<size_t>(vpp), -1);
     for (const PipelineAction& a : order) {
         const auto key = std::pair{a.chunk, a.micro_batch};
-        if (a.op == Op::forward) {
+        if (a.op == Op::backward_weight) {
+            EXPECT_EQ(backwards[key], 1) << "W before its B";
+            EXPECT_EQ(++weights[key], 1) << "W twice";
+        } else if (a.op == Op::forward) {
             ++forwards[key];
             EXPECT_EQ(a.micro_batch, last_forward[a.chunk] + 1) << "forwards in order per chunk";
             last_forward[a.chunk] = a.micro_batch;
@@ -68,6 +78,12 @@ void expect_each_action_once(const std::vector<PipelineAction>& order, int64_t m
     }
     EXPECT_EQ(static_cast<int64_t>(forwards.size()), m * vpp);
     EXPECT_EQ(static_cast<int64_t>(backwards.size()), m * vpp);
+    const bool split = std::any_of(order.begin(), order.end(), [](const PipelineAction& a) {
+        return a.op == Op::backward_weight;
+    });
+    if (split) {
+        EXPECT_EQ(static_cast<int64_t>(weights.size()), m * vpp);
+    }
 }
 
 TEST(PipelineSchedule, OneFOneBWarmsUpThenAlternates) {
@@ -100,6 +116,69 @@ TEST(PipelineSchedule, StagesFitTogetherWithoutDeadlock) {
             for (int64_t m : {pp, 2 * pp, 3 * pp})
                 EXPECT_TRUE(completes(PipelineScheduleKind::interleaved, pp, vpp, m))
                     << "interleaved pp " << pp << " vpp " << vpp << " m " << m;
+    for (int64_t pp : {2, 3, 4})
+        for (int64_t m : {1, 2, 3, 5, 8})
+            EXPECT_TRUE(completes(PipelineScheduleKind::zero_bubble_h1, pp, 1, m))
+                << "zb-h1 pp " << pp << " m " << m;
+}
+
+TEST(PipelineSchedule, ZeroBubbleFillsTheCoolDownWithWeightGradients) {
+    // pp 4, 8 micro-batches, stage 0: 1F1B's F and B; the first W once pp - 1 = 3 are queued,
+    // then in the cool-down two W's between B's, where 1F1B's stage 0 waits.
+    using A = PipelineAction;
+    const std::vector<PipelineAction> want = {
+        A{Op::forward, 0},         A{Op::forward, 1},        A{Op::forward, 2},
+        A{Op::forward, 3},         A{Op::backward_input, 0}, A{Op::forward, 4},
+        A{Op::backward_input, 1},  A{Op::forward, 5},        A{Op::backward_input, 2},
+        A{Op::forward, 6},         A{Op::backward_input, 3}, A{Op::backward_weight, 0},
+        A{Op::forward, 7},         A{Op::backward_input, 4}, A{Op::backward_weight, 1},
+        A{Op::backward_weight, 2}, A{Op::backward_input, 5}, A{Op::backward_weight, 3},
+        A{Op::backward_weight, 4}, A{Op::backward_input, 6}, A{Op::backward_weight, 5},
+        A{Op::backward_weight, 6}, A{Op::backward_input, 7}, A{Op::backward_weight, 7}};
+    EXPECT_EQ(pipeline_order(PipelineScheduleKind::zero_bubble_h1, 4, 0, 8), want);
+    for (int64_t pp : {2, 4})
+        for (int64_t m : {1, 3, 5, 8})
+            for (int64_t s = 0; s < pp; ++s) {
+                const auto zb = pipeline_order(PipelineScheduleKind::zero_bubble_h1, pp, s, m);
+                expect_each_action_once(zb, m, 1);
+                // 1F1B's activations in flight; at most pp weight gradients queued.
+                EXPECT_EQ(max_in_flight(zb), max_in_flight(pipeline_order(
+                                                 PipelineScheduleKind::one_f_one_b, pp, s, m)));
+                EXPECT_LE(max_weight_gradients_pending(zb), pp);
+                EXPECT_GE(max_weight_gradients_pending(zb), 1);
+            }
+    EXPECT_EQ(
+        max_weight_gradients_pending(pipeline_order(PipelineScheduleKind::one_f_one_b, 4, 0, 8)),
+        0);
+}
+
+// The engine's zb-h1 is the cluster model's: with unit costs and free transfers, every stage runs
+// its tasks in the order sim::run_schedule places them.
+TEST(PipelineSchedule, ZeroBubbleOrderIsTheSimulatorsWithUnitCosts) {
+    for (int64_t pp : {2, 3, 4})
+        for (int64_t m : {1, 2, 3, 5, 8}) {
+            sim::ScheduleInput in;
+            in.pp = pp;
+            in.micro_batches = m;
+            in.schedule = sim::PipelineSchedule::zero_bubble_h1;
+            in.forward_s = [](int64_t) { return 1.0; };
+            in.backward_s = [](int64_t) { return 1.0; };
+            in.weight_gradient_s = [](int64_t) { return 1.0; };
+            const sim::ScheduleResult r = sim::run_schedule(in);
+            for (int64_t s = 0; s < pp; ++s) {
+                std::vector<PipelineAction> simulated;
+                for (const sim::ScheduledTask& t : r.stages[static_cast<size_t>(s)]) {
+                    if (t.kind == sim::TaskKind::forward)
+                        simulated.push_back({Op::forward, t.micro_f});
+                    else if (t.kind == sim::TaskKind::backward)
+                        simulated.push_back({Op::backward_input, t.micro_b});
+                    else
+                        simulated.push_back({Op::backward_weight, t.micro_b});
+                }
+                EXPECT_EQ(pipeline_order(PipelineScheduleKind::zero_bubble_h1, pp, s, m), simulated)
+                    << "pp " << pp << " m " << m << " stage " << s;
+            }
+        }
 }
 
 TEST(PipelineSchedule, InterleavedRunsRoundsOfPpMicroBatchesPerChunk) {
@@ -135,6 +214,11 @@ TEST(PipelineSchedule, NamesAndChunkCounts) {
     EXPECT_EQ(schedule_for_chunks(PipelineScheduleKind::one_f_one_b, 2),
               PipelineScheduleKind::interleaved);
     EXPECT_THROW(schedule_for_chunks(PipelineScheduleKind::interleaved, 1), UserError);
+    EXPECT_EQ(parse_pipeline_schedule("zb-h1"), PipelineScheduleKind::zero_bubble_h1);
+    EXPECT_EQ(pipeline_schedule_name(PipelineScheduleKind::zero_bubble_h1), "zb-h1");
+    EXPECT_EQ(schedule_for_chunks(PipelineScheduleKind::zero_bubble_h1, 1),
+              PipelineScheduleKind::zero_bubble_h1);
+    EXPECT_THROW(schedule_for_chunks(PipelineScheduleKind::zero_bubble_h1, 2), UserError);
 }
 
 }  // namespace

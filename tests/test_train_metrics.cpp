@@ -216,6 +216,16 @@ TEST(MetricsLog, PipelineStepsCarryEachStagesBusyAndIdleTime) {
     EXPECT_DOUBLE_EQ(record(1).bubble_fraction(), 0.0);
 }
 
+// A stage that ends its share early (1F1B's last stage, one backward before the first) waits out
+// the step outside the pipeline's waits: the bubble counts that tail, as moetron simulate's
+// 1 - mean(busy) / makespan does, not only the waits each stage measured.
+TEST(MetricsLog, BubbleCountsTheTailOfAStageThatFinishesEarly) {
+    StepRecord r = record(1);
+    r.stage_busy_s = {0.006, 0.003};  // stage 0 runs 8 ms, stage 1 only 4 ms of the step
+    r.stage_idle_s = {0.002, 0.001};
+    EXPECT_DOUBLE_EQ(r.bubble_fraction(), 1.0 - 0.009 / (2 * 0.008));
+}
+
 TEST(MetricsLog, UnwritableJsonlPathIsAnError) {
     EXPECT_THROW(MetricsLog(1, 1, "/nonexistent-dir/log.jsonl", false), Error);
 }

@@ -487,6 +487,7 @@ struct TrainerRun {
     std::vector<double> grad_norms;
     double val_loss = 0;
     StepRecord last_step;
+    parallel::GradSyncStats last_sync;
 };
 
 TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const TrainParallel& p) {
@@ -501,6 +502,7 @@ TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const Tra
         run.grad_norms.push_back(r.grad_norm);
         run.last_step = r;
     }
+    run.last_sync = trainer.last_sync_stats();
     run.val_loss = trainer.evaluate();
     Model& m = trainer.model();
     run.result.params.assign(m.params(), m.params() + m.num_params());
@@ -518,7 +520,7 @@ struct TrainerCase {
     bool mtp = true;  // the tiny model's MTP module; off: num_nextn_predict_layers 0
 };
 
-void run_trainer_case(const TrainerCase& k) {
+TrainerRun run_trainer_case(const TrainerCase& k) {
     ModelConfig model = tiny_config();
     if (!k.mtp) model.num_nextn_predict_layers = 0;
     const TrainConfig c = trainer_config(k.grad_accum);
@@ -555,6 +557,7 @@ void run_trainer_case(const TrainerCase& k) {
         EXPECT_NEAR(got.grad_norms[s], want.grad_norms[s], 1e-5 * want.grad_norms[s])
             << what << " step " << s + 1;
     EXPECT_NEAR(got.val_loss, want.val_loss, kLossTolerance * want.val_loss) << what;
+    return got;
 }
 
 void run_trainer_case(const std::string& layout, bool zero1, bool overlap, int64_t grad_accum) {
@@ -610,6 +613,26 @@ TEST(MpiTrainer, PipelineInterleavedMatchesOneProcess) {
     if (n == 2) run_trainer_case({.layout = "pp2.vpp2", .grad_accum = 4});
     if (n == 4)
         run_trainer_case({.layout = "pp2.vpp2.ep2", .grad_accum = 2, .pp_schedule = "interleaved"});
+}
+
+// The zero-bubble schedule zb-h1: each backward split into B and W (the GEMMs' weight gradients
+// queued with copies of their operands and replayed later), the W's filling the cool-down. 3
+// micro-batches over 2 stages and 6 over 4: not multiples of pp. With data parallelism the
+// gradient sync posts buckets as the stage's last W makes them final; with expert parallelism
+// the routed experts' grouped GEMMs are split too, with tensor parallelism the split weights'.
+TEST(MpiTrainer, PipelineZeroBubbleMatchesOneProcess) {
+    const int n = mpi_world().size();
+    if (n == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+    run_trainer_case(
+        {.layout = "pp" + std::to_string(n), .grad_accum = n == 2 ? 3 : 6, .pp_schedule = "zb-h1"});
+    if (n == 4) {
+        const TrainerRun dp =
+            run_trainer_case({.layout = "pp2.dp2", .grad_accum = 3, .pp_schedule = "zb-h1"});
+        // The last B's notices reach the sync during the last W: buckets post while it runs.
+        EXPECT_GT(dp.last_sync.buckets_posted_in_backward, 0);
+        run_trainer_case({.layout = "pp2.ep2", .grad_accum = 2, .pp_schedule = "zb-h1"});
+        run_trainer_case({.layout = "tp2.pp2", .grad_accum = 3, .pp_schedule = "zb-h1"});
+    }
 }
 
 // Tensor parallelism inside each stage: each TP rank sends its sequence-parallel rows of the

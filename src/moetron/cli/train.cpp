@@ -364,6 +364,13 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                          trainer.topology().vpp > 1 ? "interleaved" : parallel.pp_schedule.c_str(),
                          static_cast<long long>(config.grad_accum), blocks.c_str(),
                          static_cast<long long>(max_in_flight(pipeline->order())));
+            if (pipeline->stash_bytes() > 0)
+                std::fprintf(
+                    out,
+                    "        zb-h1: up to %lld micro-batches' weight gradients queued, "
+                    "their GEMM operands in a stash of %.1f MiB\n",
+                    static_cast<long long>(max_weight_gradients_pending(pipeline->order())),
+                    to_mib(static_cast<double>(pipeline->stash_bytes())));
         }
         if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
             std::fprintf(out,
@@ -531,7 +538,8 @@ void register_train(CLI::App& app) {
         "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
     cmd->add_option("--pp-schedule", o->pp_schedule,
                     "pipeline schedule with pp > 1: 1f1b (PipeDream-flush; with vpp > 1 "
-                    "interleaved, as Megatron-LM's) or interleaved (needs vpp > 1)")
+                    "interleaved, as Megatron-LM's), interleaved (needs vpp > 1) or zb-h1 (zero "
+                    "bubble: weight gradients split off to fill the cool-down; vpp 1)")
         ->capture_default_str();
     cmd->add_option("--pp-layout", o->pp_layout,
                     "blocks per pipeline stage as Megatron-LM's layout, e.g. 'Et|tt|tL' "

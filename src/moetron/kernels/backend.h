@@ -66,6 +66,8 @@ class Backend {
                         bool trans_a, bool trans_b, float beta) = 0;
     virtual void linear_forward(float* out, const float* inp, const float* weight, int64_t num_rows,
                                 int64_t in_dim, int64_t out_dim) = 0;
+    // The backwards compute dinp (written) and dweight (accumulated); either may be null and is
+    // then skipped (a zero-bubble schedule computes them apart: split_backward_backend.h).
     virtual void linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                                  const float* weight, int64_t num_rows, int64_t in_dim,
                                  int64_t out_dim) = 0;

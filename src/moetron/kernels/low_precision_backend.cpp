@@ -9,6 +9,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/quantize.h"
+#include "moetron/kernels/split_backward_backend.h"
 
 namespace moetron {
 
@@ -219,6 +220,7 @@ void LowPrecisionBackend::linear_backward(float* dinp, float* dweight, const flo
         inner_.matmul(dinp, g, w, num_rows, in_dim, out_dim, false, false, 0.0f);
     }
     // dW (O, I) += dout^T @ inp: reduced over the M tokens, down both operands' columns.
+    if (dweight == nullptr) return;
     const float* g = fake_quantized(kFirst, dout, num_rows, out_dim, false, Role::activation);
     const float* x = fake_quantized(kSecond, inp, num_rows, in_dim, false, Role::activation);
     inner_.matmul(dweight, g, x, out_dim, in_dim, num_rows, true, false, 1.0f);
@@ -291,7 +293,7 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
         }
     }
     // Column-wise blocks run down one expert's tokens: each segment is quantized on its own.
-    for (int64_t e = 0; e < num_experts; ++e) {
+    for (int64_t e = 0; dweight != nullptr && e < num_experts; ++e) {
         const int64_t row0 = offsets[e], rows = offsets[e + 1] - offsets[e];
         if (rows == 0) continue;
         const float* g =
@@ -303,6 +305,10 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
 }
 
 Backend& high_precision(Backend& ops) {
+    // Under the split backward of a zero-bubble schedule these GEMMs stay whole (in B) and in
+    // float32: the split's inner backend's high-precision one.
+    if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
+        return high_precision(split->inner());
     auto* low = dynamic_cast<LowPrecisionBackend*>(&ops);
     return low != nullptr ? low->inner() : ops;
 }

@@ -1112,6 +1112,10 @@ void Model::set_grad_ready_callback(GradReadyCallback callback) {
     impl_->grad_ready = std::move(callback);
 }
 
+const GradReadyCallback& Model::grad_ready_callback() const {
+    return impl_->grad_ready;
+}
+
 MicroBatchLosses Model::stage_forward(int64_t chunk, int64_t set, const int32_t* tokens,
                                       const int32_t* targets, int64_t batch, int64_t seq_len,
                                       const LossDenominators* denominators) {

@@ -180,6 +180,8 @@ class Model {
                                       const LossDenominators& denominators);
     // Null (the default) turns the notifications off.
     void set_grad_ready_callback(GradReadyCallback callback);
+    // The callback set last (a pipeline runner with split backwards wraps it).
+    const GradReadyCallback& grad_ready_callback() const;
 
     // ---- pipeline stages (ModelParallel::pipeline_chunk; also fine for the whole model) ----
     // The forward of this rank's chunk `chunk` (an index into pipeline_chunks()) for one

@@ -234,10 +234,13 @@ void MetricsLog::log_step(const StepRecord& r) {
 }
 
 double StepRecord::bubble_fraction() const {
-    double busy = 0, idle = 0;
-    for (double s : stage_busy_s) busy += s;
-    for (double s : stage_idle_s) idle += s;
-    return busy + idle > 0 ? idle / (busy + idle) : 0.0;
+    double busy = 0, span = 0;
+    for (size_t s = 0; s < stage_busy_s.size(); ++s) {
+        busy += stage_busy_s[s];
+        span = std::max(span, stage_busy_s[s] + stage_idle_s[s]);
+    }
+    const auto stages = static_cast<double>(stage_busy_s.size());
+    return span > 0 ? 1.0 - busy / (stages * span) : 0.0;
 }
 
 void MetricsLog::finish() {

@@ -71,7 +71,11 @@ struct StepRecord {
     // time it spent computing its forwards and backwards (busy) and waiting for its neighbours'
     // activations and gradients (idle: the bubble, and transfers not hidden).
     std::vector<double> stage_busy_s, stage_idle_s;
-    // The pipeline's idle share of its stages' time: sum(idle) / sum(busy + idle).
+    // The pipeline's idle share of its stages' time, as moetron simulate defines it:
+    // 1 - mean(busy) / span, the span being the slowest stage's busy + idle (the stages start the
+    // step together). A stage that finishes its last action early waits out the rest of the step
+    // outside the pipeline's waits (in the gradient sync or the loss sum), so its own idle time
+    // misses that tail; the span counts it.
     double bubble_fraction() const;
 };
 

@@ -12,6 +12,12 @@
 // messages match. With MTP the first stage and the last (the MTP modules') both hold the embedding
 // (Model::shares_embedding): after the step's last backward they exchange its gradient and each
 // adds the other's, before the gradient sync, so the two copies stay one.
+// With zb-h1 a backward is two actions: B (backward_input) runs the stage's backward while the
+// model's SplitBackwardBackend queues the GEMMs' weight gradients into a stash slot, sends the
+// input gradient and frees the activation set; W (backward_weight) replays that slot. The
+// model's gradient-ready notices of the step's last B are queued with its weight gradients and
+// delivered as the last W makes them true, so that the gradient sync still posts its buckets
+// while the backward (that W) goes on.
 // Everything is sized in the constructor; a step allocates nothing.
 #pragma once
 
@@ -21,6 +27,7 @@
 #include <vector>
 
 #include "moetron/core/trace.h"
+#include "moetron/kernels/split_backward_backend.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/train/pipeline_schedule.h"
@@ -39,12 +46,17 @@ class PipelineRunner {
     // model runs stage pp.rank() of pp.size() (ModelParallel::pipeline_chunks: vpp of them),
     // each chunk with at least the activation sets sets_needed() gives it. rows x seq_len: this
     // rank's micro-batch. recorder (may be null) gets a compute span per forward and backward.
+    // split: the model's backend (ModelRuntime::backend) when kind splits the backwards (zb-h1),
+    // else null; the constructor plans its stash, and routes the model's gradient-ready
+    // callback (already set) through the runner.
     PipelineRunner(Model& model, parallel::Communicator& pp, PipelineScheduleKind kind,
-                   int64_t micro_batches, int64_t rows, int64_t seq_len, TraceRecorder* recorder);
+                   int64_t micro_batches, int64_t rows, int64_t seq_len, TraceRecorder* recorder,
+                   SplitBackwardBackend* split = nullptr);
 
     // One step: micro-batch i's rows start at tokens + i * micro_stride (and targets likewise),
     // normalized by den. before_last_backward runs just before the step's last backward (the
-    // trainer arms its gradient synchronization there). Returns this stage's shares of the lm,
+    // trainer arms its gradient synchronization there); with split backwards, just before the
+    // step's last W (which delivers the last B's notices). Returns this stage's shares of the lm,
     // MTP and balance losses (the lm and MTP losses only on the last stage).
     std::array<double, 3> train_step(const int32_t* tokens, const int32_t* targets,
                                      int64_t micro_stride, const LossDenominators& den,
@@ -54,12 +66,18 @@ class PipelineRunner {
     MicroBatchLosses forward_only(const int32_t* tokens, const int32_t* targets);
 
     const std::vector<PipelineAction>& order() const { return order_; }
+    // Bytes of the weight-gradient stash (zb-h1; 0 otherwise).
+    size_t stash_bytes() const { return split_ != nullptr ? split_->stash_bytes() : 0; }
     PipelineStageTimes last_step_times() const { return times_; }
 
     // The activation sets each chunk of a stage of this schedule needs (for
     // ModelParallel::pipeline_in_flight).
     static std::vector<int64_t> sets_needed(PipelineScheduleKind kind, int64_t pp, int64_t stage,
                                             int64_t micro_batches, int64_t vpp);
+    // The most floats of GEMM operands one micro-batch's B can queue for its W on this model's
+    // stage, for tokens tokens per micro-batch (each GEMM weight's output gradient and input; for
+    // the routed experts the most rows the EP group can send this rank).
+    static int64_t stash_floats_per_micro_batch(const Model& model, int64_t tokens);
 
   private:
     bool first_stage() const { return pp_.rank() == 0; }
@@ -81,6 +99,16 @@ class PipelineRunner {
     // Acquires sets ahead for the coming forwards while free ones have no send in flight.
     void prefetch_inputs();
     void wait(parallel::CollectiveHandle& handle);
+    void run_forward(const PipelineAction& action, const int32_t* tokens, const int32_t* targets,
+                     int64_t micro_stride, const LossDenominators& den,
+                     std::array<double, 3>& losses);
+    // The backward (or, split, its B) of the action's micro-batch and chunk.
+    void run_backward(const PipelineAction& action);
+    // W: the weight gradients the micro-batch's B queued.
+    void run_backward_weight(const PipelineAction& action);
+    // The model's gradient-ready notice, with split backwards: queued during the step's last B,
+    // else passed on.
+    void on_grads_ready(int64_t begin, int64_t end);
     // The first and the MTP stage add each other's embedding gradient (Model::shares_embedding).
     void sum_shared_embedding_grads();
 
@@ -102,6 +130,11 @@ class PipelineRunner {
     ParamEntry embedding_;               // the shared embedding's entry (numel 0: none)
     std::vector<float> embedding_grad_;  // the other stage's gradient of it
     PipelineStageTimes times_;
+    SplitBackwardBackend* split_;
+    int64_t stash_slots_ = 0;  // the ring of stash slots: B number k fills slot k % stash_slots_
+    int64_t inputs_done_ = 0, weights_done_ = 0;  // this step's B's and W's
+    bool defer_notices_ = false;                  // during the step's last B
+    GradReadyCallback announce_;                  // the model's callback, as the caller set it
 };
 
 }  // namespace moetron

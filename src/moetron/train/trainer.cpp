@@ -117,6 +117,15 @@ parallel::Topology make_train_topology(const ModelConfig& model, const TrainConf
     return t;
 }
 
+// zb-h1 splits each backward in two: the model then runs on a SplitBackwardBackend over backend.
+std::unique_ptr<SplitBackwardBackend> split_backward_for(const TrainParallel& p,
+                                                         const parallel::Topology& topology,
+                                                         Backend& backend) {
+    if (topology.pp == 1 || schedule_of(p, topology) != PipelineScheduleKind::zero_bubble_h1)
+        return nullptr;
+    return std::make_unique<SplitBackwardBackend>(backend);
+}
+
 // The job's groups, each wrapped so that its collectives are timed and traced.
 parallel::ParallelGroups make_traced_groups(parallel::Communicator& world,
                                             const parallel::Topology& topology,
@@ -163,9 +172,10 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
       topology_(make_train_topology(model_config, config, parallel, *world_)),
       groups_(make_traced_groups(*world_, topology_, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
+      split_backward_(split_backward_for(parallel, topology_, backend)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
                         model_parallel(groups_, *world_, parallel, model_config, config, topology_),
-                        backend)),
+                        split_backward_ ? *split_backward_ : backend)),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {
@@ -191,7 +201,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
     if (topology_.pp > 1)
         pipeline_ = std::make_unique<PipelineRunner>(
             *model_, *groups_.pp, schedule_of(parallel, topology_), config.grad_accum, rank_rows_,
-            config.seq_len, &trace_);
+            config.seq_len, &trace_, split_backward_.get());
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());

@@ -174,6 +174,8 @@ class Trainer {
     parallel::CommWaitTotals comm_wait_;  // this step's blocked time per traffic class
     parallel::ParallelGroups groups_;     // every group traced
     DataLoader loader_;
+    // The model's backend with zb-h1 (it splits the backwards), over the given one; else null.
+    std::unique_ptr<SplitBackwardBackend> split_backward_;
     std::unique_ptr<Model> model_;
     std::unique_ptr<AdamW> optimizer_;
     std::unique_ptr<ExpertBalancer> balancer_;  // with expert parallelism

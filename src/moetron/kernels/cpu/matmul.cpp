@@ -207,7 +207,9 @@ void linear_backward(float* dinp, float* dweight, const float* dout, const float
         gemm_parallel({dinp, dout, weight, num_rows, in_dim, out_dim, false, false, 0.0f});
     }
     // dW (O, I) += dout^T (O, M) @ inp (M, I): accumulated.
-    gemm_parallel({dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f});
+    if (dweight != nullptr) {
+        gemm_parallel({dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f});
+    }
 }
 
 // ---- grouped linear: expert e multiplies rows [offsets[e], offsets[e+1]) by weight[e] ----
@@ -244,16 +246,20 @@ void grouped_linear_backward(float* dinp, float* dweight, const float* dout, con
                 small_linear_backward_input(dinp + row0 * in_dim, dout_e, weight + weight_offset,
                                             num_rows, in_dim, out_dim);
             }
-            small_linear_backward_weight(dweight + weight_offset, dout_e, inp + row0 * in_dim,
-                                         num_rows, in_dim, out_dim);
+            if (dweight != nullptr) {
+                small_linear_backward_weight(dweight + weight_offset, dout_e, inp + row0 * in_dim,
+                                             num_rows, in_dim, out_dim);
+            }
             return;
         }
         if (dinp != nullptr) {
             run_gemm(Gemm{dinp + row0 * in_dim, dout_e, weight + weight_offset, num_rows, in_dim,
                           out_dim, false, false, 0.0f});
         }
-        run_gemm(Gemm{dweight + weight_offset, dout_e, inp + row0 * in_dim, out_dim, in_dim,
-                      num_rows, true, false, 1.0f});
+        if (dweight != nullptr) {
+            run_gemm(Gemm{dweight + weight_offset, dout_e, inp + row0 * in_dim, out_dim, in_dim,
+                          num_rows, true, false, 1.0f});
+        }
     });
 }
 

@@ -18,7 +18,8 @@ void matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int6
 // out (M, O) = inp (M, I) @ weight (O, I)^T.
 void linear_forward(float* out, const float* inp, const float* weight, int64_t num_rows,
                     int64_t in_dim, int64_t out_dim);
-// dinp (M, I) = dout @ weight (written; skipped when null); dweight (O, I) += dout^T @ inp.
+// dinp (M, I) = dout @ weight (written; skipped when null); dweight (O, I) += dout^T @ inp
+// (skipped when null: a zero-bubble schedule computes the two apart).
 void linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                      const float* weight, int64_t num_rows, int64_t in_dim, int64_t out_dim);
 
@@ -28,7 +29,7 @@ void linear_backward(float* dinp, float* dweight, const float* dout, const float
 void grouped_linear_forward(float* out, const float* inp, const float* weight,
                             const int64_t* offsets, int64_t num_experts, int64_t in_dim,
                             int64_t out_dim);
-// dinp written (skipped when null); dweight (E, O, I) accumulated.
+// dinp written (skipped when null); dweight (E, O, I) accumulated (skipped when null).
 void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                              const float* weight, const int64_t* offsets, int64_t num_experts,
                              int64_t in_dim, int64_t out_dim);

@@ -142,9 +142,9 @@ class CudaBackend final : public Backend {
             const int64_t row0 = rows[e], num_rows = rows[e + 1] - rows[e];
             if (num_rows == 0) continue;  // dweight[e] += 0: left alone, as on the CPU
             linear_backward_gemms(dinp ? dinp + row0 * in_dim : nullptr,
-                                  dweight + e * out_dim * in_dim, dout + row0 * out_dim,
-                                  inp + row0 * in_dim, weight + e * out_dim * in_dim, num_rows,
-                                  in_dim, out_dim);
+                                  dweight ? dweight + e * out_dim * in_dim : nullptr,
+                                  dout + row0 * out_dim, inp + row0 * in_dim,
+                                  weight + e * out_dim * in_dim, num_rows, in_dim, out_dim);
         }
     }
 
@@ -469,7 +469,8 @@ class CudaBackend final : public Backend {
                                int64_t out_dim) {
         if (dinp != nullptr)
             gemm(dinp, dout, weight, num_rows, in_dim, out_dim, false, false, 0.0f);
-        gemm(dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f);
+        if (dweight != nullptr)
+            gemm(dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f);
     }
 
     // The E + 1 segment offsets of grouped_linear on the host, checked as the CPU checks them.
