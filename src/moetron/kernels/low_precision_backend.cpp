@@ -209,6 +209,7 @@ void LowPrecisionBackend::linear_backward(float* dinp, float* dweight, const flo
         if (dinp != nullptr) {
             native_bf16_matmul({dinp, dout, weight, num_rows, in_dim, out_dim, false, false, 0.0f});
         }
+        if (dweight == nullptr) return;  // a split backward's B (split_backward_backend.h)
         return native_bf16_matmul(
             {dweight, dout, inp, out_dim, in_dim, num_rows, true, false, 1.0f});
     }
@@ -275,9 +276,11 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
                                               weight + e * per_expert, rows, in_dim, out_dim, false,
                                               false, 0.0f});
             }
-            bf16_expert_gemms_.push_back({dweight + e * per_expert, dout + row0 * out_dim,
-                                          inp + row0 * in_dim, out_dim, in_dim, rows, true, false,
-                                          1.0f});
+            if (dweight != nullptr) {  // null in a split backward's B
+                bf16_expert_gemms_.push_back({dweight + e * per_expert, dout + row0 * out_dim,
+                                              inp + row0 * in_dim, out_dim, in_dim, rows, true,
+                                              false, 1.0f});
+            }
         }
         return native_bf16_expert_gemms();
     }
