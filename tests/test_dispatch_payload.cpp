@@ -78,7 +78,9 @@ TEST(DispatchPayload, ExpertsGemmOnDecodedRowsEqualsTheRecipesGemm) {
         low.grouped_linear_forward_quantized_input(got.data(), arrived.data(), w.data(), offsets, E,
                                                    D, O);
         EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
-        // Not a vacuous match: float32 rows give another result.
+        // Not a vacuous match: float32 rows give another result (except on the native bf16
+        // kernel, which rounds whatever it is given as it packs it).
+        if (low.native_bf16() && r.precision == Precision::bf16) continue;
         std::vector<float> unquantized(want.size());
         low.grouped_linear_forward_quantized_input(unquantized.data(), x.data(), w.data(), offsets,
                                                    E, D, O);

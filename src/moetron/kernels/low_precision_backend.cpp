@@ -252,6 +252,10 @@ void LowPrecisionBackend::grouped_linear_forward_quantized_input(float* out, con
                                                                  const int64_t* offsets,
                                                                  int64_t num_experts,
                                                                  int64_t in_dim, int64_t out_dim) {
+    // The native kernel rounds its operands to bf16 as it packs them: a no-op on rows that
+    // arrived as bf16, and the same kernel (the same sums) as the recipe's own GEMM.
+    if (native_bf16_)
+        return grouped_linear_forward(out, inp, weight, offsets, num_experts, in_dim, out_dim);
     const float* w = fake_quantized_experts(weight, num_experts, out_dim, in_dim, true);
     inner_.grouped_linear_forward(out, inp, w, offsets, num_experts, in_dim, out_dim);
 }
