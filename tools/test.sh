@@ -6,7 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build_dir=build
-cmake_args=(-DCMAKE_BUILD_TYPE=Release)
+# A unity build: each room's sources compile in batches of 16, which parses the heavy headers
+# (CLI11, nlohmann/json, fmt) once per batch instead of once per file (2.7x less compile time for
+# the cli and train rooms, measured). A change to one file recompiles its batch: for editing, a
+# plain build (README's cmake commands) is quicker.
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16)
 ctest_args=()
 if [ "${1:-}" = "--sanitize" ]; then
   build_dir=build-asan
@@ -14,7 +18,7 @@ if [ "${1:-}" = "--sanitize" ]; then
   # The sanitizer build checks host code; the CUDA backend is compiled by the Release build.
   # -O1 -g1 (line tables for the reports): it compiles in half the time of -O2 -g with the
   # sanitizers on, which is most of CI's time budget.
-  cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+  cmake_args=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=16 -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
               -DMOETRON_SANITIZE=ON -DMOETRON_CUDA=OFF -DMOETRON_BUILD_BENCH=OFF)
 fi
 

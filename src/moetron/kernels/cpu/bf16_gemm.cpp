@@ -8,15 +8,13 @@
 #include "moetron/core/error.h"
 #include "moetron/kernels/cpu/bf16_gemm_kernel.h"
 #include "moetron/kernels/cpu/blas_info.h"
+#include "moetron/kernels/cpu/matmul.h"
 #include "moetron/kernels/cpu/number_formats.h"
 
 namespace moetron::cpu {
 
 namespace {
 
-// Below this many FLOPs a GEMM runs on the calling thread (as matmul.cpp's threshold: a
-// parallel region costs a few microseconds).
-constexpr double kMinParallelFlops = 4e6;
 // A batch hands whole GEMMs to threads when every thread gets at least this many (matmul.cpp's
 // kMinExpertsPerThread, for the same reason: dynamic scheduling evens out unequal GEMMs).
 constexpr int64_t kMinGemmsPerThread = 4;
@@ -139,10 +137,6 @@ void gemm_on_threads(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers, i
     }
 }
 
-int available_threads() {
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-}
-
 void check(const Bf16Matmul& g) {
     MT_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0,
              "[bf16_matmul] shape ({}, {}, {}) must not be negative", g.m, g.n, g.k);
@@ -158,8 +152,8 @@ void bf16_matmul(Bf16GemmWorkspace& workspace, const Bf16Matmul& gemm) {
     MT_CHECK(cpu_has_avx512_bf16(), "[bf16_matmul] needs a CPU with AVX512_BF16");
     check(gemm);
     if (workspace.per_thread.empty()) workspace.per_thread.resize(1);
-    const int num_threads = available_threads();
-    if (num_threads <= 1 || flops(gemm) < kMinParallelFlops) {
+    const int num_threads = gemm_threads_available();
+    if (num_threads <= 1 || flops(gemm) < kMinParallelGemmFlops) {
         gemm_on_this_thread(gemm, workspace.per_thread[0]);
     } else {
         gemm_on_threads(gemm, workspace.per_thread[0], num_threads);
@@ -173,7 +167,7 @@ void bf16_matmul_batch(Bf16GemmWorkspace& workspace, const Bf16Matmul* gemms, in
         check(gemms[i]);
         num_busy += gemms[i].m > 0 && gemms[i].n > 0 ? 1 : 0;
     }
-    const int num_threads = available_threads();
+    const int num_threads = gemm_threads_available();
     if (num_threads <= 1 || num_busy < kMinGemmsPerThread * num_threads) {
         for (int64_t i = 0; i < count; ++i) bf16_matmul(workspace, gemms[i]);
         return;

@@ -35,9 +35,6 @@ namespace moetron::cpu {
 
 namespace {
 
-// Below this many FLOPs a GEMM runs on the calling thread: a parallel region costs a few
-// microseconds, and 4 MFLOP take ~30 us on one core.
-constexpr double kMinParallelFlops = 4e6;
 // The grouped GEMM hands whole experts to threads when every thread gets at least this many
 // (dynamic scheduling then evens out uneven routing); with fewer, each expert's GEMM is split
 // over all threads instead. With 4, equal experts lose at most ~10% to the last round (9 experts
@@ -99,15 +96,11 @@ void gemm_block(const Gemm& g, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                 static_cast<int>(g.n));
 }
 
-int available_threads() {
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-}
-
 // The whole GEMM over all threads: C is cut along its longer side, because each block packs the
 // whole of the other operand (cutting rows repacks op(B) per thread, cutting columns op(A)).
 void gemm_parallel(const Gemm& g) {
-    const int num_threads = available_threads();
-    if (num_threads <= 1 || 2.0 * g.m * g.n * g.k < kMinParallelFlops) {
+    const int num_threads = gemm_threads_available();
+    if (num_threads <= 1 || 2.0 * g.m * g.n * g.k < kMinParallelGemmFlops) {
         gemm_block(g, 0, g.m, 0, g.n);
         return;
     }
@@ -167,7 +160,7 @@ template <class RunExpert>
 void for_each_expert(const int64_t* offsets, int64_t num_experts, RunExpert run_expert) {
     int64_t num_busy = 0;
     for (int64_t e = 0; e < num_experts; ++e) num_busy += offsets[e + 1] > offsets[e] ? 1 : 0;
-    const int num_threads = available_threads();
+    const int num_threads = gemm_threads_available();
     if (num_threads > 1 && num_busy >= kMinExpertsPerThread * num_threads) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
         for (int64_t e = 0; e < num_experts; ++e) {
@@ -261,6 +254,10 @@ void grouped_linear_backward(float* dinp, float* dweight, const float* dout, con
                           num_rows, true, false, 1.0f});
         }
     });
+}
+
+int gemm_threads_available() {
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
 }
 
 }  // namespace moetron::cpu

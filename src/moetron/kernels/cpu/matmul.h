@@ -10,6 +10,13 @@
 
 namespace moetron::cpu {
 
+// Below this many FLOPs a GEMM runs on the calling thread: a parallel region costs a few
+// microseconds, and 4 MFLOP take ~30 us on one core. Every CPU GEMM (this file's, the bf16
+// kernel's) splits by it.
+inline constexpr double kMinParallelGemmFlops = 4e6;
+// The threads a GEMM may use: omp_get_max_threads(), one inside a parallel region.
+int gemm_threads_available();
+
 // C (M, N) = op(A) op(B) + beta * C, row-major. op(A) is (M, K): A is (M, K), or (K, M) when
 // trans_a. op(B) is (K, N): B is (K, N), or (N, K) when trans_b.
 void matmul(float* c, const float* a, const float* b, int64_t m, int64_t n, int64_t k, bool trans_a,
