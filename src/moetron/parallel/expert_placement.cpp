@@ -181,12 +181,21 @@ ExpertPlacement placement_from_slots(const PlacementShape& shape, std::vector<in
 
 std::vector<int32_t> balanced_shares(const ExpertPlacement& placement,
                                      std::span<const double> expert_loads) {
+    SharesWorkspace workspace;
+    balanced_shares(placement, expert_loads, workspace);
+    return std::move(workspace.share);
+}
+
+void balanced_shares(const ExpertPlacement& placement, std::span<const double> expert_loads,
+                     SharesWorkspace& workspace) {
     const PlacementShape& shape = placement.shape;
     MT_CHECK(static_cast<int64_t>(expert_loads.size()) == shape.num_experts,
              "[placement] {} loads for {} experts", expert_loads.size(), shape.num_experts);
     // Tokens per slot, starting from the even split.
-    std::vector<double> amount(placement.slot_expert.size());
-    std::vector<double> rank_load(static_cast<size_t>(shape.ep_size), 0.0);
+    std::vector<double>& amount = workspace.amount;
+    std::vector<double>& rank_load = workspace.rank_load;
+    amount.assign(placement.slot_expert.size(), 0.0);
+    rank_load.assign(static_cast<size_t>(shape.ep_size), 0.0);
     for (size_t s = 0; s < amount.size(); ++s) {
         const int32_t e = placement.slot_expert[s];
         amount[s] =
@@ -198,8 +207,8 @@ std::vector<int32_t> balanced_shares(const ExpertPlacement& placement,
     // raise the least loaded ones to a common level, the others' loads held fixed. An expert's
     // slots are ascending, so two replicas on one rank are neighbours: they split that rank's part.
     constexpr int kPasses = 32;  // the loads settle in a few; more passes cost microseconds
-    std::vector<int64_t> ranks;
-    std::vector<double> base, sorted_base;
+    std::vector<int64_t>& ranks = workspace.ranks;
+    std::vector<double>&base = workspace.base, &sorted_base = workspace.sorted_base;
     for (int pass = 0; pass < kPasses; ++pass) {
         for (int64_t e = 0; e < shape.num_experts; ++e) {
             const std::span<const int32_t> slots = placement.slots_of(e);
@@ -242,8 +251,9 @@ std::vector<int32_t> balanced_shares(const ExpertPlacement& placement,
     }
     // To kShareUnits per expert: floors, then the units left over to the largest remainders (the
     // lowest slot on ties). An expert without load splits evenly.
-    std::vector<int32_t> share(amount.size(), 0);
-    std::vector<std::pair<double, int32_t>> remainder;
+    std::vector<int32_t>& share = workspace.share;
+    share.assign(amount.size(), 0);
+    std::vector<std::pair<double, int32_t>>& remainder = workspace.remainder;
     for (int64_t e = 0; e < shape.num_experts; ++e) {
         const std::span<const int32_t> slots = placement.slots_of(e);
         double total = 0;
@@ -264,7 +274,6 @@ std::vector<int32_t> balanced_shares(const ExpertPlacement& placement,
         for (size_t i = 0; given < kShareUnits; ++i, ++given)
             ++share[static_cast<size_t>(remainder[i % remainder.size()].second)];
     }
-    return share;
 }
 
 ExpertPlacement balanced_placement(std::span<const double> expert_loads,

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace moetron::parallel {
@@ -107,6 +108,18 @@ ExpertPlacement placement_from_slots(const PlacementShape& shape, std::vector<in
 // "share" step above); (E + R) values in kShareUnits.
 std::vector<int32_t> balanced_shares(const ExpertPlacement& placement,
                                      std::span<const double> expert_loads);
+
+// The working memory of balanced_shares: kept by a caller that computes shares every step, so
+// that after the first step it allocates nothing.
+struct SharesWorkspace {
+    std::vector<double> amount, rank_load, base, sorted_base;
+    std::vector<int64_t> ranks;
+    std::vector<std::pair<double, int32_t>> remainder;
+    std::vector<int32_t> share;
+};
+// balanced_shares into workspace.share.
+void balanced_shares(const ExpertPlacement& placement, std::span<const double> expert_loads,
+                     SharesWorkspace& workspace);
 
 // The load each rank carries when every expert's load splits over its replicas by their shares
 // (what the replica choice of the dispatch follows), (ep) values.

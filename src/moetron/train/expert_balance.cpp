@@ -150,8 +150,8 @@ BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& lo
         // loads: the loads drift faster than the average, and new shares move nothing.
         for (size_t l = 0; l < average_.size(); ++l) {
             const auto layer = static_cast<int64_t>(l);
-            model_.set_expert_shares(
-                layer, parallel::balanced_shares(*model_.expert_placement(layer), last_load_[l]));
+            parallel::balanced_shares(*model_.expert_placement(layer), last_load_[l], shares_);
+            model_.set_expert_shares(layer, shares_.share);
         }
         return r;
     }

@@ -104,6 +104,7 @@ class ExpertBalancer {
     int64_t num_moe_layers_ = 0;                // with redundant experts
     std::vector<std::vector<double>> average_;  // (layers, E) moving average of tokens per expert
     std::vector<std::vector<double>> last_load_;  // (layers, E) the last step's tokens per expert
+    parallel::SharesWorkspace shares_;            // the shares between rebalances, every step
     bool has_average_ = false;
     std::vector<SlotTensor> tensors_;
     int64_t slot_floats_ = 0;   // floats one slot of one MoE layer moves
