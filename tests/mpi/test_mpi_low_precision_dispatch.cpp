@@ -158,7 +158,10 @@ TEST(MpiLowPrecisionDispatch, AgainstFloat32DispatchOfTheSamePrecision) {
             EXPECT_LE(worst_grad_norm, 1e-9);
         }
         EXPECT_LE(worst_loss, 1e-3) << what;
-        EXPECT_LE(worst_grad_norm, 1e-2) << what;
+        // fp8-blockwise's amax / 448 scales re-round the column-wise copy built from the arrived
+        // row-wise one, and the difference grows with training: 3.2e-3 after 6 steps in the
+        // Release build, 1.7e-2 in the sanitizer build's -O1 arithmetic.
+        EXPECT_LE(worst_grad_norm, precision == Precision::fp8_blockwise ? 5e-2 : 1e-2) << what;
     }
 }
 

@@ -17,22 +17,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "moetron/kernels/cpu/matmul.h"
+
 namespace moetron::cpu {
 
 // True when the CPU has AVX512_BF16 and the AVX-512 F/BW/DQ/VL the kernel also uses.
 bool cpu_has_avx512_bf16();
 
-// C (m, n) = bf16(op(A)) bf16(op(B)) + beta C, row-major, with matmul()'s conventions (matmul.h):
-// op(A) is (m, k), A stored (k, m) when trans_a; op(B) is (k, n), B stored (n, k) when trans_b.
-// beta 0: C is written without being read.
-struct Bf16Matmul {
-    float* c;
-    const float* a;
-    const float* b;
-    int64_t m, n, k;
-    bool trans_a, trans_b;
-    float beta;
-};
+// C (m, n) = bf16(op(A)) bf16(op(B)) + beta C: matmul.h's Gemm, its operands rounded to bf16.
+using Bf16Matmul = Gemm;
 
 // Scratch of the packed operands, one pair of buffers per thread that packs: grows to the largest
 // GEMM it has served and is reused after. One call at a time per workspace.

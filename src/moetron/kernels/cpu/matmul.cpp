@@ -62,16 +62,6 @@ void make_blas_single_threaded() {
     if (!omp_in_parallel() && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
-// C (M, N) = op(A) op(B) + beta C, row-major, with dimensions already checked.
-struct Gemm {
-    float* c;
-    const float* a;
-    const float* b;
-    int64_t m, n, k;
-    bool trans_a, trans_b;
-    float beta;
-};
-
 // Rows [r0, r1) x columns [c0, c1) of C, on the calling thread. The degenerate shapes BLAS
 // rejects are handled here: nothing to do when the block is empty; with K = 0 the product is zero,
 // so C = beta C (C = 0 when beta = 0, never reading C, as BLAS does).

@@ -10,6 +10,18 @@
 
 namespace moetron::cpu {
 
+// One GEMM's operands and shape: C (m, n) = op(A) op(B) + beta C, row-major, with matmul()'s
+// conventions below (op(A) is (m, k), A stored (k, m) when trans_a; op(B) is (k, n), B stored
+// (n, k) when trans_b; beta 0: C is written without being read).
+struct Gemm {
+    float* c;
+    const float* a;
+    const float* b;
+    int64_t m, n, k;
+    bool trans_a, trans_b;
+    float beta;
+};
+
 // Below this many FLOPs a GEMM runs on the calling thread: a parallel region costs a few
 // microseconds, and 4 MFLOP take ~30 us on one core. Every CPU GEMM (this file's, the bf16
 // kernel's) splits by it.
