@@ -52,15 +52,15 @@ stale() {  # stale OUTPUT INPUT...: OUTPUT is missing or older than an input
   [ ! -e "$1" ] || [ -n "$(find "${@:2}" -newer "$1" | head -1)" ]
 }
 compile_objects() {
-  local todo=()
+  local stale_sources=()
   for source in "$@"; do
-    if stale "$(object_of "$source")" "$source" "${headers[@]}"; then todo+=("$source"); fi
+    if stale "$(object_of "$source")" "$source" "${headers[@]}"; then stale_sources+=("$source"); fi
   done
-  [ ${#todo[@]} -gt 0 ] || return 0
-  echo "fuzz: compiling ${#todo[@]} source(s) with $clangxx"
+  [ ${#stale_sources[@]} -gt 0 ] || return 0
+  echo "fuzz: compiling ${#stale_sources[@]} source(s) with $clangxx"
   export clangxx build_dir
   export flags_line="${flags[*]}"
-  printf '%s\n' "${todo[@]}" | xargs -P "$(nproc)" -I{} bash -c \
+  printf '%s\n' "${stale_sources[@]}" | xargs -P "$(nproc)" -I{} bash -c \
     'out="$build_dir/obj/${1%.cpp}.o"; mkdir -p "$(dirname "$out")";
      $clangxx $flags_line -c "$1" -o "$out.tmp" && mv "$out.tmp" "$out"' _ {}
 }
