@@ -6,11 +6,13 @@
 //
 //   build/bench/bench_train_step [--config PATH] [--batch-size B] [--seq-len S] [--threads T]
 //                                [--steps N] [--no-mtp] [--no-balance] [--profile-ops]
-//                                [benchmark flags]
+//                                [--precision fp32|bf16|mxfp8|fp8-blockwise] [benchmark flags]
 //
 // --profile-ops runs the steps through a ProfilingBackend (kernels/profiling_backend.h) and
 // prints, after them, where a step's time goes: per category and per op, ms per step, % of the
 // step and calls per step.
+// --precision runs the linear layers' and experts' GEMMs in that format, as `moetron train
+// --precision` does (kernels/low_precision_backend.h; bf16 is native on CPUs with AVX512_BF16).
 // --no-mtp drops the MTP module and --no-balance the balance loss and the router bias update, to
 // match Hugging Face's DeepseekV3ForCausalLM, which has neither.
 #include <benchmark/benchmark.h>
@@ -22,12 +24,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
+#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/train/data_loader.h"
@@ -48,6 +52,7 @@ struct BenchOptions {
     bool mtp = true;
     bool balance = true;
     bool profile_ops = false;
+    std::string precision = "fp32";
 };
 
 // Our flags; everything else is left for Google Benchmark.
@@ -76,6 +81,8 @@ BenchOptions parse_options(int& argc, char** argv) {
             o.balance = false;
         } else if (arg == "--profile-ops") {
             o.profile_ops = true;
+        } else if (arg == "--precision") {
+            o.precision = value();
         } else {
             argv[kept++] = argv[i];
         }
@@ -113,9 +120,15 @@ int run(int argc, char** argv) {
     RngStream rng(c.seed, /*stream_id=*/0xBE7C);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_below(model.vocab_size));
     DataLoader loader(std::move(tokens), "random", model.vocab_size, c.seq_len, 0.1, c.seed);
-    ProfilingBackend profiling(cpu_backend());
+    // The same stack as `moetron train`: the precision's GEMMs under the profiler, so that
+    // --profile-ops sees every op the step runs.
+    const Precision precision = parse_precision(o.precision);
+    std::optional<LowPrecisionBackend> low_precision;
+    if (precision != Precision::fp32) low_precision.emplace(cpu_backend(), precision);
+    Backend& compute = low_precision ? static_cast<Backend&>(*low_precision) : cpu_backend();
+    ProfilingBackend profiling(compute);
     Trainer trainer(model, c, std::move(loader), TrainParallel{},
-                    o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend());
+                    o.profile_ops ? static_cast<Backend&>(profiling) : compute);
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
     const int threads = omp_get_max_threads();
@@ -168,10 +181,11 @@ int run(int argc, char** argv) {
                     "{:.2f}, \"mfu\": {:.4f}, \"gemm_peak_gflops\": {:.1f}, \"batch\": {}, "
                     "\"seq\": {}, \"threads\": {}, \"model\": \"{}\", \"params\": {}, "
                     "\"step_ms_median\": {:.2f}, \"steps\": {}, \"mtp\": {}, "
-                    "\"balance\": {}}}",
+                    "\"balance\": {}, \"precision\": \"{}\"}}",
                     n * tokens_per_step / total_s, gflops, gflops / peak_gflops, peak_gflops,
                     c.batch_size, c.seq_len, threads, model.name, trainer.model().num_params(),
-                    1e3 * sorted[sorted.size() / 2], result.step_s.size(), o.mtp, o.balance)
+                    1e3 * sorted[sorted.size() / 2], result.step_s.size(), o.mtp, o.balance,
+                    o.precision)
             .c_str());
     if (o.profile_ops) {
         std::printf(
