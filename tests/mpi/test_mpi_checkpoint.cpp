@@ -33,6 +33,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -650,6 +651,21 @@ TEST_F(BadShardedCheckpoint, FailureOnOneRankAbortsTheSaveOnEveryRank) {
     EXPECT_EQ(entries, 2u) << "only step-00000001 and latest";
     auto fresh = make_trainer(&mpi_world(), layout_);
     EXPECT_EQ(load_checkpoint(*fresh, root), first_);
+}
+
+// A parameter that overflowed on one rank alone (a rank's own experts, say) fails the save on
+// every rank, naming that rank, instead of leaving the others waiting in the save's collectives.
+TEST_F(BadShardedCheckpoint, NonFiniteParameterOnOneRankFailsTheSaveOnEveryRank) {
+    trainer_->step();
+    const int failing = mpi_world().size() - 1;
+    if (mpi_world().rank() == failing) {
+        trainer_->model().params()[3] = std::numeric_limits<float>::quiet_NaN();
+    }
+    const std::string err = error_of([&] { save_checkpoint(*trainer_, dir_->path() / "root", 0); });
+    EXPECT_NE(err.find("rank " + std::to_string(failing)), std::string::npos) << err;
+    EXPECT_NE(err.find("holds nan at element 3"), std::string::npos) << err;
+    mpi_world().barrier();
+    EXPECT_EQ(read_latest_pointer(dir_->path() / "root"), checkpoint_dir_name(1));
 }
 
 }  // namespace

@@ -296,16 +296,25 @@ bool any_rank(parallel::Communicator& comm, bool flag) {
 }
 
 fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
-    trainer.check_safe_to_save("a checkpoint");
     parallel::Communicator& world = trainer.world();
     const int rank = world.rank();
     const fs::path final_dir =
         root / checkpoint_dir_name(static_cast<uint64_t>(trainer.steps_done()));
     const std::string what = fmt::format("saving checkpoint '{}'", final_dir.string());
 
+    // Each rank checks its own parameters (its shard of them); every rank learns of a failure,
+    // so that one rank's NaN does not leave the others waiting in the save's collectives.
+    std::string error;
+    try {
+        trainer.check_safe_to_save("a checkpoint");
+    } catch (const std::exception& e) {
+        error = what_failed(e);
+    }
+    throw_if_any_rank_failed(world, error, what);
+
     // Rank 0 opens the staging directory that every rank writes into.
     std::unique_ptr<StagedDir> staged;
-    std::string staging, error;
+    std::string staging;
     if (rank == 0) {
         try {
             staged = stage_checkpoint_dir(root, trainer.steps_done(), trainer.run_id());
