@@ -10,6 +10,7 @@
 #include <string>
 #include <tuple>
 
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/sim/planner.h"
 
@@ -48,6 +49,41 @@ TEST(SimPlanner, RanksFittingLayoutsAndRejectsTheRest) {
     const std::string second = explain_candidate(plan.ranked[1], plan.ranked[0], 2);
     EXPECT_EQ(first.rfind("#1 ", 0), 0u);
     EXPECT_NE(second.find("behind #1"), std::string::npos) << second;
+}
+
+// A layout that splits the heads but not the vocabulary (or an FFN) cannot be built by the engine's
+// tensor parallelism, whose parameter count the cluster model uses: the planner leaves it out
+// instead of failing the whole search, and simulating it names the number that does not split.
+TEST(SimPlanner, SkipsLayoutsWhoseTensorParallelSplitDoesNotFit) {
+    ModelConfig m = load_model_config(kRoot + "/configs/models/tiny.toml");
+    m.vocab_size = 258;  // splits over tp 2, not over tp 4; tiny's 4 heads split over both
+    const ClusterSpec c = load_cluster_spec(kRoot + "/configs/clusters/h100-hgx.toml");
+    SimOptions base;
+    base.seq_len = 64;
+    base.global_batch = 16;
+    PlanSpace space;
+    space.tp = {1, 2, 4};
+    space.pp = {1};
+    space.vpp = {1};
+    space.ep = {1};
+    space.micro_batch = {1};
+    space.recompute = {"none"};
+    const PlanResult plan = plan_layouts(m, c, 4, base, space);
+    ASSERT_FALSE(plan.ranked.empty());
+    for (const PlanCandidate& p : plan.ranked)
+        EXPECT_NE(p.result.layout.tp, 4) << p.result.layout.str();
+
+    parallel::Layout tp4;
+    tp4.tp = 4;
+    tp4.dp = 1;
+    try {
+        simulate_step(m, c, tp4, base);
+        ADD_FAILURE() << "tp4 of a 258-token vocabulary was simulated";
+    } catch (const UserError& e) {
+        EXPECT_NE(std::string(e.what()).find("tp 4 does not divide vocab_size 258"),
+                  std::string::npos)
+            << e.what();
+    }
 }
 
 // Runs the moetron binary; returns its exit code and combined output.

@@ -7,6 +7,7 @@
 
 #include "moetron/core/error.h"
 #include "moetron/model/flops.h"
+#include "moetron/model/layout_fit.h"
 #include "moetron/sim/memory.h"
 #include "moetron/sim/report.h"
 
@@ -68,18 +69,14 @@ PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, in
                             if (vpp > 1 && (pp == 1 || m % pp != 0 || m < pp)) continue;
                             if (!schedule_allows(l, m, o)) continue;
                             if (tp > cluster.scale_up.domain_gpus) continue;
-                            if (model.n_routed_experts == 0 && ep > 1) continue;
-                            if (model.n_routed_experts > 0 &&
-                                (model.n_routed_experts % ep != 0 || (gpus / pp) % ep != 0)) {
-                                continue;
-                            }
+                            if (!layout_misfit(l, model).empty()) continue;
+                            if (model.n_routed_experts > 0 && (gpus / pp) % ep != 0) continue;
                             // Redundant slots need an EP group that splits them evenly.
                             if (o.redundant_experts > 0 &&
                                 (ep == 1 ||
                                  (model.n_routed_experts + o.redundant_experts) % ep != 0)) {
                                 continue;
                             }
-                            if (model.num_attention_heads % tp != 0) continue;
                             if (pp * vpp > model.num_hidden_layers) continue;
                             if (o.seq_len % (2 * cp) != 0 || o.seq_len % (tp * cp) != 0) continue;
                             if (static_memory_lower_bound(model, l, o) > cluster.gpu.hbm_bytes) {
