@@ -93,6 +93,7 @@ void MpiProgressEngine::run() {
         if (stop_) return;
         // One MPI_Test drives all of Open MPI's pending work (opal_progress); testing each
         // request also retires the finished ones.
+        sweeps_.fetch_add(1, std::memory_order_relaxed);
         const size_t before = outstanding_.size();
         std::erase_if(outstanding_,
                       [](const std::shared_ptr<MpiOperation>& op) { return try_complete(*op); });

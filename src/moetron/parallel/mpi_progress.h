@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,6 +58,9 @@ class MpiProgressEngine {
     void begin_wait();
     void end_wait();
 
+    // Sweeps over the outstanding requests so far (each one MPI_Test per request).
+    int64_t sweeps() const { return sweeps_.load(std::memory_order_relaxed); }
+
   private:
     void run();
 
@@ -65,6 +69,7 @@ class MpiProgressEngine {
     std::vector<std::shared_ptr<MpiOperation>> outstanding_;  // guarded by mutex_
     bool stop_ = false;                                       // guarded by mutex_
     std::atomic<bool> abandoned_{false};
+    std::atomic<int64_t> sweeps_{0};
     int active_waiters_ = 0;            // guarded by mutex_
     bool tracked_since_sweep_ = false;  // guarded by mutex_; resets the poll backoff
     double poll_interval_s_;            // the shortest sleep between sweeps (PollBackoff)
