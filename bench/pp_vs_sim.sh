@@ -16,7 +16,9 @@
 # Measured bubble: the JSONL's bubble_fraction (1 - mean(stage busy) / the slowest stage's busy +
 # idle, so a stage that finishes early counts its tail), median over the measured steps.
 # Predicted: 1 - mean(stage_busy_s) / max(stage_end_s) of the simulated schedule: the same
-# definition. The goal (issue 13) is the
+# definition. Each stage's busy ms per step (the median, and the simulated schedule's) are printed
+# side by side: on a loaded machine they are less noisy than the bubble, and a pair that differs
+# between the two sides shows which stage one of them prices wrong. The goal (issue 13) is the
 # two within 15% relative of each other; a shared, loaded machine makes the measured side noisy
 # (the table gives the load average).
 # Do not run this on a loaded machine expecting meaningful figures: it trains for a while.
@@ -41,6 +43,24 @@ values = [json.loads(l).get(sys.argv[2]) for l in open(sys.argv[1]) if l.strip()
 values = [v for v in values[2:] if v is not None] or [v for v in values if v is not None]
 values.sort()
 print(f"{values[len(values) // 2]:.4f}" if values else "nan")
+EOF
+}
+
+stage_busy_measured() {  # each stage's median busy ms over the measured steps, "a/b/..."
+    python3 - "$1" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = rows[2:] or rows
+stages = len(rows[0]["stage_busy_ms"])
+med = [sorted(r["stage_busy_ms"][s] for r in rows)[len(rows) // 2] for s in range(stages)]
+print("/".join(f"{v:.1f}" for v in med))
+EOF
+}
+
+stage_busy_simulated() {  # each stage's busy ms of the simulated schedule, "a/b/..."
+    python3 - "$1" <<'EOF'
+import json, sys
+print("/".join(f"{v * 1e3:.1f}" for v in json.load(open(sys.argv[1]))["stage_busy_s"]))
 EOF
 }
 
@@ -113,16 +133,19 @@ EOF
                 predicted=$(predicted_bubble "$sim_json")
                 sim_ms=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.1f}')" "$sim_json")
                 err=$(python3 -c "import sys; p, m = map(float, sys.argv[1:]); print(f'{100 * (m - p) / p:+.0f}%' if p > 0 else 'n/a')" "$predicted" "$measured")
+                busy=$(stage_busy_measured "$log")
+                sim_busy=$(stage_busy_simulated "$sim_json")
                 load=$(cut -d' ' -f1 /proc/loadavg)
                 echo "   $name ($pp_layout): bubble measured $measured, predicted $predicted ($err);" \
-                    "step $step_ms ms, simulated $sim_ms ms; load $load"
-                rows+=("$(printf '| %-5s | %2s | %-9s | %2s | %8s | %9s | %5s | %8s | %8s | %5s |' "$model" "$pp" "$schedule" "$micro" "$measured" "$predicted" "$err" "$step_ms" "$sim_ms" "$load")")
+                    "step $step_ms ms, simulated $sim_ms ms; stage busy $busy ms, simulated" \
+                    "$sim_busy ms; load $load"
+                rows+=("$(printf '| %-5s | %2s | %-9s | %2s | %8s | %9s | %5s | %8s | %8s | %s | %s | %5s |' "$model" "$pp" "$schedule" "$micro" "$measured" "$predicted" "$err" "$step_ms" "$sim_ms" "$busy" "$sim_busy" "$load")")
             done
         done
     done
 done
 echo
 echo "pipeline bubble: moetron train (measured) vs moetron simulate (predicted); work files in $out"
-echo "| model | pp | schedule | micro-batches | bubble measured | bubble predicted | error | step ms | simulated ms | load |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| model | pp | schedule | micro-batches | bubble measured | bubble predicted | error | step ms | simulated ms | stage busy ms | simulated stage busy ms | load |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done

@@ -4,13 +4,16 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 #include "moetron/parallel/communicator.h"
+#include "moetron/parallel/mpi_progress.h"
 #include "mpi/mpi_test_main.h"
 
 namespace moetron::testing {
@@ -18,6 +21,7 @@ namespace {
 
 using parallel::CollectiveKind;
 using parallel::Communicator;
+using parallel::PollBackoff;
 
 // A value every rank can compute for (rank, index), exact in float.
 float value_of(int rank, size_t i) {
@@ -362,6 +366,46 @@ TEST(MpiCommunicator, ProgressThreadAdvancesCollectivesDuringCompute) {
         for (float x : data) wrong += x != want;
         EXPECT_EQ(wrong, 0u);
     }
+}
+
+// A pipeline stage posts a gradient's receive long before its neighbour sends it. The progress
+// thread must not poll such a receive every interval (on a CPU rank that took a fifth of a core):
+// after sweeps that complete nothing it sleeps up to 16 intervals, so while one receive waits T
+// seconds it sweeps at most a few times plus T / (16 intervals), however slow the machine (a
+// sleep never ends early). Before the backoff: about T / interval sweeps.
+TEST(MpiCommunicator, ProgressThreadBacksOffFromAReceiveThatWaitsForItsPeer) {
+    Communicator& world = mpi_world();
+    if (world.size() < 2) GTEST_SKIP() << "point to point needs two ranks";
+    if (!mpi_session().thread_multiple()) GTEST_SKIP() << "no MPI_THREAD_MULTIPLE: no thread";
+    MPI_Comm comm = MPI_COMM_NULL;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+    const int rank = world.rank();
+    constexpr int kTag = 7;
+    int payload = 0;
+    if (rank == 0) {
+        constexpr double kIntervalS = 50e-6;
+        parallel::MpiProgressEngine engine(/*run_thread=*/true, kIntervalS);
+        auto op = std::make_shared<parallel::MpiOperation>();
+        ASSERT_EQ(MPI_Irecv(&payload, 1, MPI_INT, 1, kTag, comm, &op->request), MPI_SUCCESS);
+        const Timer outstanding;
+        engine.track(op);
+        MPI_Barrier(comm);  // rank 1 sends only after this, then sleeps before it sends
+        while (!op->done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        const double waited_s = outstanding.elapsed_s();
+        const double bound = 8 + waited_s / (PollBackoff::kDefaultMaxFactor * kIntervalS);
+        EXPECT_EQ(payload, 42);
+        EXPECT_LE(static_cast<double>(engine.sweeps()), bound)
+            << "the receive waited " << waited_s * 1e3 << " ms";
+    } else {
+        MPI_Barrier(comm);
+        if (rank == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            payload = 42;
+            MPI_Send(&payload, 1, MPI_INT, 0, kTag, comm);
+        }
+    }
+    MPI_Barrier(comm);
+    MPI_Comm_free(&comm);
 }
 
 }  // namespace

@@ -60,7 +60,8 @@ struct CommunicatorOptions {
     // computes (Open MPI has no asynchronous progress of its own). Needs MPI_THREAD_MULTIPLE;
     // without it the communicator runs without the thread and says so (progress_thread_active).
     bool progress_thread = true;
-    // Sleep of the progress thread between sweeps while collectives are outstanding.
+    // Sleep of the progress thread between sweeps while collectives are outstanding (the
+    // shortest: it backs off while they wait for a peer, parallel/poll_backoff.h).
     double progress_poll_interval_s = 50e-6;
 };
 

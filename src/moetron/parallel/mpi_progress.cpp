@@ -51,6 +51,7 @@ void MpiProgressEngine::track(std::shared_ptr<MpiOperation> op) {
     {
         std::lock_guard lock(mutex_);
         outstanding_.push_back(std::move(op));
+        tracked_since_sweep_ = true;
     }
     wake_.notify_one();
 }
@@ -83,7 +84,7 @@ void MpiProgressEngine::end_wait() {
 }
 
 void MpiProgressEngine::run() {
-    const auto poll_interval = std::chrono::duration<double>(poll_interval_s_);
+    PollBackoff backoff(poll_interval_s_);
     std::unique_lock lock(mutex_);
     while (true) {
         // Sleeps without polling while nothing is outstanding or a caller is polling itself.
@@ -92,11 +93,19 @@ void MpiProgressEngine::run() {
         if (stop_) return;
         // One MPI_Test drives all of Open MPI's pending work (opal_progress); testing each
         // request also retires the finished ones.
+        sweeps_.fetch_add(1, std::memory_order_relaxed);
+        const size_t before = outstanding_.size();
         std::erase_if(outstanding_,
                       [](const std::shared_ptr<MpiOperation>& op) { return try_complete(*op); });
+        if (outstanding_.size() < before || tracked_since_sweep_) {
+            backoff.progressed();
+        } else {
+            backoff.idle_sweep();
+        }
+        tracked_since_sweep_ = false;
         if (outstanding_.empty()) continue;
         lock.unlock();
-        std::this_thread::sleep_for(poll_interval);
+        std::this_thread::sleep_for(std::chrono::duration<double>(backoff.interval_s()));
         lock.lock();
     }
 }

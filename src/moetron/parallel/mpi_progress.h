@@ -2,7 +2,8 @@
 // while some thread is inside MPI ("OMPI progress: no" in ompi_info), so an MPI_Iallreduce posted
 // before a long computation sits mostly idle until wait(). The progress engine runs one thread per
 // world communicator (shared by the groups split from it) that calls MPI_Test on the outstanding
-// requests every poll interval, so the collective advances while the caller computes.
+// requests every poll interval, so the collective advances while the caller computes; while its
+// sweeps complete nothing it polls less often (poll_backoff.h).
 //
 // A request must never be tested by two threads at once (MPI forbids it), so each operation
 // carries a flag: whichever thread sets it may call MPI_Test; the other skips or retries.
@@ -12,11 +13,14 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "moetron/parallel/poll_backoff.h"
 
 namespace moetron::parallel {
 
@@ -54,6 +58,9 @@ class MpiProgressEngine {
     void begin_wait();
     void end_wait();
 
+    // Sweeps over the outstanding requests so far (each one MPI_Test per request).
+    int64_t sweeps() const { return sweeps_.load(std::memory_order_relaxed); }
+
   private:
     void run();
 
@@ -62,8 +69,10 @@ class MpiProgressEngine {
     std::vector<std::shared_ptr<MpiOperation>> outstanding_;  // guarded by mutex_
     bool stop_ = false;                                       // guarded by mutex_
     std::atomic<bool> abandoned_{false};
-    int active_waiters_ = 0;  // guarded by mutex_
-    double poll_interval_s_;
+    std::atomic<int64_t> sweeps_{0};
+    int active_waiters_ = 0;            // guarded by mutex_
+    bool tracked_since_sweep_ = false;  // guarded by mutex_; resets the poll backoff
+    double poll_interval_s_;            // the shortest sleep between sweeps (PollBackoff)
     std::thread thread_;
 };
 
