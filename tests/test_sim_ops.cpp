@@ -71,6 +71,32 @@ TEST(SimOps, PerOpFlopsAddUpToModelFlops) {
     }
 }
 
+// The zero-bubble schedule's W pass holds what the engine defers
+// (kernels/split_backward_backend.h): the layers' GEMM weight gradients, not the router's, the
+// head's or, under TP, MTP's eh_proj's.
+TEST(SimOps, ZeroBubbleDefersTheWeightGradientsTheEngineDefers) {
+    Fixture f;
+    auto deferred = [](const BlockOps& b) {
+        std::string names;
+        for (const Op& op : b.backward) {
+            if (op.weight_gradient) names += op.name + " ";
+        }
+        return names;
+    };
+    for (const char* layout : {"tp1.ep8", "tp2.ep8"}) {
+        const OpContext ctx = f.context(layout, 64, 1024, 1);
+        const std::string head = deferred(build_block_ops(ctx, BlockKind::output_head));
+        EXPECT_EQ(head, "") << layout;
+        const std::string moe = deferred(build_block_ops(ctx, BlockKind::moe_layer));
+        EXPECT_NE(moe.find("attn.o_proj.wgrad"), std::string::npos) << moe;
+        EXPECT_EQ(moe.find("moe.router"), std::string::npos) << moe;
+        const std::string mtp = deferred(build_block_ops(ctx, BlockKind::mtp_extra));
+        EXPECT_EQ(mtp.find("mtp.eh_proj.wgrad") != std::string::npos, ctx.layout.tp == 1)
+            << layout << ": " << mtp;
+        EXPECT_EQ(mtp.find("mtp.head"), std::string::npos) << mtp;
+    }
+}
+
 TEST(SimOps, ExecutedFlopsExceedTheConventionWhereRealKernelsDoMore) {
     Fixture f;
     const BlockOps moe = build_block_ops(f.context("tp2.ep8", 64, 4096, 1), BlockKind::moe_layer);

@@ -122,8 +122,11 @@ class Builder {
 
     // GEMM out(m x n) = in(m x k) * W(k x n). model_flops_share: the fraction of the executed
     // FLOPs the convention counts (1/tp for duplicated GEMMs, 0 for the router).
+    // deferred_weight_gradient: whether a zero-bubble schedule runs the wgrad in W. The engine
+    // (kernels/split_backward_backend.h) keeps the router's, the head's and, under TP, MTP's
+    // eh_proj's in B; the cluster model prices the schedule the engine runs.
     void gemm(const std::string& name, double m, double n, double k, Precision prec,
-              double model_flops_share, double saved_input) {
+              double model_flops_share, double saved_input, bool deferred_weight_gradient = true) {
         const bool low = is_low_precision(prec);
         const double in_b = precision_bytes(prec);
         Op f = make(name, OpKind::gemm);
@@ -159,8 +162,8 @@ class Builder {
         // Accumulates into the fp32 main gradient (read + write).
         wgrad.bytes = (m * n + m * k) * in_b + n * k * 8;
         wgrad.saved_bytes = 0;
-        wgrad.weight_gradient = true;
-        wgrad.weight_gradient_input_bytes = (m * n + m * k) * in_b;
+        wgrad.weight_gradient = deferred_weight_gradient;
+        wgrad.weight_gradient_input_bytes = deferred_weight_gradient ? (m * n + m * k) * in_b : 0;
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -411,7 +414,7 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     b.module = Module::none;
     // Router: fp32 GEMM (Megatron's --moe-router-dtype fp32, on TF32 tensor cores), not counted
     // by the convention.
-    b.gemm("moe.router", d.T, d.E, d.D, Precision::tf32, 0, 0);
+    b.gemm("moe.router", d.T, d.E, d.D, Precision::tf32, 0, 0, /*deferred_weight_gradient=*/false);
     b.memory("moe.router_ops", 12 * d.T * d.E * 4, 8 * d.T * d.E * 4, kRouterForwardKernels,
              kRouterBackwardKernels, 0, 3 * d.T * d.E * 4);
     b.memory("moe.preprocess", 4 * d.T * d.E * 4, 0, kPreprocessKernels, 0);
@@ -493,7 +496,8 @@ void add_output_head(Builder& b, const Dims& d, const std::string& prefix) {
     add_norm(b, d, prefix + ".final_norm", d.T, d.D, true);
     b.tp_all_gather(prefix + ".ag", d.D);
     // The LM head stays in bf16 in the low-precision recipes.
-    b.gemm(prefix + ".logits", d.Tf, d.V / d.tp, d.D, Precision::bf16, 1, 0);
+    b.gemm(prefix + ".logits", d.Tf, d.V / d.tp, d.D, Precision::bf16, 1, 0,
+           /*deferred_weight_gradient=*/false);
     // Fused vocab-parallel cross-entropy: reads the logits twice, writes their gradient.
     const double logits = d.Tf * d.V / d.tp * kActBytes;
     b.memory(prefix + ".cross_entropy", 2 * logits, 2 * logits, 3, 2, 0, 0);
@@ -570,7 +574,7 @@ BlockOps build_block_ops(const OpContext& ctx, BlockKind kind) {
             b.last_forward().model_flops = kMegatronScale * 3 * d.D * d.T;
             b.tp_all_gather("mtp.ag", 2 * d.D);
             b.gemm("mtp.eh_proj", d.Tf, d.D / d.tp, 2 * d.D, ctx.settings.precision, 1,
-                   d.T * 2 * d.D * kActBytes);
+                   d.T * 2 * d.D * kActBytes, /*deferred_weight_gradient=*/d.tp == 1);
             b.tp_all_gather("mtp.eh_gather", d.D);
             add_output_head(b, d, "mtp.head");
             break;
