@@ -210,6 +210,37 @@ TEST(Calibrate, CollectivesDoNotHideBehindCpuCompute) {
     EXPECT_NEAR(overlapped_s, serial_s, 1e-3 * serial_s);
 }
 
+// Issue 17: tiny on two ranks of one thread was under-predicted by 13%. The layers' memory-bound
+// ops (norms, SwiGLU, RoPE, permutes) were priced at the stream rate, but the engine's kernels are
+// bound by their arithmetic: on one thread they ran at half the stream rate (9.0 against
+// 18.4 GB/s on the 2-core machine). They are now priced at the engine's measured rmsnorm + SwiGLU
+// rate; the GEMMs' byte side and the optimizer keep the stream rate.
+TEST(Calibrate, MemoryOpsRunAtTheEngineKernelsRate) {
+    ComputeMeasurements at_kernel_rate = synthetic_compute();  // kernels 5 GB/s, stream 20
+    ComputeMeasurements at_stream_rate = at_kernel_rate;
+    at_stream_rate.memory_kernels_gbytes_per_s = at_stream_rate.stream_gbytes_per_s;
+    const CollectiveMeasurements copies = calibrate::measure_self_copies({0.001, true});
+    const auto machine = calibrate::detect_machine(1, "test_calibrate");
+    auto cluster_of = [&](const ComputeMeasurements& c) {
+        const auto fit = calibrate::fit_calibration(c, copies);
+        return sim::parse_cluster_spec(
+            calibrate::format_cluster_toml("local", machine, c, copies, fit), "local.toml",
+            "/nonexistent");
+    };
+    const sim::ClusterSpec slow = cluster_of(at_kernel_rate), fast = cluster_of(at_stream_rate);
+    EXPECT_NEAR(slow.efficiency.memory_ops_bw, 0.5 * 5 / 20, 1e-9);
+    EXPECT_NEAR(slow.efficiency.memory_bw, 0.5, 1e-9);
+
+    const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+    const auto one = parallel::parse_layout("tp1", 1);
+    const sim::StepResult slow_step = sim::simulate_step(tiny, slow, one, fp32_options(8, 8, 64));
+    const sim::StepResult fast_step = sim::simulate_step(tiny, fast, one, fp32_options(8, 8, 64));
+    // Four times the time per byte, less each op's fixed cost (the same in both).
+    EXPECT_GT(slow_step.breakdown.memory_bound_s, 3.5 * fast_step.breakdown.memory_bound_s);
+    EXPECT_DOUBLE_EQ(slow_step.breakdown.gemm_s, fast_step.breakdown.gemm_s);
+    EXPECT_DOUBLE_EQ(slow_step.breakdown.optimizer_s, fast_step.breakdown.optimizer_s);
+}
+
 // A one-thread rank's GEMM reads what the op before it just wrote, still in the core's L2 when
 // it fits: tiny's GEMM shapes ran 1.2-1.4x faster from there than calibrate's cold copies
 // measured them (min of 400 interleaved calls, one thread), which over-priced tiny on 2 ranks.

@@ -89,6 +89,8 @@ struct CalibrationFit {
     double attention_fwd = 0;
     double attention_bwd = 0;
     double memory_bw_efficiency = 0;
+    // The layers' memory-bound ops at the engine's rmsnorm + SwiGLU rate (0: not measured).
+    double memory_ops_bw_efficiency = 0;
     double gemm_fit_rms_rel_error = 0;  // rms log error of the GEMM points, each counted once
     // Collectives: alpha per ring step and bandwidth of each fit (1 rank: self copies).
     bool collectives_measured = false;
