@@ -237,7 +237,10 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         "# fp32 one, because the sim prices the attention core and the LM head at the bf16 peak "
         "and");
     line("# the router GEMM at the tf32 one. Simulate with --precision fp32.");
-    line("# Measurements (mean time per call over a window; the fits below come from them):");
+    line(fmt::format(
+        "# Measurements (mean time per call over a window, the median of {} round(s); the fits "
+        "below come from them):",
+        c.rounds));
     line(fmt::format("#   sgemm fwd+bwd of a linear layer (6 m n k FLOPs), {} shapes, GFLOP/s:",
                      c.gemm.size()));
     std::string row = "#    ";
