@@ -38,8 +38,12 @@ vector_isa=scalar
 for isa in avx2 avx512f avx512_bf16; do
     [[ " $cpu_flags " == *" $isa "* ]] && vector_isa=$isa
 done
+# Family / model / stepping tell apart CPUs that share a model name ("AMD EPYC" on a VM).
+cpu_id=$(awk -F': *' '/^cpu family/ {f = $2} /^model[ \t]*:/ {m = $2} /^stepping/ {s = $2}
+    END {if (f != "") printf "family %s model %s stepping %s", f, m, s}' /proc/cpuinfo)
+cpu_model="${cpu_model:-unknown CPU}${cpu_id:+ ($cpu_id)}"
 today=$(date -u +%Y-%m-%d)
-echo "machine: ${cpu_model:-unknown CPU}, $cores cores, widest vector ISA $vector_isa, $today"
+echo "machine: $cpu_model, $cores cores, widest vector ISA $vector_isa, $today"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 launch() {  # launch N cmd...: plain on one rank, mpirun otherwise
@@ -144,7 +148,7 @@ EOF
         bench/ratio_stats.py "$model dp$n predicted / measured")
     ratio_range=$(sed -n 's/.*(min\.\.max \([0-9.]*\.\.[0-9.]*\) over.*/\1/p' <<< "$ratio_line")
     echo "$ratio_line"
-    rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %2s x %-3s | %9s | %5s | %7s | %s |' "${cpu_model:-unknown CPU}" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$runs" "$steps" "$run_min-$run_max" "${max_load[$key]}" "$err" "$ratio_range")")
+    rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %2s x %-3s | %9s | %5s | %7s | %s |' "$cpu_model" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$runs" "$steps" "$run_min-$run_max" "${max_load[$key]}" "$err" "$ratio_range")")
 done
 echo
 echo "| machine | date | model | ranks | threads | batch x seq | predicted ms | measured ms | runs x steps | run medians ms | max load | error | predicted / measured, min..max over runs |"
