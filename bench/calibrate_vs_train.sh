@@ -150,6 +150,12 @@ EOF
     echo "$ratio_line"
     rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %2s x %-3s | %9s | %5s | %7s | %s |' "$cpu_model" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$runs" "$steps" "$run_min-$run_max" "${max_load[$key]}" "$err" "$ratio_range")")
 done
+busiest=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" "${max_load[@]}" 0)
+if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" \
+    "$busiest" "$cores"; then
+    echo "the machine was loaded (load up to $busiest on $cores cores): these rows say little" \
+        "about the model; measure again on an idle machine"
+fi
 echo
 echo "| machine | date | model | ranks | threads | batch x seq | predicted ms | measured ms | runs x steps | run medians ms | max load | error | predicted / measured, min..max over runs |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
