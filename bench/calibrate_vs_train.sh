@@ -3,17 +3,22 @@
 # (moetron train --log-jsonl) step time of the tiny and small presets on 1, 2 and 4 ranks.
 #   bench/calibrate_vs_train.sh [build_dir] [ranks list] [models list]
 # e.g. bench/calibrate_vs_train.sh build "1 2 4" "tiny small"
-# Environment: THREADS (per rank; default: cores / ranks, at least 1), STEPS (measured steps after
-# the warm-up ones; default 8 for tiny, 3 for small), SMALL_BATCH / SMALL_SEQ (default 8 x 256,
-# to keep a CPU run short), OUT (work folder; default a temporary one).
+# Environment: THREADS (per rank; default: cores / ranks, at least 1), RUNS (training runs per
+# case; default 3), STEPS (measured steps per run, after WARMUP_STEPS warm-up ones; default 20
+# for tiny, 5 for small), WARMUP_STEPS (default 2), SMALL_BATCH / SMALL_SEQ (default 8 x 256, to
+# keep a CPU run short), OUT (work folder; default a temporary one).
 # For each rank count the machine is calibrated once under the same mpirun (so the compute
-# kernels are measured with the same number of ranks competing for the cores), then each model
-# trains with the default distributed layout (all data parallel, dpN) and is simulated with the
-# same global batch, micro-batch (batch / N per rank), sequence length and precision fp32.
-# The measured step time is the median over the steps after the first two (warm-up); the table
-# also gives their spread (min-max) and the machine's load average, since a shared machine
-# makes both the calibration and the measured steps noisy (a spread of more than a few percent,
-# or a load above the core count, means the row says little).
+# kernels are measured with the same number of ranks competing for the cores) and each model is
+# simulated on that file with the same global batch, micro-batch (batch / N per rank), sequence
+# length and precision fp32: the prediction is fixed. Then each case trains RUNS times with the
+# default distributed layout (all data parallel, dpN), interleaved (run 1 of every case, then
+# run 2, ...), so that a change of the machine's load falls on every case alike rather than on
+# one. A run's measured step time is the median of its steps after the warm-up; a case's is the
+# median of its runs', and the table gives the spread of the runs' medians (min-max), the
+# predicted / measured ratio's median and min..max over the runs (bench/ratio_stats.py, as the
+# other ratio benchmarks print it) and the highest load average seen. On a shared machine both
+# the calibration and the steps are noisy: a spread of more than a few percent, or a load above
+# the core count, means the row says little.
 # Each row names the machine (CPU model, cores, widest vector ISA) and the date, so that rows
 # measured on different machines of a kind can be appended to one table
 # (docs/cluster-model.md, "The model of this machine").
@@ -33,8 +38,12 @@ vector_isa=scalar
 for isa in avx2 avx512f avx512_bf16; do
     [[ " $cpu_flags " == *" $isa "* ]] && vector_isa=$isa
 done
+# Family / model / stepping tell apart CPUs that share a model name ("AMD EPYC" on a VM).
+cpu_id=$(awk -F': *' '/^cpu family/ {f = $2} /^model[ \t]*:/ {m = $2} /^stepping/ {s = $2}
+    END {if (f != "") printf "family %s model %s stepping %s", f, m, s}' /proc/cpuinfo)
+cpu_model="${cpu_model:-unknown CPU}${cpu_id:+ ($cpu_id)}"
 today=$(date -u +%Y-%m-%d)
-echo "machine: ${cpu_model:-unknown CPU}, $cores cores, widest vector ISA $vector_isa, $today"
+echo "machine: $cpu_model, $cores cores, widest vector ISA $vector_isa, $today"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 launch() {  # launch N cmd...: plain on one rank, mpirun otherwise
@@ -47,70 +56,107 @@ launch() {  # launch N cmd...: plain on one rank, mpirun otherwise
     fi
 }
 
-median_step_ms() {  # the median step_ms of a JSONL log, skipping the first two steps
-    python3 - "$1" <<'EOF'
-import json, sys
-ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if l.strip()]
-ms = ms[2:] if len(ms) > 2 else ms
-ms.sort()
-print(f"{ms[len(ms) // 2]:.3f}")
-EOF
-}
+runs=${RUNS:-3}
+warmup=${WARMUP_STEPS:-2}
 
-step_spread() {  # "min-max" of the same steps, in ms
-    python3 -c '
-import json, sys
-ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if l.strip()]
-ms = ms[2:] if len(ms) > 2 else ms
-print(f"{min(ms):.0f}-{max(ms):.0f}")' "$1"
+run_median_ms() {  # the median step_ms of one run's JSONL log, after the warm-up steps
+    python3 - "$1" "$warmup" <<'EOF'
+import json, statistics, sys
+ms = [json.loads(l)["step_ms"] for l in open(sys.argv[1]) if l.strip()][int(sys.argv[2]):]
+if not ms:
+    sys.exit(f"calibrate_vs_train.sh: {sys.argv[1]} has no step after the warm-up")
+print(f"{statistics.median(ms):.3f}")
+EOF
 }
 
 load_average() {  # the 1-minute load average
     cut -d' ' -f1 /proc/loadavg
 }
 
-rows=()
+# The cases, calibrated and predicted first (the prediction does not change between runs).
+cases=()  # "ranks threads model batch seq steps"
+declare -A predicted_ms
 for n in $ranks_list; do
     threads=${THREADS:-$(( cores / n > 0 ? cores / n : 1 ))}
     cluster="$out/local-np$n.toml"
-    echo "== $n rank(s), $threads thread(s) per rank: calibrating -> $cluster"
+    echo "== $n rank(s), $threads thread(s) per rank: calibrating -> $cluster (load $(load_average))"
     launch "$n" "$exe" calibrate --out "$cluster" --threads "$threads" | sed 's/^/   /'
     for model in $models; do
         config="configs/models/$model.toml"
         if [[ $model == small ]]; then
             batch=${SMALL_BATCH:-8}
             seq=${SMALL_SEQ:-256}
-            steps=$(( ${STEPS:-3} + 2 ))
+            steps=${STEPS:-5}
         else
             batch=$(sed -n 's/^batch_size *= *\([0-9]*\).*/\1/p' "$config")
             seq=$(sed -n 's/^seq_len *= *\([0-9]*\).*/\1/p' "$config")
-            steps=$(( ${STEPS:-8} + 2 ))
+            steps=${STEPS:-20}
         fi
         if (( batch % n != 0 )); then
             echo "   $model: batch $batch does not split over $n ranks; skipped"
             continue
         fi
-        log="$out/$model-np$n.jsonl"
-        layout_flag=()
-        [[ $n == 1 ]] || layout_flag=(--layout "dp$n")
-        launch "$n" "$exe" train --config "$config" --steps "$steps" --batch-size "$batch" \
-            --seq-len "$seq" --eval-every 0 --threads "$threads" "${layout_flag[@]}" \
-            --log-jsonl "$log" > "$out/$model-np$n.train.txt"
-        measured=$(median_step_ms "$log")
-        spread=$(step_spread "$log")
-        load=$(load_average)
         sim_json="$out/$model-np$n.sim.json"
         "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$n" --layout tp1 \
             --gbs "$batch" --mbs $(( batch / n )) --seq-len "$seq" --precision fp32 --json > "$sim_json"
-        predicted=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
-        err=$(python3 -c "import sys; p, m = map(float, sys.argv[1:]); print(f'{100 * (p - m) / m:+.1f}%')" "$predicted" "$measured")
-        echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms, measured $measured ms" \
-            "($err; steps $spread ms, load $load on $cores cores)"
-        rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %9s | %5s | %7s |' "${cpu_model:-unknown CPU}" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$spread" "$load" "$err")")
+        predicted_ms[$model-np$n]=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
+        echo "   $model dp$n batch $batch seq $seq: predicted ${predicted_ms[$model-np$n]} ms"
+        cases+=("$n $threads $model $batch $seq $steps")
     done
 done
+
+# The measurements: run r of every case before run r + 1 of any.
+declare -A run_medians max_load
+for (( r = 1; r <= runs; ++r )); do
+    echo "== run $r of $runs"
+    for c in "${cases[@]}"; do
+        read -r n threads model batch seq steps <<< "$c"
+        log="$out/$model-np$n.run$r.jsonl"
+        layout_flag=()
+        [[ $n == 1 ]] || layout_flag=(--layout "dp$n")
+        launch "$n" "$exe" train --config "configs/models/$model.toml" --steps $(( steps + warmup )) \
+            --batch-size "$batch" --seq-len "$seq" --eval-every 0 --threads "$threads" \
+            "${layout_flag[@]}" --log-jsonl "$log" > "$out/$model-np$n.run$r.train.txt"
+        median=$(run_median_ms "$log")
+        load=$(load_average)
+        run_medians[$model-np$n]+="$median "
+        max_load[$model-np$n]=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" \
+            "$load" "${max_load[$model-np$n]:-0}")
+        echo "   $model dp$n: median of $steps steps $median ms (load $load)"
+    done
+done
+
 echo
-echo "predicted vs measured step time (simulate on the calibrated file vs moetron train); work files in $out"
-echo "| machine | date | model | ranks | threads | batch x seq | predicted ms | measured ms | steps ms | load | error |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "predicted vs measured step time (simulate on the calibrated file vs moetron train; $runs" \
+    "interleaved runs per case, the median of each run's steps after $warmup warm-up); work files in $out"
+rows=()
+for c in "${cases[@]}"; do
+    read -r n threads model batch seq steps <<< "$c"
+    key=$model-np$n
+    predicted=${predicted_ms[$key]}
+    # shellcheck disable=SC2086  # the run medians are one word each
+    read -r measured run_min run_max err <<< "$(python3 - "$predicted" ${run_medians[$key]} <<'EOF'
+import statistics, sys
+predicted = float(sys.argv[1])
+medians = [float(x) for x in sys.argv[2:]]
+measured = statistics.median(medians)
+print(f"{measured:.3f} {min(medians):.0f} {max(medians):.0f} {100 * (predicted - measured) / measured:+.1f}%")
+EOF
+)"
+    # predicted / measured of each run: the ratio's median and min..max over the runs.
+    ratio_line=$(for m in ${run_medians[$key]}; do echo "$predicted $m"; done |
+        bench/ratio_stats.py "$model dp$n predicted / measured")
+    ratio_range=$(sed -n 's/.*(min\.\.max \([0-9.]*\.\.[0-9.]*\) over.*/\1/p' <<< "$ratio_line")
+    echo "$ratio_line"
+    rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %2s x %-3s | %9s | %5s | %7s | %s |' "$cpu_model" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$runs" "$steps" "$run_min-$run_max" "${max_load[$key]}" "$err" "$ratio_range")")
+done
+busiest=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" "${max_load[@]}" 0)
+if python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) > float(sys.argv[2]) else 1)" \
+    "$busiest" "$cores"; then
+    echo "the machine was loaded (load up to $busiest on $cores cores): these rows say little" \
+        "about the model; measure again on an idle machine"
+fi
+echo
+echo "| machine | date | model | ranks | threads | batch x seq | predicted ms | measured ms | runs x steps | run medians ms | max load | error | predicted / measured, min..max over runs |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done

@@ -23,6 +23,12 @@ namespace moetron::calibrate {
 struct CalibrateOptions {
     double seconds_per_point = 0.05;  // minimum timed time per measured shape (after a warm-up)
     bool quick = false;               // fewer and smaller shapes (tests)
+    // The compute kernels are measured in this many rounds, every shape once per round, and each
+    // keeps its median over the rounds: on a shared machine another process's burst of a few
+    // seconds then spoils one round of the shapes it overlaps, not the file (issue 17: a burst
+    // halved the measured rate of every 2048-row GEMM of one calibration, and the sim
+    // over-predicted small by 13% on it).
+    int rounds = 3;
 };
 
 // One measured GEMM shape: out (m x n) = in (m x k) W (k x n), like the sim's Op.
@@ -51,6 +57,7 @@ struct CollectivePoint {
 
 struct ComputeMeasurements {
     int threads = 0;
+    int rounds = 1;        // each figure is the median over this many rounds (CalibrateOptions)
     int64_t l2_bytes = 0;  // one core's L2 cache (0: unknown), see gemm_operand_copies
     std::vector<GemmPoint> gemm;
     std::vector<GroupedPoint> grouped;
@@ -89,6 +96,8 @@ struct CalibrationFit {
     double attention_fwd = 0;
     double attention_bwd = 0;
     double memory_bw_efficiency = 0;
+    // The layers' memory-bound ops at the engine's rmsnorm + SwiGLU rate (0: not measured).
+    double memory_ops_bw_efficiency = 0;
     double gemm_fit_rms_rel_error = 0;  // rms log error of the GEMM points, each counted once
     // Collectives: alpha per ring step and bandwidth of each fit (1 rank: self copies).
     bool collectives_measured = false;
@@ -119,6 +128,8 @@ struct MachineInfo {
 int64_t gemm_operand_copies(double bytes, int threads, int64_t l2_bytes, bool quick);
 
 ComputeMeasurements measure_compute(const CalibrateOptions& options);
+// Each figure's median over rounds of the same measurements (same shapes in the same order).
+ComputeMeasurements median_of_rounds(const std::vector<ComputeMeasurements>& rounds);
 // Collective measurements over `world` (every rank calls it). Needs world.size() > 1.
 CollectiveMeasurements measure_collectives(parallel::Communicator& world,
                                            const CalibrateOptions& options);

@@ -160,10 +160,18 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     f.attention_fwd = f.attention_by_work.back().fwd;
     f.attention_bwd = f.attention_by_work.back().bwd;
     // Memory-bound ops: the streaming bandwidth, halved because the sim counts 2-byte (bf16)
-    // activations and this engine moves fp32. The engine's rmsnorm + SwiGLU rate is recorded but
-    // not used: those kernels are bound by their exponentials, and the sim applies the same
-    // memory efficiency to the byte side of every GEMM's roofline, which it would then dominate.
+    // activations and this engine moves fp32; the sim applies it to the byte side of every GEMM's
+    // roofline and to the optimizer. The layers' own memory-bound ops (norms, SwiGLU, RoPE,
+    // permutes) run at the engine's rmsnorm + SwiGLU rate instead, halved the same way: they are
+    // bound by their arithmetic (exponentials, square roots) more than by bytes, so the rate
+    // follows the threads, not the memory (measured on the 2-core machine: 15.3 GB/s on 2 threads
+    // against a stream rate of 21.6; 9.0 on one thread against 18.4). Priced at the stream rate,
+    // they made tiny on two ranks of one thread 13% faster than measured (issue 17).
     f.memory_bw_efficiency = 0.5;
+    if (c.memory_kernels_gbytes_per_s > 0 && c.stream_gbytes_per_s > 0) {
+        f.memory_ops_bw_efficiency =
+            clamp_fraction(0.5 * c.memory_kernels_gbytes_per_s / c.stream_gbytes_per_s);
+    }
 
     // Collectives. all_reduce (ring): t = 2(n-1) alpha + 2(n-1)/n S / B. all_to_all (the sim's
     // flat form): t = alpha + (n-1)/n S / B. One rank: memcpy, t = alpha + S / B.
@@ -229,7 +237,10 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         "# fp32 one, because the sim prices the attention core and the LM head at the bf16 peak "
         "and");
     line("# the router GEMM at the tf32 one. Simulate with --precision fp32.");
-    line("# Measurements (mean time per call over a window; the fits below come from them):");
+    line(fmt::format(
+        "# Measurements (mean time per call over a window, the median of {} round(s); the fits "
+        "below come from them):",
+        c.rounds));
     line(fmt::format("#   sgemm fwd+bwd of a linear layer (6 m n k FLOPs), {} shapes, GFLOP/s:",
                      c.gemm.size()));
     std::string row = "#    ";
@@ -297,10 +308,10 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(
         "# Memory efficiency 0.5 of the stream rate: the sim counts 2-byte activations, the "
         "engine");
-    line(
-        "# moves 4 (the rmsnorm + SwiGLU rate above is informational: the sim would apply it to "
-        "the");
-    line("# byte side of every GEMM too). Not measured (set): host overhead 0 (the CPU is its own");
+    line("# moves 4; the layers' memory-bound ops at 0.5 of the rmsnorm + SwiGLU rate instead");
+    line("# (bound by their arithmetic, they follow the threads, not the memory; the stream rate");
+    line("# stays for the byte side of the GEMMs and the optimizer).");
+    line("# Not measured (set): host overhead 0 (the CPU is its own");
     line("# host), scale-out = scale-up (one node), comm_sm_fraction 1: the engine posts each");
     line("# gradient bucket's collective during the backward, but its bytes are copied by the");
     line("# ranks' own cores, all busy computing, so the sync is as if not overlapped.");
@@ -363,6 +374,9 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line("");
     line("[efficiency.memory]");
     line(fmt::format("bandwidth_efficiency = {:.4g}", f.memory_bw_efficiency));
+    if (f.memory_ops_bw_efficiency > 0) {
+        line(fmt::format("memory_ops_bandwidth_efficiency = {:.4g}", f.memory_ops_bw_efficiency));
+    }
     line("");
     line("[efficiency.kernel]");
     line(fmt::format("gpu_overhead_us = {:.4g}", c.call_overhead_s * 1e6));

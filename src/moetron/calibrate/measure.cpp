@@ -1,5 +1,6 @@
 // The measurements of calibrate.h: each shape is warmed up once, then repeated for at least
 // options.seconds_per_point (and three times); the mean time per call is kept (see mean_time_s).
+// The compute kernels are measured in options.rounds rounds and each keeps its median.
 #include <omp.h>
 #include <unistd.h>
 
@@ -191,9 +192,9 @@ int64_t gemm_operand_copies(double bytes, int threads, int64_t l2_bytes, bool qu
     return std::clamp<int64_t>(static_cast<int64_t>(total / std::max(bytes, 1.0)), 1, 64);
 }
 
-ComputeMeasurements measure_compute(const CalibrateOptions& o) {
-    MT_CHECK(o.seconds_per_point > 0, "[calibrate] seconds per point must be positive, got {}",
-             o.seconds_per_point);
+namespace {
+
+ComputeMeasurements measure_compute_round(const CalibrateOptions& o) {
     ComputeMeasurements r;
     r.threads = omp_get_max_threads();
     r.l2_bytes = std::max<int64_t>(0, sysconf(_SC_LEVEL2_CACHE_SIZE));
@@ -237,6 +238,55 @@ ComputeMeasurements measure_compute(const CalibrateOptions& o) {
     r.exp_per_s = measure_exp_per_s(o.quick ? (1 << 16) : (1 << 20), t);
     r.call_overhead_s = measure_call_overhead_s();
     return r;
+}
+
+}  // namespace
+
+ComputeMeasurements measure_compute(const CalibrateOptions& o) {
+    MT_CHECK(o.seconds_per_point > 0, "[calibrate] seconds per point must be positive, got {}",
+             o.seconds_per_point);
+    MT_CHECK(o.rounds >= 1, "[calibrate] rounds must be at least 1, got {}", o.rounds);
+    std::vector<ComputeMeasurements> rounds;
+    for (int i = 0; i < o.rounds; ++i) rounds.push_back(measure_compute_round(o));
+    return median_of_rounds(rounds);
+}
+
+ComputeMeasurements median_of_rounds(const std::vector<ComputeMeasurements>& rounds) {
+    MT_CHECK(!rounds.empty(), "[calibrate] no round measured");
+    auto median = [&](const auto& field) {
+        std::vector<double> v;
+        for (const auto& r : rounds) v.push_back(field(r));
+        std::sort(v.begin(), v.end());
+        const size_t n = v.size();
+        return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    };
+    ComputeMeasurements m = rounds.front();
+    m.rounds = static_cast<int>(rounds.size());
+    for (const auto& r : rounds) {
+        MT_CHECK(r.gemm.size() == m.gemm.size() && r.grouped.size() == m.grouped.size() &&
+                     r.attention.size() == m.attention.size(),
+                 "[calibrate] rounds measured different shapes");
+    }
+    for (size_t i = 0; i < m.gemm.size(); ++i) {
+        m.gemm[i].gflops = median([i](const ComputeMeasurements& r) { return r.gemm[i].gflops; });
+    }
+    for (size_t i = 0; i < m.grouped.size(); ++i) {
+        m.grouped[i].gflops =
+            median([i](const ComputeMeasurements& r) { return r.grouped[i].gflops; });
+    }
+    for (size_t i = 0; i < m.attention.size(); ++i) {
+        m.attention[i].fwd_gflops =
+            median([i](const ComputeMeasurements& r) { return r.attention[i].fwd_gflops; });
+        m.attention[i].bwd_gflops =
+            median([i](const ComputeMeasurements& r) { return r.attention[i].bwd_gflops; });
+    }
+    m.stream_gbytes_per_s =
+        median([](const ComputeMeasurements& r) { return r.stream_gbytes_per_s; });
+    m.memory_kernels_gbytes_per_s =
+        median([](const ComputeMeasurements& r) { return r.memory_kernels_gbytes_per_s; });
+    m.exp_per_s = median([](const ComputeMeasurements& r) { return r.exp_per_s; });
+    m.call_overhead_s = median([](const ComputeMeasurements& r) { return r.call_overhead_s; });
+    return m;
 }
 
 CollectiveMeasurements measure_collectives(parallel::Communicator& world,

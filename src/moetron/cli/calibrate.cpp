@@ -37,6 +37,7 @@ struct CalibrateFlags {
     int threads = 0;
     double seconds_per_point = 0.05;
     bool quick = false;
+    int rounds = 3;
     std::string command;
 };
 
@@ -65,6 +66,7 @@ void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
     calibrate::CalibrateOptions o;
     o.seconds_per_point = f.seconds_per_point;
     o.quick = f.quick;
+    o.rounds = f.rounds;
     if (root) {
         std::printf("moetron calibrate: %d rank(s), %d thread(s) per rank; measuring kernels\n",
                     size, omp_get_max_threads());
@@ -133,7 +135,13 @@ void register_calibrate(CLI::App& app) {
                     "minimum timed seconds per measured shape")
         ->check(positive_number(3600))
         ->capture_default_str();
-    cmd->add_flag("--quick", f->quick, "fewer, smaller shapes (a rough file in about a second)");
+    cmd->add_option("--rounds", f->rounds,
+                    "measure every compute kernel this many times, in rounds, and keep each one's "
+                    "median (robust to another process's burst on a shared machine)")
+        ->check(whole_number(1, 1000))
+        ->capture_default_str();
+    cmd->add_flag("--quick", f->quick,
+                  "fewer, smaller shapes (a rough file in about a second per round)");
     cmd->callback([f, cmd] {
         f->command = "moetron calibrate";
         for (const auto* opt : cmd->get_options()) {

@@ -71,8 +71,10 @@ double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
             const double exp_s = op.exps / (c.gpu.exp_per_s * e.exp_efficiency);
             return std::max({math_s, exp_s, mem_s}) + fixed;
         }
-        case OpKind::memory:
-            return mem_s + fixed;
+        case OpKind::memory: {
+            const double bw = e.memory_ops_bw > 0 ? e.memory_ops_bw : e.memory_bw;
+            return op.bytes / (c.gpu.hbm_bytes_per_s * bw) + fixed;
+        }
         case OpKind::comm_tp:
         case OpKind::comm_ep:
         case OpKind::comm_cp:

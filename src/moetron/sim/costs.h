@@ -8,7 +8,7 @@
 //   attention     bf16 peak * attention_fwd|bwd, or the SFU exponentials, whichever is slower;
 //                 a calibrated CPU's efficiency instead follows its measured curve over the work
 //                 per query S (Dqk + Dv) (attention_efficiency)
-//   memory-bound  HBM bandwidth * memory_bw
+//   memory-bound  HBM bandwidth * memory_ops_bw (a calibrated CPU's own kernels), else memory_bw
 // Host time is the eager launch cost of the op's kernels (zero when a CUDA graph holds it).
 #pragma once
 

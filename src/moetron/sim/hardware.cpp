@@ -192,8 +192,12 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
     e.attention_by_work = read_attention_by_work(attn, fmt::format("{} [attention]", where));
 
     const auto& mem = need_table(t, "memory", where);
-    check_keys(mem, fmt::format("{} [memory]", where), {"bandwidth_efficiency"});
+    check_keys(mem, fmt::format("{} [memory]", where),
+               {"bandwidth_efficiency", "memory_ops_bandwidth_efficiency"});
     e.memory_bw = need_fraction(mem, "bandwidth_efficiency", where);
+    if (mem.contains("memory_ops_bandwidth_efficiency")) {
+        e.memory_ops_bw = need_fraction(mem, "memory_ops_bandwidth_efficiency", where);
+    }
 
     const auto& kern = need_table(t, "kernel", where);
     check_keys(kern, fmt::format("{} [kernel]", where),

@@ -95,6 +95,12 @@ struct EfficiencyParams {
     double exp_efficiency = 0.8;
     // Memory-bound kernels reach this fraction of the HBM bandwidth.
     double memory_bw = 0.75;
+    // The memory-bound ops of the layers (OpKind::memory: norms, activations, RoPE, permutes,
+    // residual adds) reach this fraction instead; 0: memory_bw. A calibrated CPU measures its
+    // engine's own kernels for it: they are bound by their arithmetic (exponentials, square
+    // roots) more than by bytes, so on one thread they run at half the stream rate while
+    // memory_bw, the stream rate, stays for the byte side of the GEMMs and the optimizer.
+    double memory_ops_bw = 0;
     // Fixed costs per kernel: on the GPU (launch latency and tail) and on the host (an eager
     // framework call: Python, dispatcher, launch). CUDA graphs remove the host part.
     double kernel_gpu_overhead_s = 2e-6;
