@@ -9,6 +9,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/quantize.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/kernels/split_backward_backend.h"
 
 namespace moetron {
@@ -307,13 +308,35 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
     }
 }
 
+namespace {
+
+// The LowPrecisionBackend of ops's stack, looking through the decorators that sit above it
+// (bench_train_step --profile-ops puts the profiler outermost); null in a float32 stack.
+LowPrecisionBackend* low_precision_in_stack(Backend& ops) {
+    if (auto* low = dynamic_cast<LowPrecisionBackend*>(&ops)) return low;
+    if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
+        return low_precision_in_stack(split->inner());
+    if (auto* profiling = dynamic_cast<ProfilingBackend*>(&ops))
+        return low_precision_in_stack(profiling->inner());
+    return nullptr;
+}
+
+}  // namespace
+
 Backend& high_precision(Backend& ops) {
     // Under the split backward of a zero-bubble schedule these GEMMs stay whole (in B) and in
     // float32: the split's inner backend's high-precision one.
     if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
         return high_precision(split->inner());
-    auto* low = dynamic_cast<LowPrecisionBackend*>(&ops);
+    LowPrecisionBackend* low = low_precision_in_stack(ops);
     return low != nullptr ? low->inner() : ops;
+}
+
+Backend& output_head_backend(Backend& ops) {
+    if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
+        return output_head_backend(split->inner());
+    const LowPrecisionBackend* low = low_precision_in_stack(ops);
+    return low != nullptr && low->precision() == Precision::bf16 ? ops : high_precision(ops);
 }
 
 }  // namespace moetron
