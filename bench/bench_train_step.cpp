@@ -120,8 +120,9 @@ int run(int argc, char** argv) {
     RngStream rng(c.seed, /*stream_id=*/0xBE7C);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_below(model.vocab_size));
     DataLoader loader(std::move(tokens), "random", model.vocab_size, c.seq_len, 0.1, c.seed);
-    // The same stack as `moetron train`: the precision's GEMMs under the profiler, so that
-    // --profile-ops sees every op the step runs.
+    // The same recipe as `moetron train`, under the profiler (outermost here, so that
+    // --profile-ops times the native bf16 GEMMs, which call no inner op); the GEMMs the recipe
+    // keeps in float32 (high_precision: the router's, the head's under FP8) then run beside it.
     const Precision precision = parse_precision(o.precision);
     std::optional<LowPrecisionBackend> low_precision;
     if (precision != Precision::fp32) low_precision.emplace(cpu_backend(), precision);

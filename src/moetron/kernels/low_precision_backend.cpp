@@ -9,6 +9,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/quantize.h"
+#include "moetron/kernels/cpu/vector_isa.h"
 #include "moetron/kernels/profiling_backend.h"
 #include "moetron/kernels/split_backward_backend.h"
 
@@ -65,18 +66,27 @@ LowPrecisionBackend::LowPrecisionBackend(Backend& inner, Precision precision, Bf
     if (precision != Precision::bf16) return;
     const bool from_environment = bf16_gemm == Bf16Gemm::automatic;
     if (from_environment) bf16_gemm = bf16_gemm_from_environment();
-    const bool cpu_native = cpu::cpu_has_avx512_bf16();
+    // MOETRON_CPU_ISA=avx2 stands for a CPU without AVX-512 (vector_isa.h), which has no
+    // vdpbf16ps either.
+    const bool cpu_has_bf16 = cpu::cpu_has_avx512_bf16();
+    const bool isa_hides_bf16 = cpu_has_bf16 && cpu::vector_isa() != cpu::VectorIsa::kAvx512;
+    const bool cpu_native = cpu_has_bf16 && !isa_hides_bf16;
     switch (bf16_gemm) {
         case Bf16Gemm::automatic:
             native_bf16_ = cpu_native;
-            bf16_gemm_reason_ = cpu_native ? "native AVX512_BF16 (vdpbf16ps, float32 sums)"
-                                           : "emulated (no AVX512_BF16): the float32 GEMM runs "
-                                             "on the rounded values";
+            bf16_gemm_reason_ = cpu_native
+                                    ? "native AVX512_BF16 (vdpbf16ps, float32 sums)"
+                                    : fmt::format(
+                                          "emulated ({}): the float32 GEMM runs on the rounded "
+                                          "values",
+                                          isa_hides_bf16 ? "MOETRON_CPU_ISA=avx2 hides AVX512_BF16"
+                                                         : "no AVX512_BF16");
             break;
         case Bf16Gemm::native:
             MT_USER_CHECK(cpu_native,
                           "the native bf16 GEMM needs a CPU with AVX512_BF16, which this one "
-                          "lacks{}",
+                          "{}{}",
+                          isa_hides_bf16 ? "has but MOETRON_CPU_ISA=avx2 hides" : "lacks",
                           from_environment ? " (unset MOETRON_BF16_GEMM)" : "");
             native_bf16_ = true;
             bf16_gemm_reason_ = "native AVX512_BF16 (vdpbf16ps, float32 sums)";

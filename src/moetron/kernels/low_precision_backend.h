@@ -44,7 +44,8 @@ enum class Precision : uint8_t { fp32, bf16, mxfp8, fp8_blockwise };
 Precision parse_precision(std::string_view name);
 std::string_view precision_name(Precision precision);
 
-// How the bf16 recipe's GEMMs run. automatic: native where the CPU has AVX512_BF16, unless the
+// How the bf16 recipe's GEMMs run. automatic: native where the CPU has AVX512_BF16 (and
+// MOETRON_CPU_ISA=avx2 does not make it stand for an AVX2-only CPU), unless the
 // environment variable MOETRON_BF16_GEMM says "emulated" (or "native"), so that both can be
 // measured on one machine; native: vdpbf16ps (a user error on a CPU without AVX512_BF16);
 // emulated: inputs rounded to bfloat16, then the inner backend's float32 GEMM.
