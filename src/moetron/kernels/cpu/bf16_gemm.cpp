@@ -1,4 +1,5 @@
-// The native bf16 GEMM (bf16_gemm.h): packing with the recipe's rounding, then the register tiles
+// The native bf16 GEMM (bf16_gemm.h): packing with the recipe's rounding (vectorized, in the
+// AVX512_BF16 file), then the register tiles
 // of C, each computed by the AVX512_BF16 micro-kernel; threads share the panels and tiles of one
 // GEMM (in one parallel region), or take whole GEMMs of a batch.
 #include "moetron/kernels/cpu/bf16_gemm.h"
@@ -9,7 +10,6 @@
 #include "moetron/kernels/cpu/bf16_gemm_kernel.h"
 #include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/number_formats.h"
 
 namespace moetron::cpu {
 
@@ -52,46 +52,13 @@ struct Packing {
     }
 
     // Panel `panel` of op(A) (rows) or op(B) (columns): x as vectors of k elements, element i of
-    // vector j at x[j * vector_stride + i * k_stride], out[pair][j in panel] holding elements 2p
-    // (low half) and 2p + 1 (high half), each rounded to bfloat16 as round_to_bf16 rounds; zero
-    // past the last vector and past k. The loops run along whichever of x's dimensions is
-    // contiguous, so that the rounding vectorizes.
+    // vector j at x[j * vector_stride + i * k_stride] (bf16_gemm_kernel.h).
     void pack_panel(uint32_t* out, const float* x, int64_t extent, int64_t vector_stride,
                     int64_t k_stride, int64_t width, int64_t panel) const {
-        uint32_t* dst = out + panel * pairs * width;
         const int64_t first = panel * width;
         const int64_t count = extent - first < width ? extent - first : width;
-        const int64_t whole_pairs = g.k / 2;  // the last pair of an odd k has no high half
-        const float* base = x + first * vector_stride;
-        if (k_stride == 1) {
-            for (int64_t j = 0; j < count; ++j) {
-                const float* v = base + j * vector_stride;
-                for (int64_t p = 0; p < whole_pairs; ++p)
-                    dst[p * width + j] = bf16_pair(v[2 * p], v[2 * p + 1]);
-            }
-        } else {
-            for (int64_t p = 0; p < whole_pairs; ++p) {
-                const float* low = base + 2 * p * k_stride;
-                for (int64_t j = 0; j < count; ++j) {
-                    dst[p * width + j] =
-                        bf16_pair(low[j * vector_stride], low[j * vector_stride + k_stride]);
-                }
-            }
-        }
-        if (whole_pairs < pairs) {
-            const float* low = base + 2 * whole_pairs * k_stride;
-            for (int64_t j = 0; j < count; ++j)
-                dst[whole_pairs * width + j] = encode_bf16(low[j * vector_stride]);
-        }
-        if (count < width) {
-            for (int64_t p = 0; p < pairs; ++p) {
-                for (int64_t j = count; j < width; ++j) dst[p * width + j] = 0u;
-            }
-        }
-    }
-    static uint32_t bf16_pair(float low, float high) {
-        return static_cast<uint32_t>(encode_bf16(low)) |
-               (static_cast<uint32_t>(encode_bf16(high)) << 16);
+        bf16_pack_panel_avx512bf16(out + panel * pairs * width, x + first * vector_stride, count,
+                                   width, g.k, vector_stride, k_stride);
     }
     // op(A)[r][i] = a[r * k + i], or a[i * m + r] when A is stored transposed.
     void pack_a(int64_t panel) const {
