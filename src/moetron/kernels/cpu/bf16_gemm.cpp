@@ -19,6 +19,9 @@ namespace {
 // kMinExpertsPerThread, for the same reason: dynamic scheduling evens out unequal GEMMs).
 constexpr int64_t kMinGemmsPerThread = 4;
 
+// op(A)'s panels packed together (kBf16TransposedRowGroup rows).
+constexpr int64_t kPanelsPerGroup = kBf16TransposedRowGroup / kBf16TileRows;
+
 // Tiles a thread takes at a time: dynamic, so that a thread the OS preempts (a shared machine)
 // does not hold up the others, in runs long enough to reuse a column panel of B from cache.
 constexpr int kTilesPerGrab = 16;
@@ -60,10 +63,24 @@ struct Packing {
         bf16_pack_panel_avx512bf16(out + panel * pairs * width, x + first * vector_stride, count,
                                    width, g.k, vector_stride, k_stride);
     }
-    // op(A)[r][i] = a[r * k + i], or a[i * m + r] when A is stored transposed.
-    void pack_a(int64_t panel) const {
-        pack_panel(a_pairs, g.a, g.m, g.trans_a ? 1 : g.k, g.trans_a ? g.m : 1, kBf16TileRows,
-                   panel);
+    // op(A)[r][i] = a[r * k + i], or a[i * m + r] when A is stored transposed: then in groups of
+    // 8 panels, whose rows lie side by side in memory (bf16_gemm_kernel.h).
+    int64_t num_a_groups() const { return panels_covering(row_panels, kPanelsPerGroup); }
+    void pack_a_group(int64_t group) const {
+        const int64_t first_panel = group * kPanelsPerGroup;
+        if (g.trans_a) {
+            const int64_t first_row = first_panel * kBf16TileRows;
+            const int64_t count = g.m - first_row < kBf16TransposedRowGroup
+                                      ? g.m - first_row
+                                      : kBf16TransposedRowGroup;
+            bf16_pack_transposed_rows_avx512bf16(a_pairs + first_panel * pairs * kBf16TileRows,
+                                                 g.a + first_row, count, g.k, g.m);
+            return;
+        }
+        const int64_t end =
+            first_panel + kPanelsPerGroup < row_panels ? first_panel + kPanelsPerGroup : row_panels;
+        for (int64_t panel = first_panel; panel < end; ++panel)
+            pack_panel(a_pairs, g.a, g.m, g.k, 1, kBf16TileRows, panel);
     }
     // op(B)[i][j] = b[i * n + j], or b[j * k + i] when B is stored transposed.
     void pack_b(int64_t panel) const {
@@ -82,7 +99,7 @@ struct Packing {
 void gemm_on_this_thread(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers) {
     if (g.m == 0 || g.n == 0) return;
     const Packing packing(g, buffers);
-    for (int64_t panel = 0; panel < packing.row_panels; ++panel) packing.pack_a(panel);
+    for (int64_t group = 0; group < packing.num_a_groups(); ++group) packing.pack_a_group(group);
     for (int64_t panel = 0; panel < packing.col_panels; ++panel) packing.pack_b(panel);
     const PackedBf16Gemm packed = packing.packed();
     for (int64_t t = 0; t < packing.num_tiles(); ++t) packing.compute_tile(packed, t);
@@ -96,7 +113,8 @@ void gemm_on_threads(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers, i
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t panel = 0; panel < packing.row_panels; ++panel) packing.pack_a(panel);
+        for (int64_t group = 0; group < packing.num_a_groups(); ++group)
+            packing.pack_a_group(group);
 #pragma omp for schedule(static)
         for (int64_t panel = 0; panel < packing.col_panels; ++panel) packing.pack_b(panel);
 #pragma omp for schedule(dynamic, kTilesPerGrab)

@@ -58,17 +58,22 @@ uint32_t bf16_bits(float x) {
     return (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
 }
 
+// Word 2i of a pair vector is row 2p's element i, word 2i + 1 row 2p + 1's: applied to
+// vcvtne2ps2bf16(row 2p + 1, row 2p), it makes 16 pairs.
+__m512i pair_interleave() {
+    alignas(64) static constexpr uint16_t kInterleave[2 * kLanes] = {
+        0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    return _mm512_load_si512(kInterleave);
+}
+
 // Vectors across k (vector_stride 1): rows 2p and 2p + 1 of 16 vectors at a time, converted
 // together (row 2p's bf16 values in the low half) and interleaved into 16 pairs. Fewer than 16
 // (an A panel is 6 wide) go one by one: masked loads that far apart in memory (the rows of a
 // transposed operand) ran the head's weight gradient 20% slower than scalar ones.
 void pack_vectors_across_k(uint32_t* out, const float* x, int64_t count, int64_t width, int64_t k,
                            int64_t k_stride) {
-    // Word 2i of a pair vector is row 2p's element i, word 2i + 1 row 2p + 1's.
-    alignas(64) static constexpr uint16_t kInterleave[2 * kLanes] = {
-        0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i interleave = _mm512_load_si512(kInterleave);
+    const __m512i interleave = pair_interleave();
     const int64_t whole_vectors = count - count % kLanes;
     for (int64_t p = 0; 2 * p < k; ++p) {
         const float* low = x + 2 * p * k_stride;
@@ -161,6 +166,31 @@ void bf16_pack_panel_avx512bf16(uint32_t* out, const float* x, int64_t count, in
     if (count == width) return;
     for (int64_t p = 0; 2 * p < k; ++p) {
         for (int64_t j = count; j < width; ++j) out[p * width + j] = 0u;
+    }
+}
+
+void bf16_pack_transposed_rows_avx512bf16(uint32_t* out, const float* x, int64_t count, int64_t k,
+                                          int64_t row_stride) {
+    const __m512i interleave = pair_interleave();
+    const int64_t pairs = (k + 1) / 2;
+    const int64_t num_panels = (count + kBf16TileRows - 1) / kBf16TileRows;
+    alignas(64) uint32_t group[kBf16TransposedRowGroup];
+    for (int64_t p = 0; p < pairs; ++p) {
+        const float* low = x + 2 * p * row_stride;
+        const bool has_high = 2 * p + 1 < k;  // else the pair's high half is zero padding
+        for (int64_t r = 0; r < count; r += kLanes) {
+            const __mmask16 mask = first_lanes(count - r);  // zeros past count
+            const __m512 low_values = _mm512_maskz_loadu_ps(mask, low + r);
+            const __m512 high_values =
+                has_high ? _mm512_maskz_loadu_ps(mask, low + row_stride + r) : _mm512_setzero_ps();
+            _mm512_store_si512(
+                group + r, _mm512_permutexvar_epi16(
+                               interleave, as_bits(_mm512_cvtne2ps_pbh(high_values, low_values))));
+        }
+        for (int64_t panel = 0; panel < num_panels; ++panel) {
+            uint32_t* dst = out + panel * pairs * kBf16TileRows + p * kBf16TileRows;
+            for (int64_t q = 0; q < kBf16TileRows; ++q) dst[q] = group[panel * kBf16TileRows + q];
+        }
     }
 }
 

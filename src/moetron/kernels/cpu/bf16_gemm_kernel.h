@@ -33,6 +33,15 @@ struct PackedBf16Gemm {
 void bf16_pack_panel_avx512bf16(uint32_t* out, const float* x, int64_t count, int64_t width,
                                 int64_t k, int64_t vector_stride, int64_t k_stride);
 
+// A transposed op(A)'s rows come kBf16TransposedRowGroup at a time (8 panels): element i of row r
+// at x[i * row_stride + r], r < count <= kBf16TransposedRowGroup, packed into panels of
+// kBf16TileRows rows as bf16_pack_panel_avx512bf16 packs them (out: the group's first panel;
+// rows past count zero up to their panel's end). Reading 48 rows' worth of each k row at once,
+// rather than one panel's 6, keeps the reads contiguous.
+inline constexpr int64_t kBf16TransposedRowGroup = 8 * kBf16TileRows;
+void bf16_pack_transposed_rows_avx512bf16(uint32_t* out, const float* x, int64_t count, int64_t k,
+                                          int64_t row_stride);
+
 // The tile of C at row panel `row_panel` and column panel `col_panel`; the parts past m and n
 // are neither read nor written.
 void bf16_gemm_tile_avx512bf16(const PackedBf16Gemm& g, int64_t row_panel, int64_t col_panel);
