@@ -11,8 +11,10 @@
 // --profile-ops runs the steps through a ProfilingBackend (kernels/profiling_backend.h) and
 // prints, after them, where a step's time goes: per category and per op, ms per step, % of the
 // step and calls per step.
-// --precision runs the linear layers' and experts' GEMMs in that format, as `moetron train
-// --precision` does (kernels/low_precision_backend.h; bf16 is native on CPUs with AVX512_BF16).
+// --precision runs the linear layers' and experts' GEMMs (and under bf16 the output head's) in
+// that format, as `moetron train --precision` does (kernels/low_precision_backend.h; bf16 is
+// native on CPUs with AVX512_BF16). MFU counts a bf16 GEMM's FLOPs as model FLOPs against the
+// float32 sgemm peak, so it can pass 1.
 // --no-mtp drops the MTP module and --no-balance the balance loss and the router bias update, to
 // match Hugging Face's DeepseekV3ForCausalLM, which has neither.
 #include <benchmark/benchmark.h>
