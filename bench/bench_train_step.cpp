@@ -11,8 +11,10 @@
 // --profile-ops runs the steps through a ProfilingBackend (kernels/profiling_backend.h) and
 // prints, after them, where a step's time goes: per category and per op, ms per step, % of the
 // step and calls per step.
-// --precision runs the linear layers' and experts' GEMMs in that format, as `moetron train
-// --precision` does (kernels/low_precision_backend.h; bf16 is native on CPUs with AVX512_BF16).
+// --precision runs the linear layers' and experts' GEMMs (and under bf16 the output head's) in
+// that format, as `moetron train --precision` does (kernels/low_precision_backend.h; bf16 is
+// native on CPUs with AVX512_BF16). MFU counts a bf16 GEMM's FLOPs as model FLOPs against the
+// float32 sgemm peak, so it can pass 1.
 // --no-mtp drops the MTP module and --no-balance the balance loss and the router bias update, to
 // match Hugging Face's DeepseekV3ForCausalLM, which has neither.
 #include <benchmark/benchmark.h>
@@ -120,8 +122,9 @@ int run(int argc, char** argv) {
     RngStream rng(c.seed, /*stream_id=*/0xBE7C);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_below(model.vocab_size));
     DataLoader loader(std::move(tokens), "random", model.vocab_size, c.seq_len, 0.1, c.seed);
-    // The same stack as `moetron train`: the precision's GEMMs under the profiler, so that
-    // --profile-ops sees every op the step runs.
+    // The same recipe as `moetron train`, under the profiler (outermost here, so that
+    // --profile-ops times the native bf16 GEMMs, which call no inner op); the GEMMs the recipe
+    // keeps in float32 (high_precision: the router's, the head's under FP8) then run beside it.
     const Precision precision = parse_precision(o.precision);
     std::optional<LowPrecisionBackend> low_precision;
     if (precision != Precision::fp32) low_precision.emplace(cpu_backend(), precision);

@@ -6,7 +6,12 @@ timed over N steps after a warm-up. Prints one JSON line:
     {"impl": "pytorch", "tokens_per_s": ..., "batch": .., "seq": .., "threads": .., ...}
 
     python bench/pytorch_step.py [--config configs/models/small.toml] [--batch-size B] [--seq-len S]
-                                 [--threads T] [--warmup 2] [--steps 5]
+                                 [--threads T] [--warmup 2] [--steps 5] [--precision fp32|bf16]
+
+--precision bf16 is mixed precision as Hugging Face's Trainer runs it on a CPU with --bf16
+(accelerate's mixed_precision="bf16"): the forward and the loss under
+torch.autocast("cpu", dtype=torch.bfloat16), so that autocast's ops (the GEMMs among them) run in
+bfloat16, while the master weights, their gradients and AdamW's state stay float32.
 
 batch/seq/lr/weight_decay/grad_clip default to the preset's [train] table. HF's model has no MTP
 module and no sequence-wise balance loss or router-bias update, so pair it with a moetron run
@@ -44,6 +49,8 @@ def main() -> None:
     # (152 vs 411 tokens/s, 2 threads); the comparison uses PyTorch's fastest path.
     ap.add_argument("--experts", default="eager",
                     help="HF experts implementation (eager, batched_mm, grouped_mm)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="fp32, or bf16 mixed precision (autocast, float32 master weights)")
     args = ap.parse_args()
 
     with open(args.config, "rb") as f:
@@ -67,19 +74,28 @@ def main() -> None:
     tokens = torch.randint(0, preset["vocab_size"], (batch, seq + 1), generator=gen)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
+    # HF's Trainer computes the loss inside the model's forward, so under the same autocast.
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
+    cpu_times = []  # process CPU seconds per step: on one thread, the work a loaded machine hides
+
     def step() -> float:
         t0 = time.perf_counter()
-        logits = model(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        c0 = time.process_time()
+        with autocast:
+            logits = model(input_ids=inputs).logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         loss.backward()
         if grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        cpu_times.append(time.process_time() - c0)
         return time.perf_counter() - t0
 
     for _ in range(args.warmup):
         step()
+    cpu_times.clear()
     times = [step() for _ in range(args.steps)]
     total = sum(times)
     print(json.dumps({
@@ -91,11 +107,13 @@ def main() -> None:
         "model": preset.get("name", pathlib.Path(args.config).stem),
         "params": sum(p.numel() for p in model.parameters()),
         "step_ms_median": 1e3 * statistics.median(times),
+        "step_cpu_ms_median": 1e3 * statistics.median(cpu_times),
         "steps": len(times),
         "attn": model.config._attn_implementation,
         "experts": model.config._experts_implementation,
         "torch": torch.__version__,
         "mtp": False,
+        "precision": args.precision,
     }))
 
 

@@ -58,10 +58,17 @@ TEST(Bf16Gemm, EqualsFloat64OfRoundedInputsWithinFloat32Summation) {
     SKIP_WITHOUT_AVX512_BF16();
     cpu::Bf16GemmWorkspace workspace;
     const std::vector<Case> cases = {
-        {64, 128, 256, false, true, 0.0f}, {17, 33, 101, false, false, 0.0f},
-        {7, 70, 1, true, false, 1.0f},     {130, 140, 64, true, true, 1.0f},
-        {6, 64, 2, false, false, 0.5f},    {1, 1, 3, false, true, 0.0f},
-        {5, 200, 0, false, false, 1.0f},   {40, 17, 300, true, false, 0.0f},
+        {64, 128, 256, false, true, 0.0f},
+        {17, 33, 101, false, false, 0.0f},
+        {7, 70, 1, true, false, 1.0f},
+        {130, 140, 64, true, true, 1.0f},
+        {6, 64, 2, false, false, 0.5f},
+        {1, 1, 3, false, true, 0.0f},
+        {5, 200, 0, false, false, 1.0f},
+        {40, 17, 300, true, false, 0.0f},
+        // A transposed A of two whole 48-row packing groups and a part, an odd k, and a B packed
+        // 16 columns at a time with a 5-column tail (bf16_gemm_kernel.h).
+        {100, 37, 51, true, false, 1.0f},
     };
     for (const Case& s : cases) {
         const auto a = random_matrix(s.m * s.k, 1, 1.0f);

@@ -60,6 +60,15 @@ INSTANTIATE_TEST_SUITE_P(Recipes, LowPrecisionCli,
                                                                   : info.param;
                          });
 
+// An AVX2-only CPU has no vdpbf16ps: MOETRON_CPU_ISA=avx2, which makes an AVX-512 machine stand
+// for one, turns the native bf16 GEMM off too.
+TEST(LowPrecisionCli, Bf16IsEmulatedUnderForcedAvx2) {
+    const auto avx2 = run_cli(train_command("bf16"), "MOETRON_CPU_ISA=avx2 MOETRON_BF16_GEMM=");
+    ASSERT_EQ(avx2.exit_code, 0) << avx2.text;
+    EXPECT_CONTAINS(avx2.text, "bf16: emulated");
+    EXPECT_EQ(avx2.text.find("native AVX512_BF16"), std::string::npos) << avx2.text;
+}
+
 TEST(LowPrecisionCliErrors, UnknownPrecisionIsRejected) {
     const auto bad = run_cli(train_command("fp16"));
     EXPECT_NE(bad.exit_code, 0);

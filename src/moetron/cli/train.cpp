@@ -555,8 +555,10 @@ void register_train(CLI::App& app) {
     cmd->add_option("--precision", o->precision,
                     "number format of the linear layers' and experts' GEMM inputs: fp32 "
                     "(default), bf16, mxfp8 (E4M3 in 32-element blocks with E8M0 scales, the "
-                    "MXFP8 recipe) or fp8-blockwise (DeepSeek-V3's 1x128 / 128x128 FP8); router, "
-                    "attention core, embedding, head, norms and optimizer stay float32")
+                    "MXFP8 recipe) or fp8-blockwise (DeepSeek-V3's 1x128 / 128x128 FP8); the "
+                    "output head's GEMMs are bf16 under bf16 (as Megatron-LM's --bf16) and "
+                    "float32 under the FP8 recipes (as DeepSeek-V3); router, attention core, "
+                    "embedding, norms and optimizer stay float32")
         ->check(CLI::IsMember({"fp32", "bf16", "mxfp8", "fp8-blockwise"}));
     cmd->add_option("--dispatch-payload", o->dispatch_payload,
                     "format of the tokens sent to the routed experts: recipe (default: the "

@@ -9,6 +9,8 @@
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/quantize.h"
+#include "moetron/kernels/cpu/vector_isa.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/kernels/split_backward_backend.h"
 
 namespace moetron {
@@ -64,18 +66,27 @@ LowPrecisionBackend::LowPrecisionBackend(Backend& inner, Precision precision, Bf
     if (precision != Precision::bf16) return;
     const bool from_environment = bf16_gemm == Bf16Gemm::automatic;
     if (from_environment) bf16_gemm = bf16_gemm_from_environment();
-    const bool cpu_native = cpu::cpu_has_avx512_bf16();
+    // MOETRON_CPU_ISA=avx2 stands for a CPU without AVX-512 (vector_isa.h), which has no
+    // vdpbf16ps either.
+    const bool cpu_has_bf16 = cpu::cpu_has_avx512_bf16();
+    const bool isa_hides_bf16 = cpu_has_bf16 && cpu::vector_isa() != cpu::VectorIsa::kAvx512;
+    const bool cpu_native = cpu_has_bf16 && !isa_hides_bf16;
     switch (bf16_gemm) {
         case Bf16Gemm::automatic:
             native_bf16_ = cpu_native;
-            bf16_gemm_reason_ = cpu_native ? "native AVX512_BF16 (vdpbf16ps, float32 sums)"
-                                           : "emulated (no AVX512_BF16): the float32 GEMM runs "
-                                             "on the rounded values";
+            bf16_gemm_reason_ = cpu_native
+                                    ? "native AVX512_BF16 (vdpbf16ps, float32 sums)"
+                                    : fmt::format(
+                                          "emulated ({}): the float32 GEMM runs on the rounded "
+                                          "values",
+                                          isa_hides_bf16 ? "MOETRON_CPU_ISA=avx2 hides AVX512_BF16"
+                                                         : "no AVX512_BF16");
             break;
         case Bf16Gemm::native:
             MT_USER_CHECK(cpu_native,
                           "the native bf16 GEMM needs a CPU with AVX512_BF16, which this one "
-                          "lacks{}",
+                          "{}{}",
+                          isa_hides_bf16 ? "has but MOETRON_CPU_ISA=avx2 hides" : "lacks",
                           from_environment ? " (unset MOETRON_BF16_GEMM)" : "");
             native_bf16_ = true;
             bf16_gemm_reason_ = "native AVX512_BF16 (vdpbf16ps, float32 sums)";
@@ -307,13 +318,35 @@ void LowPrecisionBackend::grouped_linear_backward(float* dinp, float* dweight, c
     }
 }
 
+namespace {
+
+// The LowPrecisionBackend of ops's stack, looking through the decorators that sit above it
+// (bench_train_step --profile-ops puts the profiler outermost); null in a float32 stack.
+LowPrecisionBackend* low_precision_in_stack(Backend& ops) {
+    if (auto* low = dynamic_cast<LowPrecisionBackend*>(&ops)) return low;
+    if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
+        return low_precision_in_stack(split->inner());
+    if (auto* profiling = dynamic_cast<ProfilingBackend*>(&ops))
+        return low_precision_in_stack(profiling->inner());
+    return nullptr;
+}
+
+}  // namespace
+
 Backend& high_precision(Backend& ops) {
     // Under the split backward of a zero-bubble schedule these GEMMs stay whole (in B) and in
     // float32: the split's inner backend's high-precision one.
     if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
         return high_precision(split->inner());
-    auto* low = dynamic_cast<LowPrecisionBackend*>(&ops);
+    LowPrecisionBackend* low = low_precision_in_stack(ops);
     return low != nullptr ? low->inner() : ops;
+}
+
+Backend& output_head_backend(Backend& ops) {
+    if (auto* split = dynamic_cast<SplitBackwardBackend*>(&ops))
+        return output_head_backend(split->inner());
+    const LowPrecisionBackend* low = low_precision_in_stack(ops);
+    return low != nullptr && low->precision() == Precision::bf16 ? ops : high_precision(ops);
 }
 
 }  // namespace moetron

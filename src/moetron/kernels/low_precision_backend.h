@@ -17,9 +17,12 @@
 //                  gradient, of the weight for the input gradient
 //   fp8-blockwise  DeepSeek-V3: activations and gradients in 1 x 128 tiles along the reduction
 //                  dimension (128 x 1 where it runs down the columns), weights in 128 x 128 blocks
-// The decorator quantizes every GEMM it is given; the parts the recipes keep in high precision
-// (router, output head) call high_precision(ops) instead. In matmul(), B is the weight (every
-// caller's convention); linear and grouped linear name their weight.
+// The decorator quantizes every GEMM it is given; the parts a recipe keeps in high precision call
+// high_precision(ops) instead: the router under every recipe (DeepSeek-V3 keeps its gating in
+// high precision), the output head under the FP8 recipes only (output_head_backend(ops): the
+// bf16 recipe runs every GEMM in bfloat16, the output layer included, as Megatron-LM's --bf16
+// does; DeepSeek-V3's FP8 recipe keeps the head in its higher precision). In matmul(), B is the
+// weight (every caller's convention); linear and grouped linear name their weight.
 //
 // Scratch: the dequantized copies and codes live in buffers that grow to the largest GEMM of the
 // first step and are reused after it (allocation only while they grow).
@@ -41,7 +44,8 @@ enum class Precision : uint8_t { fp32, bf16, mxfp8, fp8_blockwise };
 Precision parse_precision(std::string_view name);
 std::string_view precision_name(Precision precision);
 
-// How the bf16 recipe's GEMMs run. automatic: native where the CPU has AVX512_BF16, unless the
+// How the bf16 recipe's GEMMs run. automatic: native where the CPU has AVX512_BF16 (and
+// MOETRON_CPU_ISA=avx2 does not make it stand for an AVX2-only CPU), unless the
 // environment variable MOETRON_BF16_GEMM says "emulated" (or "native"), so that both can be
 // measured on one machine; native: vdpbf16ps (a user error on a CPU without AVX512_BF16);
 // emulated: inputs rounded to bfloat16, then the inner backend's float32 GEMM.
@@ -113,8 +117,13 @@ class LowPrecisionBackend final : public ForwardingBackend {
     std::vector<float> float_scales_;
 };
 
-// The backend for the GEMMs every recipe keeps in high precision (router, output head): the
-// inner backend of a LowPrecisionBackend, else ops itself.
+// The backend for the GEMMs a recipe keeps in high precision: the inner backend of the
+// LowPrecisionBackend in ops's stack (seen through a SplitBackwardBackend, whose GEMMs here stay
+// whole, and a ProfilingBackend, whose timing these GEMMs then miss), else ops itself.
 Backend& high_precision(Backend& ops);
+
+// The backend for the output head's GEMMs: ops itself under the bf16 recipe (but never split by
+// a SplitBackwardBackend), high_precision(ops) under the FP8 recipes and in float32.
+Backend& output_head_backend(Backend& ops);
 
 }  // namespace moetron

@@ -64,6 +64,7 @@ class ProfilingBackend final : public Backend {
     // Totals of profiled_ops()[i].
     const OpTotals& totals(size_t op_index) const { return totals_[op_index]; }
     void reset();
+    Backend& inner() const { return inner_; }
 
     std::string_view name() const override { return inner_.name(); }
     Device device() const override { return inner_.device(); }

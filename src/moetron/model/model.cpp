@@ -312,8 +312,8 @@ CrossEntropyResult head_loss(Backend& ops, float* d_hidden, const float* hidden,
     ops.rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, rows, D,
                         static_cast<float>(c.rms_norm_eps));
     const float* normed = tp.gather_rows(s.normed_full, s.normed, rows * D);
-    // The output head stays in float32 under every low-precision recipe.
-    high_precision(ops).linear_forward(s.logits, normed, head_w, n, D, Vp);
+    // bfloat16 under the bf16 recipe, float32 under the FP8 ones (low_precision_backend.h).
+    output_head_backend(ops).linear_forward(s.logits, normed, head_w, n, D, Vp);
     const CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
         ops, s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
     if (d_hidden == nullptr) return ce;
@@ -324,7 +324,7 @@ CrossEntropyResult head_loss(Backend& ops, float* d_hidden, const float* hidden,
                                           kIgnoreIndex, per_token, tp);
     // The head is column-parallel over the vocabulary: its input gradient is partial over TP.
     float* d_normed = tp.enabled() ? s.d_normed_full : s.d_normed;
-    high_precision(ops).linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
+    output_head_backend(ops).linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
     tp.reduce_scatter_rows(s.d_normed, d_normed, rows * D);
     sequence_parallel_rmsnorm_backward(ops, d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd,
                                        s.d_norm_weight, rows, D, tp);

@@ -1,4 +1,5 @@
-// The native bf16 GEMM (bf16_gemm.h): packing with the recipe's rounding, then the register tiles
+// The native bf16 GEMM (bf16_gemm.h): packing with the recipe's rounding (vectorized, in the
+// AVX512_BF16 file), then the register tiles
 // of C, each computed by the AVX512_BF16 micro-kernel; threads share the panels and tiles of one
 // GEMM (in one parallel region), or take whole GEMMs of a batch.
 #include "moetron/kernels/cpu/bf16_gemm.h"
@@ -9,7 +10,6 @@
 #include "moetron/kernels/cpu/bf16_gemm_kernel.h"
 #include "moetron/kernels/cpu/blas_info.h"
 #include "moetron/kernels/cpu/matmul.h"
-#include "moetron/kernels/cpu/number_formats.h"
 
 namespace moetron::cpu {
 
@@ -18,6 +18,9 @@ namespace {
 // A batch hands whole GEMMs to threads when every thread gets at least this many (matmul.cpp's
 // kMinExpertsPerThread, for the same reason: dynamic scheduling evens out unequal GEMMs).
 constexpr int64_t kMinGemmsPerThread = 4;
+
+// op(A)'s panels packed together (kBf16TransposedRowGroup rows).
+constexpr int64_t kPanelsPerGroup = kBf16TransposedRowGroup / kBf16TileRows;
 
 // Tiles a thread takes at a time: dynamic, so that a thread the OS preempts (a shared machine)
 // does not hold up the others, in runs long enough to reuse a column panel of B from cache.
@@ -52,51 +55,32 @@ struct Packing {
     }
 
     // Panel `panel` of op(A) (rows) or op(B) (columns): x as vectors of k elements, element i of
-    // vector j at x[j * vector_stride + i * k_stride], out[pair][j in panel] holding elements 2p
-    // (low half) and 2p + 1 (high half), each rounded to bfloat16 as round_to_bf16 rounds; zero
-    // past the last vector and past k. The loops run along whichever of x's dimensions is
-    // contiguous, so that the rounding vectorizes.
+    // vector j at x[j * vector_stride + i * k_stride] (bf16_gemm_kernel.h).
     void pack_panel(uint32_t* out, const float* x, int64_t extent, int64_t vector_stride,
                     int64_t k_stride, int64_t width, int64_t panel) const {
-        uint32_t* dst = out + panel * pairs * width;
         const int64_t first = panel * width;
         const int64_t count = extent - first < width ? extent - first : width;
-        const int64_t whole_pairs = g.k / 2;  // the last pair of an odd k has no high half
-        const float* base = x + first * vector_stride;
-        if (k_stride == 1) {
-            for (int64_t j = 0; j < count; ++j) {
-                const float* v = base + j * vector_stride;
-                for (int64_t p = 0; p < whole_pairs; ++p)
-                    dst[p * width + j] = bf16_pair(v[2 * p], v[2 * p + 1]);
-            }
-        } else {
-            for (int64_t p = 0; p < whole_pairs; ++p) {
-                const float* low = base + 2 * p * k_stride;
-                for (int64_t j = 0; j < count; ++j) {
-                    dst[p * width + j] =
-                        bf16_pair(low[j * vector_stride], low[j * vector_stride + k_stride]);
-                }
-            }
-        }
-        if (whole_pairs < pairs) {
-            const float* low = base + 2 * whole_pairs * k_stride;
-            for (int64_t j = 0; j < count; ++j)
-                dst[whole_pairs * width + j] = encode_bf16(low[j * vector_stride]);
-        }
-        if (count < width) {
-            for (int64_t p = 0; p < pairs; ++p) {
-                for (int64_t j = count; j < width; ++j) dst[p * width + j] = 0u;
-            }
-        }
+        bf16_pack_panel_avx512bf16(out + panel * pairs * width, x + first * vector_stride, count,
+                                   width, g.k, vector_stride, k_stride);
     }
-    static uint32_t bf16_pair(float low, float high) {
-        return static_cast<uint32_t>(encode_bf16(low)) |
-               (static_cast<uint32_t>(encode_bf16(high)) << 16);
-    }
-    // op(A)[r][i] = a[r * k + i], or a[i * m + r] when A is stored transposed.
-    void pack_a(int64_t panel) const {
-        pack_panel(a_pairs, g.a, g.m, g.trans_a ? 1 : g.k, g.trans_a ? g.m : 1, kBf16TileRows,
-                   panel);
+    // op(A)[r][i] = a[r * k + i], or a[i * m + r] when A is stored transposed: then in groups of
+    // 8 panels, whose rows lie side by side in memory (bf16_gemm_kernel.h).
+    int64_t num_a_groups() const { return panels_covering(row_panels, kPanelsPerGroup); }
+    void pack_a_group(int64_t group) const {
+        const int64_t first_panel = group * kPanelsPerGroup;
+        if (g.trans_a) {
+            const int64_t first_row = first_panel * kBf16TileRows;
+            const int64_t count = g.m - first_row < kBf16TransposedRowGroup
+                                      ? g.m - first_row
+                                      : kBf16TransposedRowGroup;
+            bf16_pack_transposed_rows_avx512bf16(a_pairs + first_panel * pairs * kBf16TileRows,
+                                                 g.a + first_row, count, g.k, g.m);
+            return;
+        }
+        const int64_t end =
+            first_panel + kPanelsPerGroup < row_panels ? first_panel + kPanelsPerGroup : row_panels;
+        for (int64_t panel = first_panel; panel < end; ++panel)
+            pack_panel(a_pairs, g.a, g.m, g.k, 1, kBf16TileRows, panel);
     }
     // op(B)[i][j] = b[i * n + j], or b[j * k + i] when B is stored transposed.
     void pack_b(int64_t panel) const {
@@ -115,7 +99,7 @@ struct Packing {
 void gemm_on_this_thread(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers) {
     if (g.m == 0 || g.n == 0) return;
     const Packing packing(g, buffers);
-    for (int64_t panel = 0; panel < packing.row_panels; ++panel) packing.pack_a(panel);
+    for (int64_t group = 0; group < packing.num_a_groups(); ++group) packing.pack_a_group(group);
     for (int64_t panel = 0; panel < packing.col_panels; ++panel) packing.pack_b(panel);
     const PackedBf16Gemm packed = packing.packed();
     for (int64_t t = 0; t < packing.num_tiles(); ++t) packing.compute_tile(packed, t);
@@ -129,7 +113,8 @@ void gemm_on_threads(const Bf16Matmul& g, Bf16GemmWorkspace::Buffers& buffers, i
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t panel = 0; panel < packing.row_panels; ++panel) packing.pack_a(panel);
+        for (int64_t group = 0; group < packing.num_a_groups(); ++group)
+            packing.pack_a_group(group);
 #pragma omp for schedule(static)
         for (int64_t panel = 0; panel < packing.col_panels; ++panel) packing.pack_b(panel);
 #pragma omp for schedule(dynamic, kTilesPerGrab)

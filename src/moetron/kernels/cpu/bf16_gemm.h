@@ -2,8 +2,9 @@
 // as round_to_bf16 does) while they are packed, then multiplied with vdpbf16ps, which adds the
 // exact products of two bfloat16 pairs into float32 lanes. The result is therefore the emulated
 // recipe's (round both inputs, float32 GEMM) up to the order of the float32 additions. Two
-// differences the instruction imposes, both below anything a bf16 GEMM can resolve: bfloat16
-// subnormal inputs count as zero and float32 subnormal partial sums are flushed to zero.
+// differences the instructions impose, both below anything a bf16 GEMM can resolve: subnormal
+// inputs count as zero (vcvtne2ps2bf16 flushes float32 subnormals while packing, vdpbf16ps
+// bfloat16 ones) and float32 subnormal partial sums are flushed to zero.
 //
 // Packing: op(A)'s rows and op(B)'s columns are stored as 32-bit pairs (element 2p in the low
 // half, 2p + 1 in the high half) along the reduction dimension, in panels as wide as the register
