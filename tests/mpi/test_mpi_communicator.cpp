@@ -386,6 +386,7 @@ TEST(MpiCommunicator, ProgressThreadBacksOffFromAReceiveThatWaitsForItsPeer) {
         constexpr double kIntervalS = 50e-6;
         parallel::MpiProgressEngine engine(/*run_thread=*/true, kIntervalS);
         auto op = std::make_shared<parallel::MpiOperation>();
+        op->waits_for_peer = true;  // as MpiCommunicator::recv_async marks its receives
         ASSERT_EQ(MPI_Irecv(&payload, 1, MPI_INT, 1, kTag, comm, &op->request), MPI_SUCCESS);
         const Timer outstanding;
         engine.track(op);
@@ -403,6 +404,37 @@ TEST(MpiCommunicator, ProgressThreadBacksOffFromAReceiveThatWaitsForItsPeer) {
             payload = 42;
             MPI_Send(&payload, 1, MPI_INT, 0, kTag, comm);
         }
+    }
+    MPI_Barrier(comm);
+    MPI_Comm_free(&comm);
+}
+
+// A nonblocking collective advances a round on each test without completing: the thread keeps
+// polling it at the base interval while it waits for a late rank (a backed-off thread delayed
+// every round of the data-parallel gradient all-reduce by up to 16 intervals).
+TEST(MpiCommunicator, ProgressThreadKeepsPollingACollectiveThatWaitsForALateRank) {
+    Communicator& world = mpi_world();
+    if (world.size() < 2) GTEST_SKIP() << "a late rank needs two ranks";
+    if (!mpi_session().thread_multiple()) GTEST_SKIP() << "no MPI_THREAD_MULTIPLE: no thread";
+    MPI_Comm comm = MPI_COMM_NULL;
+    ASSERT_EQ(MPI_Comm_dup(MPI_COMM_WORLD, &comm), MPI_SUCCESS);
+    int value = 1;
+    if (world.rank() == 0) {
+        constexpr double kIntervalS = 50e-6;
+        parallel::MpiProgressEngine engine(/*run_thread=*/true, kIntervalS);
+        auto op = std::make_shared<parallel::MpiOperation>();
+        ASSERT_EQ(MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_SUM, comm, &op->request),
+                  MPI_SUCCESS);
+        engine.track(op);
+        while (!op->done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        EXPECT_EQ(value, world.size());
+        EXPECT_LE(engine.longest_sleep_s(), kIntervalS) << "after " << engine.sweeps() << " sweeps";
+    } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        // Nonblocking, as rank 0's: a blocking collective does not match a nonblocking one.
+        MPI_Request request = MPI_REQUEST_NULL;
+        MPI_Iallreduce(MPI_IN_PLACE, &value, 1, MPI_INT, MPI_SUM, comm, &request);
+        MPI_Wait(&request, MPI_STATUS_IGNORE);
     }
     MPI_Barrier(comm);
     MPI_Comm_free(&comm);

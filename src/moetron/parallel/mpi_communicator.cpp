@@ -302,6 +302,7 @@ CollectiveHandle MpiCommunicator::send_async(const void* data, size_t count, DTy
     check_peer(*this, peer, tag);
     const int n = checked_count(kind, count);
     auto op = std::make_shared<MpiOperation>();
+    op->waits_for_peer = true;
     MPI_CHECK(MPI_Isend(data, n, mpi_datatype(dtype), peer, tag, comm_, &op->request));
     auto& c = counters_[static_cast<size_t>(kind)];
     c.calls += 1;
@@ -317,6 +318,7 @@ CollectiveHandle MpiCommunicator::recv_async(void* data, size_t count, DType dty
     check_peer(*this, peer, tag);
     const int n = checked_count(kind, count);
     auto op = std::make_shared<MpiOperation>();
+    op->waits_for_peer = true;
     MPI_CHECK(MPI_Irecv(data, n, mpi_datatype(dtype), peer, tag, comm_, &op->request));
     counters_[static_cast<size_t>(kind)].calls += 1;
     return track(kind, std::move(op), Progress::background);

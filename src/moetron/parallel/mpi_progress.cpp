@@ -97,13 +97,18 @@ void MpiProgressEngine::run() {
         const size_t before = outstanding_.size();
         std::erase_if(outstanding_,
                       [](const std::shared_ptr<MpiOperation>& op) { return try_complete(*op); });
-        if (outstanding_.size() < before || tracked_since_sweep_) {
+        const bool only_peer_waits =
+            std::all_of(outstanding_.begin(), outstanding_.end(),
+                        [](const std::shared_ptr<MpiOperation>& op) { return op->waits_for_peer; });
+        if (outstanding_.size() < before || tracked_since_sweep_ || !only_peer_waits) {
             backoff.progressed();
         } else {
             backoff.idle_sweep();
         }
         tracked_since_sweep_ = false;
         if (outstanding_.empty()) continue;
+        if (backoff.interval_s() > longest_sleep_s_.load(std::memory_order_relaxed))
+            longest_sleep_s_.store(backoff.interval_s(), std::memory_order_relaxed);
         lock.unlock();
         std::this_thread::sleep_for(std::chrono::duration<double>(backoff.interval_s()));
         lock.lock();

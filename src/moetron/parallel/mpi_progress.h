@@ -3,7 +3,8 @@
 // before a long computation sits mostly idle until wait(). The progress engine runs one thread per
 // world communicator (shared by the groups split from it) that calls MPI_Test on the outstanding
 // requests every poll interval, so the collective advances while the caller computes; while its
-// sweeps complete nothing it polls less often (poll_backoff.h).
+// sweeps complete nothing and only point-to-point requests wait for their peers, it polls less
+// often (poll_backoff.h).
 //
 // A request must never be tested by two threads at once (MPI forbids it), so each operation
 // carries a flag: whichever thread sets it may call MPI_Test; the other skips or retries.
@@ -30,6 +31,10 @@ struct MpiOperation {
     std::atomic_flag testing;   // set while one thread is inside MPI_Test on request
     std::string error;          // MPI_Test's failure, written before done is set
     double completed_at_s = 0;  // Timer::now_s() when first seen complete, written before done
+    // A point-to-point send or receive: until its peer posts the other side, testing it advances
+    // nothing, so the progress thread may poll it less often. A nonblocking collective advances a
+    // round on every test without completing, and is always polled at the base interval.
+    bool waits_for_peer = false;
 };
 
 // Tests op once unless another thread is testing it; true once op is complete (or failed).
@@ -60,6 +65,8 @@ class MpiProgressEngine {
 
     // Sweeps over the outstanding requests so far (each one MPI_Test per request).
     int64_t sweeps() const { return sweeps_.load(std::memory_order_relaxed); }
+    // The longest sleep between two sweeps so far.
+    double longest_sleep_s() const { return longest_sleep_s_.load(std::memory_order_relaxed); }
 
   private:
     void run();
@@ -70,6 +77,7 @@ class MpiProgressEngine {
     bool stop_ = false;                                       // guarded by mutex_
     std::atomic<bool> abandoned_{false};
     std::atomic<int64_t> sweeps_{0};
+    std::atomic<double> longest_sleep_s_{0};
     int active_waiters_ = 0;            // guarded by mutex_
     bool tracked_since_sweep_ = false;  // guarded by mutex_; resets the poll backoff
     double poll_interval_s_;            // the shortest sleep between sweeps (PollBackoff)

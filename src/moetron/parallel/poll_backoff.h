@@ -5,7 +5,10 @@
 // receives cost stage 0 of tiny's pp2 12-20 ms of CPU per step (a fifth of its compute) on a CPU
 // rank, taken from the cores the computing threads need, and made the engine's stages look
 // balanced where their compute is not. The requests a caller waits for are unaffected: a caller
-// polls them itself (MpiProgressEngine::begin_wait).
+// polls them itself (MpiProgressEngine::begin_wait). Only point-to-point requests let the sleep
+// grow (MpiOperation::waits_for_peer): a nonblocking collective advances a round on each test
+// without completing, and a gradient all-reduce polled every 0.8 ms made tiny's two-rank step
+// 2-8% slower.
 #pragma once
 
 #include <algorithm>
