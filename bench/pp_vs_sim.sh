@@ -5,7 +5,9 @@
 # e.g. bench/pp_vs_sim.sh build "2 4" "4 8" "tiny small" "1f1b interleaved zb-h1"
 # (interleaved runs ppN.vpp2; the micro-batch counts must then be multiples of pp. zb-h1 is the
 # zero-bubble schedule on both sides: --pp-schedule zb-h1 for train and for simulate.)
-# Environment: STEPS (measured steps after two warm-up ones; default 6), SMALL_BATCH / SMALL_SEQ
+# Environment: STEPS (measured steps after two warm-up ones; default 6 for small, 20 for tiny, whose
+# 50-100 ms steps vary too much for a median of 4-6: errors moved from -25% to +9% between three
+# repeats with 4), SMALL_BATCH / SMALL_SEQ
 # (default 8 x 256), THREADS (per rank; default cores / pp, at least 1), OUT (work folder;
 # default a temporary one).
 # For each pp the machine is calibrated once under the same mpirun (the kernels measured with as
@@ -82,9 +84,11 @@ for pp in $pp_list; do
         --threads "$threads" | sed 's/^/   /'
     for model in $models; do
         config="configs/models/$model.toml"
+        steps=${STEPS:-20}
         if [[ $model == small ]]; then
             batch=${SMALL_BATCH:-8}
             seq=${SMALL_SEQ:-256}
+            steps=${STEPS:-6}
         else
             batch=$(sed -n 's/^batch_size *= *\([0-9]*\).*/\1/p' "$config")
             seq=$(sed -n 's/^seq_len *= *\([0-9]*\).*/\1/p' "$config")
@@ -119,7 +123,7 @@ EOF
                 name="$model-pp$pp-$schedule-m$micro"
                 log="$out/$name.jsonl"
                 mpirun --oversubscribe --bind-to none -np "$pp" "$exe" train --config "$config" \
-                    --steps $(( ${STEPS:-6} + 2 )) --batch-size "$batch" --seq-len "$seq" \
+                    --steps $(( steps + 2 )) --batch-size "$batch" --seq-len "$seq" \
                     --grad-accum "$micro" --eval-every 0 --threads "$threads" \
                     --layout "$layout" --pp-schedule "$schedule" --log-jsonl "$log" \
                     > "$out/$name.train.txt"
