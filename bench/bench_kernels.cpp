@@ -496,20 +496,16 @@ BENCHMARK(BM_Bf16Gemm)
 // Norms: `small`'s hidden norm (4096 tokens x 512) and its kv_lora norm (x 128); the sum of
 // squares over 4M floats (a large gradient). More pairs than the GEMMs: each takes a millisecond.
 constexpr int kNormPairs = 31;
-BENCHMARK(BM_NormRmsForwardAvx512VsAvx2)
-    ->UseRealTime()
-    ->Unit(benchmark::kMicrosecond)
-    ->Iterations(kNormPairs)
-    ->ArgNames({"rows", "dim"})
-    ->Args({4096, 512})
-    ->Args({4096, 128});
-BENCHMARK(BM_NormRmsBackwardAvx512VsAvx2)
-    ->UseRealTime()
-    ->Unit(benchmark::kMicrosecond)
-    ->Iterations(kNormPairs)
-    ->ArgNames({"rows", "dim"})
-    ->Args({4096, 512})
-    ->Args({4096, 128});
+void rmsnorm_shapes(benchmark::internal::Benchmark* b) {
+    b->UseRealTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->Iterations(kNormPairs)
+        ->ArgNames({"rows", "dim"})
+        ->Args({4096, 512})
+        ->Args({4096, 128});
+}
+BENCHMARK(BM_NormRmsForwardAvx512VsAvx2)->Apply(rmsnorm_shapes);
+BENCHMARK(BM_NormRmsBackwardAvx512VsAvx2)->Apply(rmsnorm_shapes);
 BENCHMARK(BM_NormSumSquaresAvx512VsAvx2)
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond)
