@@ -14,6 +14,7 @@
 #include "moetron/core/timer.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/mpi_progress.h"
+#include "moetron/parallel/poll_backoff.h"
 #include "mpi/mpi_test_main.h"
 
 namespace moetron::testing {

@@ -5,6 +5,7 @@
 
 #include "moetron/core/timer.h"
 #include "moetron/parallel/mpi_check.h"
+#include "moetron/parallel/poll_backoff.h"
 
 namespace moetron::parallel {
 

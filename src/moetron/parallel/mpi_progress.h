@@ -21,8 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "moetron/parallel/poll_backoff.h"
-
 namespace moetron::parallel {
 
 struct MpiOperation {
