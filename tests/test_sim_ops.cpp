@@ -3,7 +3,9 @@
 // efficiency curves and roofline behave.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
@@ -12,6 +14,7 @@
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/layout.h"
 #include "moetron/sim/ops.h"
+#include "moetron/sim/timeline.h"
 
 namespace moetron::sim {
 namespace {
@@ -94,6 +97,83 @@ TEST(SimOps, ZeroBubbleDefersTheWeightGradientsTheEngineDefers) {
         EXPECT_EQ(mtp.find("mtp.eh_proj.wgrad") != std::string::npos, ctx.layout.tp == 1)
             << layout << ": " << mtp;
         EXPECT_EQ(mtp.find("mtp.head"), std::string::npos) << mtp;
+    }
+}
+
+// A split backward copies each deferred wgrad's two operands into a stash (the engine's
+// kernels/split_backward_backend.cpp): B pays for the copies, the unsplit backward does not.
+TEST(SimOps, SplitBackwardPaysForTheStashCopiesInB) {
+    Fixture f;
+    const OpContext ctx = f.context("tp1.ep8", 64, 1024, 1);
+    const BlockOps moe = build_block_ops(ctx, BlockKind::moe_layer);
+    double deferred_bytes = 0, stash_bytes = 0;
+    int deferred = 0, stashes = 0;
+    for (const Op& op : moe.backward) {
+        if (op.weight_gradient) {
+            deferred_bytes += op.weight_gradient_input_bytes;
+            ++deferred;
+        }
+        if (op.split_backward_stash) {
+            EXPECT_EQ(op.kind, OpKind::copy) << op.name;
+            EXPECT_FALSE(op.weight_gradient) << op.name;
+            stash_bytes += op.bytes;
+            ++stashes;
+        }
+    }
+    EXPECT_GT(deferred, 0);
+    EXPECT_EQ(stashes, deferred);
+    EXPECT_DOUBLE_EQ(stash_bytes, 2 * deferred_bytes);  // each operand read and written once
+
+    auto stash_ops = [](const OpList& list) {
+        int n = 0;
+        for (const Op* op : list.ops) n += op->split_backward_stash ? 1 : 0;
+        return n;
+    };
+    OpList unsplit, input_part, weight_part;
+    unsplit.append(moe.backward);
+    input_part.append_part(moe.backward, false);
+    weight_part.append_part(moe.backward, true);
+    EXPECT_EQ(stash_ops(unsplit), 0);
+    EXPECT_EQ(stash_ops(input_part), stashes);
+    EXPECT_EQ(stash_ops(weight_part), 0);
+    EXPECT_EQ(unsplit.ops.size() + static_cast<size_t>(stashes),
+              input_part.ops.size() + weight_part.ops.size());
+}
+
+// The engine runs each output head's backward right after its loss, in the micro-batch's
+// forward (model.cpp, head_loss): the model prices it in F, where a pipeline schedule places
+// it (the last stage's F is longer and its B shorter), and recompute reruns none of the head.
+TEST(SimOps, OutputHeadBackwardRunsInTheForwardAsTheEngineDoes) {
+    Fixture f;
+    const OpContext ctx = f.context("tp2.ep8", 64, 1024, 1);
+    for (BlockKind kind : {BlockKind::output_head, BlockKind::mtp_extra}) {
+        const BlockOps block = build_block_ops(ctx, kind);
+        const std::string head = kind == BlockKind::output_head ? "head" : "mtp.head";
+        std::vector<std::string> forward, backward;
+        for (const Op& op : block.forward) forward.push_back(op.name);
+        for (const Op& op : block.backward) backward.push_back(op.name);
+        auto at = [](const std::vector<std::string>& names, const std::string& name) {
+            return std::find(names.begin(), names.end(), name) - names.begin();
+        };
+        const auto logits = at(forward, head + ".logits");
+        const auto dgrad = at(forward, head + ".logits.dgrad");
+        const auto wgrad = at(forward, head + ".logits.wgrad");
+        const auto loss_backward = at(forward, head + ".cross_entropy.bwd");
+        ASSERT_LT(wgrad, static_cast<long>(forward.size())) << head;
+        EXPECT_LT(logits, loss_backward) << head;
+        EXPECT_LT(loss_backward, dgrad) << head;  // in the order the backward runs them
+        EXPECT_EQ(at(backward, head + ".logits.wgrad"), static_cast<long>(backward.size())) << head;
+        EXPECT_TRUE(block.forward[static_cast<size_t>(wgrad)].fused_head);
+        EXPECT_TRUE(block.forward[static_cast<size_t>(logits)].fused_head);
+        if (kind == BlockKind::output_head) {
+            EXPECT_TRUE(block.backward.empty());
+        } else {  // MTP's eh_proj, before its head, keeps its backward in B
+            EXPECT_LT(at(backward, "mtp.eh_proj.dgrad"), static_cast<long>(backward.size()));
+        }
+
+        const RecomputedBlock full = apply_recompute(block, parse_recompute("full"));
+        for (const Op& op : full.backward)
+            EXPECT_FALSE(op.is_recompute && op.name.starts_with(head + ".")) << op.name;
     }
 }
 

@@ -84,7 +84,7 @@ class Published : public ::testing::Test {
         PlanSpace s;
         s.tp = {1, 2};
         s.pp = {1, 2, 4};
-        s.ep = {16, 32, 64};
+        s.ep = {16, 32, 64, 128};
         return s;
     }
 };

@@ -75,6 +75,8 @@ double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
             const double bw = e.memory_ops_bw > 0 ? e.memory_ops_bw : e.memory_bw;
             return op.bytes / (c.gpu.hbm_bytes_per_s * bw) + fixed;
         }
+        case OpKind::copy:
+            return mem_s + fixed;
         case OpKind::comm_tp:
         case OpKind::comm_ep:
         case OpKind::comm_cp:

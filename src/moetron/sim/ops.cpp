@@ -94,6 +94,24 @@ class Builder {
     Op& last_forward() { return fwd_.back(); }
     void backward(std::vector<Op> ops) { bwd_groups_.push_back(std::move(ops)); }
 
+    // Where an output head starts; fuse_head(mark) then moves the backward groups collected
+    // since into the forward list, in the order the backward runs them, and marks the head's
+    // ops fused_head: what the engine runs in the forward pass.
+    struct Mark {
+        size_t forward_ops, backward_groups;
+    };
+    Mark mark() const { return {fwd_.size(), bwd_groups_.size()}; }
+    void fuse_head(Mark m) {
+        for (size_t i = m.forward_ops; i < fwd_.size(); ++i) fwd_[i].fused_head = true;
+        for (size_t g = bwd_groups_.size(); g-- > m.backward_groups;) {
+            for (Op& op : bwd_groups_[g]) {
+                op.fused_head = true;
+                fwd_.push_back(std::move(op));
+            }
+        }
+        bwd_groups_.resize(m.backward_groups);
+    }
+
     // A memory-bound op with its backward: bwd_bytes = 0 means no backward op.
     void memory(const std::string& name, double fwd_bytes, double bwd_bytes, int kernels_fwd,
                 int kernels_bwd, double saved = 0, double saved_always = 0) {
@@ -111,6 +129,17 @@ class Builder {
             b.push_back(o);
         }
         backward(std::move(b));
+    }
+
+    // A split backward's copy of a deferred wgrad's operands (the output gradient, which the
+    // next layer's backward overwrites, and the GEMM input, whose activation set B frees) into
+    // the stash W reads them from: each read once and written once, two copies.
+    Op stash_copy(const std::string& gemm_name, double operand_bytes) const {
+        Op o = make(gemm_name + ".wgrad_stash", OpKind::copy);
+        o.bytes = 2 * operand_bytes;
+        o.kernels = 2;
+        o.split_backward_stash = true;
+        return o;
     }
 
     // Low-precision quantization of an (rows x cols) bf16 tensor into row- and column-wise
@@ -164,6 +193,8 @@ class Builder {
         wgrad.saved_bytes = 0;
         wgrad.weight_gradient = deferred_weight_gradient;
         wgrad.weight_gradient_input_bytes = deferred_weight_gradient ? (m * n + m * k) * in_b : 0;
+        if (deferred_weight_gradient)
+            b.push_back(stash_copy(name, wgrad.weight_gradient_input_bytes));
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -209,6 +240,7 @@ class Builder {
         wgrad.saved_bytes = 0;
         wgrad.weight_gradient = true;
         wgrad.weight_gradient_input_bytes = rows * (n + k) * in_b;
+        b.push_back(stash_copy(name, wgrad.weight_gradient_input_bytes));
         b.push_back(wgrad);
         backward(std::move(b));
     }
@@ -492,7 +524,10 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     add_residual(b, d, "moe.residual");
 }
 
+// The engine computes the head's backward right after its loss, in the forward pass of the
+// micro-batch (model.cpp, head_loss), and prices it there.
 void add_output_head(Builder& b, const Dims& d, const std::string& prefix) {
+    const Builder::Mark mark = b.mark();
     add_norm(b, d, prefix + ".final_norm", d.T, d.D, true);
     b.tp_all_gather(prefix + ".ag", d.D);
     // The LM head stays in bf16 in the low-precision recipes.
@@ -501,6 +536,7 @@ void add_output_head(Builder& b, const Dims& d, const std::string& prefix) {
     // Fused vocab-parallel cross-entropy: reads the logits twice, writes their gradient.
     const double logits = d.Tf * d.V / d.tp * kActBytes;
     b.memory(prefix + ".cross_entropy", 2 * logits, 2 * logits, 3, 2, 0, 0);
+    b.fuse_head(mark);
 }
 
 }  // namespace
@@ -589,6 +625,12 @@ RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc,
     RecomputedBlock out;
     std::vector<Op> rerun;
     for (const Op& op : block.forward) {
+        if (op.fused_head) {
+            // Its backward has run: nothing to rerun. The engine's activation set holds the
+            // head's buffers all the same (model.cpp, HeadScratch), so they stay counted.
+            out.saved_bytes += op.saved_bytes + op.saved_always_bytes;
+            continue;
+        }
         // Its own module rerun keeps the module's inputs (saved_always_bytes); a rerun of an
         // enclosing region (the whole MoE part, or the whole layer) drops them too.
         const bool own = op.module != Module::none && rc.has(op.module);

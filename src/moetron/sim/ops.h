@@ -28,6 +28,7 @@ enum class OpKind : uint8_t {
     grouped_gemm,  // one GEMM per local expert
     attention,     // flash attention core
     memory,        // memory-bound: norms, activations, quantization, permutes, residuals
+    copy,          // a plain copy, at the stream rate (a split backward's stash)
     comm_tp,       // TP all-gather / reduce-scatter (sequence parallel)
     comm_ep,       // MoE dispatch / combine
     comm_cp,       // context-parallel K/V exchange (overlaps the attention core)
@@ -65,6 +66,14 @@ struct Op {
     bool graphable = true;         // static shapes: a partial CUDA graph can capture it
     bool is_recompute = false;     // a forward op rerun in backward
     bool weight_gradient = false;  // a wgrad GEMM: the W pass of zero-bubble schedules
+    // The copy of a deferred wgrad's two operands into the engine's stash, which B makes only
+    // when the backward is split (kernels/split_backward_backend.h): priced in B, left out of
+    // the unsplit backward.
+    bool split_backward_stash = false;
+    // An output head's op: the engine runs the head's backward right after its loss, in the
+    // forward pass (model.cpp, head_loss; the logits are never kept), so its backward ops sit in
+    // the forward list after its forward ops, and recompute reruns none of it.
+    bool fused_head = false;
     // A wgrad GEMM's inputs (the forward's GEMM input and the output gradient B computed), which
     // stay in memory until the W pass runs when a zero-bubble schedule defers it.
     double weight_gradient_input_bytes = 0;

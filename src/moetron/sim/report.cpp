@@ -117,6 +117,8 @@ std::string format_layer_ops(const StepResult& r) {
                 return "attention";
             case OpKind::memory:
                 return "memory";
+            case OpKind::copy:
+                return "copy";
             case OpKind::comm_tp:
                 return "tp-comm";
             case OpKind::comm_ep:

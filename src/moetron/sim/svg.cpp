@@ -62,6 +62,7 @@ const char* op_color(OpKind k, bool recompute) {
         case OpKind::attention:
             return "#59a14f";
         case OpKind::memory:
+        case OpKind::copy:
             return "#edc948";
         case OpKind::comm_tp:
             return "#f28e2b";

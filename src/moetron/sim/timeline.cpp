@@ -96,6 +96,7 @@ WalkResult walk_ops(const ClusterSpec& c, const OpList& list, const WalkOptions&
                 (op.is_recompute ? w.parts.recompute_s : w.parts.attention_s) += dur;
                 break;
             case OpKind::memory:
+            case OpKind::copy:
                 (op.is_recompute ? w.parts.recompute_s : w.parts.memory_bound_s) += dur;
                 break;
             case OpKind::comm_ep:

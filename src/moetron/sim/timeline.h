@@ -68,13 +68,18 @@ struct WalkResult {
 struct OpList {
     std::vector<const Op*> ops;
     std::vector<bool> block_start;
+    // The whole list, as an unsplit backward (or a forward) runs it.
     void append(const std::vector<Op>& list) {
-        for (size_t i = 0; i < list.size(); ++i) {
-            ops.push_back(&list[i]);
-            block_start.push_back(i == 0);
+        bool first = true;
+        for (const Op& op : list) {
+            if (op.split_backward_stash) continue;
+            ops.push_back(&op);
+            block_start.push_back(first);
+            first = false;
         }
     }
-    // Only the weight-gradient ops (the W pass) or only the others (B, and the forward).
+    // Only the weight-gradient ops (the W pass) or only the others with the stash copies that
+    // a split backward adds (B).
     void append_part(const std::vector<Op>& list, bool weight_gradients) {
         bool first = true;
         for (const Op& op : list) {
