@@ -5,24 +5,28 @@
 # e.g. bench/pp_vs_sim.sh build "2 4" "4 8" "tiny small" "1f1b interleaved zb-h1"
 # (interleaved runs ppN.vpp2; the micro-batch counts must then be multiples of pp. zb-h1 is the
 # zero-bubble schedule on both sides: --pp-schedule zb-h1 for train and for simulate.)
-# Environment: STEPS (measured steps after two warm-up ones; default 6 for small, 20 for tiny, whose
-# 50-100 ms steps vary too much for a median of 4-6: errors moved from -25% to +9% between three
-# repeats with 4), SMALL_BATCH / SMALL_SEQ
-# (default 8 x 256), THREADS (per rank; default cores / pp, at least 1), OUT (work folder;
-# default a temporary one).
+# Environment: RUNS (training runs per case; default 3), STEPS (measured steps per run after two
+# warm-up ones; default 6 for small, 20 for tiny, whose 50-100 ms steps vary too much for a
+# median of 4-6), SMALL_BATCH / SMALL_SEQ (default 8 x 256), THREADS (per rank; default cores /
+# pp, at least 1), OUT (work folder; default a temporary one).
 # For each pp the machine is calibrated once under the same mpirun (the kernels measured with as
-# many ranks competing for the cores). Each run trains with --layout ppN (ppN.vpp2), the schedule and
-# --grad-accum M (M micro-batches of the preset's batch) and is simulated with the same global
-# batch, micro-batch, layout, schedule, sequence length, precision fp32 and the engine's default
-# block placement (--pp-layout, so that both place the same blocks on the same stages).
+# many ranks competing for the cores) and every case is simulated on that file: the prediction is
+# fixed. Each case trains with --layout ppN (ppN.vpp2), the schedule and --grad-accum M (M
+# micro-batches of the preset's batch) and is simulated with the same global batch, micro-batch,
+# layout, schedule, sequence length, precision fp32 and the engine's default block placement
+# (--pp-layout, so that both place the same blocks on the same stages). The cases then train
+# RUNS times, interleaved (run 1 of every case, then run 2, ...), so that a change of the
+# machine's load falls on every case alike: one run of tiny says little, its bubble moved by 30
+# points between repeats.
 # Measured bubble: the JSONL's bubble_fraction (1 - mean(stage busy) / the slowest stage's busy +
-# idle, so a stage that finishes early counts its tail), median over the measured steps.
-# Predicted: 1 - mean(stage_busy_s) / max(stage_end_s) of the simulated schedule: the same
-# definition. Each stage's busy ms per step (the median, and the simulated schedule's) are printed
-# side by side: on a loaded machine they are less noisy than the bubble, and a pair that differs
-# between the two sides shows which stage one of them prices wrong. The goal (issue 13) is the
-# two within 15% relative of each other; a shared, loaded machine makes the measured side noisy
-# (the table gives the load average).
+# idle, so a stage that finishes early counts its tail); a run's is the median over its measured
+# steps, a case's the median of its runs' (min..max over the runs beside it, and the error of
+# each run against the prediction). Predicted: 1 - mean(stage_busy_s) / max(stage_end_s) of the
+# simulated schedule: the same definition. Each stage's busy ms per step (the median run's, and
+# the simulated schedule's) are printed side by side: a pair that differs between the two sides
+# shows which stage one of them prices wrong. The goal (issue 13) is the two within 15% relative
+# of each other; a shared, loaded machine makes the measured side noisy (the table gives the
+# highest load average seen).
 # Do not run this on a loaded machine expecting meaningful figures: it trains for a while.
 set -euo pipefail
 build_dir=${1:-build}
@@ -36,9 +40,10 @@ cd "$(dirname "$0")/.."
 out=${OUT:-$(mktemp -d /tmp/pp_vs_sim.XXXXXX)}
 mkdir -p "$out"
 cores=$(nproc)
+runs=${RUNS:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-median_of() {  # median of a JSONL key over the steps after the first two
+run_median() {  # median of a JSONL key over the steps after the first two
     python3 - "$1" "$2" <<'EOF'
 import json, sys
 values = [json.loads(l).get(sys.argv[2]) for l in open(sys.argv[1]) if l.strip()]
@@ -48,7 +53,7 @@ print(f"{values[len(values) // 2]:.4f}" if values else "nan")
 EOF
 }
 
-stage_busy_measured() {  # each stage's median busy ms over the measured steps, "a/b/..."
+stage_busy_measured() {  # each stage's median busy ms over a run's measured steps, "a/b/..."
     python3 - "$1" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -75,7 +80,36 @@ print(f"{1 - sum(busy) / len(busy) / max(end):.4f}")
 EOF
 }
 
-rows=()
+# The case's row from its runs: bubble median (min..max), the error of the median and of each
+# run against the prediction, the median run's step and stage busy.
+case_row() {  # case_row name model pp schedule micro predicted sim_ms sim_busy load
+    python3 - "$out" "$runs" "$@" <<'EOF'
+import json, statistics, sys
+out, runs, name, model, pp, schedule, micro, predicted, sim_ms, sim_busy, load = sys.argv[1:]
+predicted = float(predicted)
+measured = []
+for r in range(1, int(runs) + 1):
+    rows = [json.loads(l) for l in open(f"{out}/{name}.run{r}.jsonl") if l.strip()]
+    rows = rows[2:] or rows
+    mid = len(rows) // 2
+    bubble = sorted(x["bubble_fraction"] for x in rows)[mid]
+    step = sorted(x["step_ms"] for x in rows)[mid]
+    stages = len(rows[0]["stage_busy_ms"])
+    busy = [sorted(x["stage_busy_ms"][s] for x in rows)[mid] for s in range(stages)]
+    measured.append((bubble, step, busy))
+measured.sort()
+bubbles = [m[0] for m in measured]
+median_run = measured[len(measured) // 2]
+med = statistics.median(bubbles)
+err = lambda v: f"{100 * (v - predicted) / predicted:+.0f}%" if predicted > 0 else "n/a"
+print(f"| {model:5} | {pp:>2} | {schedule:9} | {micro:>2} | {med:.4f} ({bubbles[0]:.3f}..{bubbles[-1]:.3f}) "
+      f"| {predicted:.4f} | {err(med)} ({err(bubbles[0])}..{err(bubbles[-1])}) | {median_run[1]:.1f} | {sim_ms} "
+      f"| {'/'.join(f'{b:.1f}' for b in median_run[2])} | {sim_busy} | {load} |")
+EOF
+}
+
+# Prepare every case: calibrate per pp, write out the engine's placement, simulate.
+cases=()  # "name model pp schedule micro config batch seq steps threads layout predicted sim_ms sim_busy"
 for pp in $pp_list; do
     threads=${THREADS:-$(( cores / pp > 0 ? cores / pp : 1 ))}
     cluster="$out/local-np$pp.toml"
@@ -121,14 +155,6 @@ EOF
             [[ $schedule == interleaved ]] && sim_schedule=1f1b  # simulate's name for it with vpp
             for micro in $micro_list; do
                 name="$model-pp$pp-$schedule-m$micro"
-                log="$out/$name.jsonl"
-                mpirun --oversubscribe --bind-to none -np "$pp" "$exe" train --config "$config" \
-                    --steps $(( steps + 2 )) --batch-size "$batch" --seq-len "$seq" \
-                    --grad-accum "$micro" --eval-every 0 --threads "$threads" \
-                    --layout "$layout" --pp-schedule "$schedule" --log-jsonl "$log" \
-                    > "$out/$name.train.txt"
-                measured=$(median_of "$log" bubble_fraction)
-                step_ms=$(median_of "$log" step_ms)
                 sim_json="$out/$name.sim.json"
                 "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$pp" \
                     --layout "$layout" --pp-schedule "$sim_schedule" --pp-layout "$pp_layout" \
@@ -136,20 +162,38 @@ EOF
                     --json > "$sim_json"
                 predicted=$(predicted_bubble "$sim_json")
                 sim_ms=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.1f}')" "$sim_json")
-                err=$(python3 -c "import sys; p, m = map(float, sys.argv[1:]); print(f'{100 * (m - p) / p:+.0f}%' if p > 0 else 'n/a')" "$predicted" "$measured")
-                busy=$(stage_busy_measured "$log")
                 sim_busy=$(stage_busy_simulated "$sim_json")
-                load=$(cut -d' ' -f1 /proc/loadavg)
-                echo "   $name ($pp_layout): bubble measured $measured, predicted $predicted ($err);" \
-                    "step $step_ms ms, simulated $sim_ms ms; stage busy $busy ms, simulated" \
-                    "$sim_busy ms; load $load"
-                rows+=("$(printf '| %-5s | %2s | %-9s | %2s | %8s | %9s | %5s | %8s | %8s | %s | %s | %5s |' "$model" "$pp" "$schedule" "$micro" "$measured" "$predicted" "$err" "$step_ms" "$sim_ms" "$busy" "$sim_busy" "$load")")
+                echo "   $name ($pp_layout): predicted bubble $predicted, step $sim_ms ms, stage busy $sim_busy ms"
+                cases+=("$name $model $pp $schedule $micro $config $batch $seq $steps $threads $layout $predicted $sim_ms $sim_busy")
             done
         done
     done
 done
+
+# Train every case RUNS times, interleaved.
+max_load=0
+for (( r = 1; r <= runs; ++r )); do
+    echo "== run $r of $runs"
+    for c in "${cases[@]}"; do
+        read -r name model pp schedule micro config batch seq steps threads layout _ <<< "$c"
+        log="$out/$name.run$r.jsonl"
+        mpirun --oversubscribe --bind-to none -np "$pp" "$exe" train --config "$config" \
+            --steps $(( steps + 2 )) --batch-size "$batch" --seq-len "$seq" \
+            --grad-accum "$micro" --eval-every 0 --threads "$threads" \
+            --layout "$layout" --pp-schedule "$schedule" --log-jsonl "$log" \
+            > "$out/$name.run$r.train.txt"
+        load=$(cut -d' ' -f1 /proc/loadavg)
+        max_load=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" "$max_load" "$load")
+        echo "   $name: bubble $(run_median "$log" bubble_fraction), step $(run_median "$log" step_ms) ms," \
+            "stage busy $(stage_busy_measured "$log") ms; load $load"
+    done
+done
+
 echo
-echo "pipeline bubble: moetron train (measured) vs moetron simulate (predicted); work files in $out"
-echo "| model | pp | schedule | micro-batches | bubble measured | bubble predicted | error | step ms | simulated ms | stage busy ms | simulated stage busy ms | load |"
+echo "pipeline bubble: moetron train (measured, median of $runs interleaved runs) vs moetron simulate (predicted); work files in $out"
+echo "| model | pp | schedule | micro-batches | bubble measured (min..max) | bubble predicted | error (per run) | step ms | simulated ms | stage busy ms | simulated stage busy ms | max load |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
-for r in "${rows[@]}"; do echo "$r"; done
+for c in "${cases[@]}"; do
+    read -r name model pp schedule micro _ _ _ _ _ _ predicted sim_ms sim_busy <<< "$c"
+    case_row "$name" "$model" "$pp" "$schedule" "$micro" "$predicted" "$sim_ms" "$sim_busy" "$max_load"
+done
