@@ -105,6 +105,34 @@ TEST(SimHardware, InlineEfficiencyExpressesACalibratedCpu) {
     EXPECT_THROW((void)c.peak_flops(Precision::fp8), Error);
 }
 
+// moetron calibrate measures how far the slowest rank runs behind the ranks' mean; the file
+// carries that, and the model takes the spread that puts its slowest-of-N there.
+TEST(SimHardware, MeasuredSlowestRankSetsTheSpeedSpread) {
+    const std::string measured = std::string(kCpuCluster) +
+                                 "[efficiency.variability]\nslowest_rank_excess = 0.05\n"
+                                 "slowest_rank_excess_ranks = 2\n";
+    const ClusterSpec c = parse_cluster_spec(measured, "cpu.toml", "/nonexistent");
+    const VariabilitySpec& v = c.efficiency.variability;
+    EXPECT_NEAR(v.gpu_speed_sigma * slowest_of_n_sigmas(2), 0.05, 1e-12);
+    EXPECT_NEAR(slowest_of_n(v, 2, 1).total(), 0.05, 1e-12);
+    EXPECT_EQ(slowest_of_n(v, 1, 1).total(), 0);
+
+    auto error_with = [](const std::string& variability) {
+        return error_of([&] {
+            parse_cluster_spec(
+                std::string(kCpuCluster) + "[efficiency.variability]\n" + variability, "cpu.toml",
+                "/nonexistent");
+        });
+    };
+    for (const char* bad : {"slowest_rank_excess = 0.05\n",  // at how many ranks?
+                            "slowest_rank_excess = 0.05\nslowest_rank_excess_ranks = 1\n",
+                            "slowest_rank_excess = 1.5\nslowest_rank_excess_ranks = 2\n",
+                            "gpu_speed_sigma = 0.01\nslowest_rank_excess = 0.05\n"
+                            "slowest_rank_excess_ranks = 2\n"}) {
+        EXPECT_NE(error_with(bad).find("slowest_rank_excess"), std::string::npos) << bad;
+    }
+}
+
 TEST(SimHardware, MalformedFilesNameTheProblem) {
     std::string text = kCpuCluster;
     text.replace(text.find("hbm_gib"), 7, "hbm_gb");

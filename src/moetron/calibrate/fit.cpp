@@ -388,6 +388,16 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(fmt::format("scale_out_bw_efficiency = {:.4g}", ar_eff));
     line(fmt::format("all_to_all_bw_efficiency = {:.4g}", a2a_eff));
     line("comm_sm_fraction = 1  # the cores copy the collectives' bytes: nothing overlaps");
+    if (coll.ranks > 1) {
+        line("");
+        line("[efficiency.variability]");
+        line(
+            fmt::format("# {} repetitions of a fixed block of compute started together on every "
+                        "rank: the slowest ran this far behind the ranks' mean",
+                        coll.spread_repetitions));
+        line(fmt::format("slowest_rank_excess = {:.4g}", coll.slowest_rank_excess));
+        line(fmt::format("slowest_rank_excess_ranks = {}", coll.ranks));
+    }
     return s;
 }
 

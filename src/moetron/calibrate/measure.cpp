@@ -289,6 +289,51 @@ ComputeMeasurements median_of_rounds(const std::vector<ComputeMeasurements>& rou
     return m;
 }
 
+namespace {
+
+// How far the slowest rank runs behind the others: each repetition, every rank times the same
+// block of linear layers (forward and backward) after a barrier; the slowest's excess over the
+// ranks' mean, as a fraction of the mean, averaged over the repetitions (a mean, since a step
+// waits for every rare late rank too).
+double measure_slowest_rank_excess(parallel::Communicator& world, const CalibrateOptions& o,
+                                   int repetitions) {
+    const int64_t dim = o.quick ? 64 : 256, layers = o.quick ? 2 : 4;
+    auto inp = pattern(dim * dim, 0.5f), w = pattern(dim * dim, 0.05f);
+    auto out = filled(dim * dim, 0), dinp = filled(dim * dim, 0), dw = filled(dim * dim, 0);
+    auto block = [&] {
+        for (int64_t l = 0; l < layers; ++l) {
+            cpu_backend().linear_forward(out.data(), inp.data(), w.data(), dim, dim, dim);
+            cpu_backend().linear_backward(dinp.data(), dw.data(), out.data(), inp.data(), w.data(),
+                                          dim, dim, dim);
+        }
+    };
+    block();  // warm-up
+    std::vector<double> times(static_cast<size_t>(repetitions));
+    for (double& t : times) {
+        world.barrier();
+        const Timer timer;
+        block();
+        t = timer.elapsed_s();
+    }
+    const int n = world.size();
+    std::vector<double> all(times.size() * static_cast<size_t>(n));
+    world.all_gather(all.data(), times.data(), times.size(), DType::f64, kHostStream);
+    double excess = 0;
+    for (size_t i = 0; i < times.size(); ++i) {
+        double slowest = 0, sum = 0;
+        for (int r = 0; r < n; ++r) {
+            const double t = all[static_cast<size_t>(r) * times.size() + i];
+            slowest = std::max(slowest, t);
+            sum += t;
+        }
+        const double mean = sum / n;
+        excess += mean > 0 ? (slowest - mean) / mean : 0;
+    }
+    return excess / static_cast<double>(repetitions);
+}
+
+}  // namespace
+
 CollectiveMeasurements measure_collectives(parallel::Communicator& world,
                                            const CalibrateOptions& o) {
     const int n = world.size();
@@ -343,6 +388,8 @@ CollectiveMeasurements measure_collectives(parallel::Communicator& world,
         });
         r.all_to_all.push_back({static_cast<double>(per_peer) * n * 4, s});
     }
+    r.spread_repetitions = o.quick ? 5 : 40;
+    r.slowest_rank_excess = measure_slowest_rank_excess(world, o, r.spread_repetitions);
     return r;
 }
 

@@ -99,9 +99,11 @@ void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
         fit.attention_by_work.front().fwd, fit.attention_fwd, fit.attention_by_work.front().bwd,
         fit.attention_bwd, compute.stream_gbytes_per_s);
     if (fit.collectives_measured) {
-        std::printf("  all_reduce %.2f GB/s, %.1f us/step; all_to_all %.2f GB/s, %.1f us\n",
-                    fit.all_reduce_gbytes_per_s, fit.latency_us, fit.all_to_all_gbytes_per_s,
-                    fit.all_to_all_latency_us);
+        std::printf(
+            "  all_reduce %.2f GB/s, %.1f us/step; all_to_all %.2f GB/s, %.1f us; the "
+            "slowest of %d ranks %.1f%% behind their mean\n",
+            fit.all_reduce_gbytes_per_s, fit.latency_us, fit.all_to_all_gbytes_per_s,
+            fit.all_to_all_latency_us, coll.ranks, 100 * coll.slowest_rank_excess);
     }
     std::printf("  wrote %s\n", f.out_path.c_str());
 }

@@ -143,8 +143,21 @@ std::vector<AttentionEfficiencyPoint> read_attention_by_work(const toml::table& 
 }
 
 void read_variability(const toml::table& t, const std::string& where, VariabilitySpec& v) {
-    check_keys(t, where, {"gpu_speed_sigma", "straggler_rate", "straggler_slowdown"});
+    check_keys(t, where,
+               {"gpu_speed_sigma", "straggler_rate", "straggler_slowdown", "slowest_rank_excess",
+                "slowest_rank_excess_ranks"});
     v.gpu_speed_sigma = t["gpu_speed_sigma"].value_or(v.gpu_speed_sigma);
+    // Measured instead (moetron calibrate): how far the slowest of `ranks` ranks ran behind
+    // their mean, as a fraction of it; the spread that puts slowest_of_n there.
+    if (t.contains("slowest_rank_excess") || t.contains("slowest_rank_excess_ranks")) {
+        const double excess = t["slowest_rank_excess"].value_or(-1.0);
+        const int64_t ranks = t["slowest_rank_excess_ranks"].value_or(int64_t{0});
+        MT_CHECK(!t.contains("gpu_speed_sigma") && excess >= 0 && excess < 1 && ranks >= 2,
+                 "[sim] {}: slowest_rank_excess (a fraction in [0, 1)) comes with "
+                 "slowest_rank_excess_ranks (at least 2) and replaces gpu_speed_sigma",
+                 where);
+        v.gpu_speed_sigma = excess / slowest_of_n_sigmas(ranks);
+    }
     v.straggler_rate = t["straggler_rate"].value_or(v.straggler_rate);
     v.straggler_slowdown = t["straggler_slowdown"].value_or(v.straggler_slowdown);
     MT_CHECK(v.gpu_speed_sigma >= 0 && v.gpu_speed_sigma < 1 && v.straggler_rate >= 0 &&
@@ -380,15 +393,15 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
     return c;
 }
 
+double slowest_of_n_sigmas(int64_t n) {
+    return n > 1 ? std::sqrt(2 * std::log(static_cast<double>(n))) : 0.0;
+}
+
 SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep) {
-    // Expected maximum of n draws of a Gaussian, in standard deviations: ~sqrt(2 ln n).
-    auto max_of = [](int64_t n) {
-        return n > 1 ? std::sqrt(2 * std::log(static_cast<double>(n))) : 0.0;
-    };
     SlowestOfN s;
     if (gpus <= 1) return s;  // nobody to wait for
-    s.ep_jitter = v.gpu_speed_sigma * max_of(std::min(ep, gpus));
-    s.dp_jitter = v.gpu_speed_sigma * max_of(gpus) - s.ep_jitter;
+    s.ep_jitter = v.gpu_speed_sigma * slowest_of_n_sigmas(std::min(ep, gpus));
+    s.dp_jitter = v.gpu_speed_sigma * slowest_of_n_sigmas(gpus) - s.ep_jitter;
     s.stragglers =
         v.straggler_slowdown * (1 - std::pow(1 - v.straggler_rate, static_cast<double>(gpus)));
     return s;

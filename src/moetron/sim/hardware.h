@@ -57,6 +57,9 @@ struct SlowestOfN {
     double total() const { return ep_jitter + dp_jitter + stragglers; }
 };
 SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep);
+// How far the slowest of n draws of a Gaussian lies above their mean, in standard deviations:
+// ~sqrt(2 ln n) (0 for one).
+double slowest_of_n_sigmas(int64_t n);
 
 // An attention efficiency measured at one shape: work_per_query = S (Dqk + Dv), the key
 // length times the head dims one query's scores and output use.

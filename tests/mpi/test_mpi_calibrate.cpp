@@ -1,0 +1,35 @@
+// moetron calibrate's multi-rank measurements under mpirun: every rank ends with the same figures,
+// and the spread of the ranks (how far the slowest runs behind their mean) reaches the cluster
+// file and the model's slowest-of-N.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "moetron/calibrate/calibrate.h"
+#include "mpi/mpi_test_main.h"
+
+namespace moetron::testing {
+namespace {
+
+TEST(MpiCalibrate, EveryRankAgreesOnHowFarTheSlowestRankRunsBehind) {
+    parallel::Communicator& world = mpi_world();
+    if (world.size() < 2) GTEST_SKIP() << "the spread of the ranks needs two or more";
+    calibrate::CalibrateOptions o;
+    o.quick = true;
+    o.seconds_per_point = 0.002;
+    const calibrate::CollectiveMeasurements coll = calibrate::measure_collectives(world, o);
+    EXPECT_EQ(coll.ranks, world.size());
+    EXPECT_GT(coll.spread_repetitions, 0);
+    ASSERT_TRUE(std::isfinite(coll.slowest_rank_excess));
+    EXPECT_GE(coll.slowest_rank_excess, 0);
+    // The slowest of n can run at most n - 1 times the mean behind it (the others took 0).
+    EXPECT_LE(coll.slowest_rank_excess, world.size() - 1.0);
+    double figures[2] = {coll.slowest_rank_excess, static_cast<double>(coll.spread_repetitions)};
+    double on_rank0[2] = {figures[0], figures[1]};
+    world.broadcast(on_rank0, 2, DType::f64, 0, kHostStream);
+    EXPECT_EQ(figures[0], on_rank0[0]);
+    EXPECT_EQ(figures[1], on_rank0[1]);
+}
+
+}  // namespace
+}  // namespace moetron::testing
