@@ -25,6 +25,7 @@ if [ -z "$clangxx" ]; then
   if command -v clang++-14 >/dev/null; then clangxx=clang++-14; else clangxx=clang++; fi
 fi
 mkdir -p "$build_dir"
+build_dir="$(cd "$build_dir" && pwd)"  # absolute: parallel jobs run from inside it
 
 # The library sources every target links; each target adds its own.
 common_sources=(
@@ -89,15 +90,19 @@ replay() {
   "$build_dir/fuzz_$name" $(options "$3" "$4") -runs=0 "$corpus"
 }
 fuzz() {
-  local name="$1" corpus="$2" budget="$5"
+  local name="$1" corpus="$PWD/$2" dict="$PWD/$3" budget="$5"
   local scratch="$build_dir/corpus-$name"
   mkdir -p "$scratch"
   echo "fuzz: $name: fuzzing for $budget s ($jobs job(s))"
   local parallel=()
   if [ "$jobs" -gt 1 ]; then parallel=(-jobs="$jobs" -workers="$jobs"); fi
+  # From inside the build folder: parallel jobs write their fuzz-N.log to the working directory.
   # shellcheck disable=SC2046  # options are single words
-  "$build_dir/fuzz_$name" $(options "$3" "$4") -max_total_time="$budget" -print_final_stats=1 \
-    "${parallel[@]}" "$scratch" "$corpus"
+  if ! (cd "$build_dir" && "$build_dir/fuzz_$name" $(options "$dict" "$4") \
+          -max_total_time="$budget" -print_final_stats=1 "${parallel[@]}" "$scratch" "$corpus"); then
+    [ "$jobs" -gt 1 ] && tail -n 40 "$build_dir"/fuzz-*.log
+    return 1
+  fi
 }
 
 checkpoint_slices_sources=(src/moetron/train/checkpoint_pieces.cpp)
