@@ -6,17 +6,22 @@
 # Environment: THREADS (per rank; default: cores / ranks, at least 1), RUNS (training runs per
 # case; default 3), STEPS (measured steps per run, after WARMUP_STEPS warm-up ones; default 20
 # for tiny, 5 for small), WARMUP_STEPS (default 2), SMALL_BATCH / SMALL_SEQ (default 8 x 256, to
-# keep a CPU run short), OUT (work folder; default a temporary one).
-# For each rank count the machine is calibrated once under the same mpirun (so the compute
-# kernels are measured with the same number of ranks competing for the cores) and each model is
+# keep a CPU run short), PAIRED (1: calibrate again before each run; default 0: once, first),
+# OUT (work folder; default a temporary one).
+# The machine is calibrated under the same mpirun as the runs it predicts (so the compute kernels
+# are measured with the same number of ranks competing for the cores) and each model is
 # simulated on that file with the same global batch, micro-batch (batch / N per rank), sequence
-# length and precision fp32: the prediction is fixed. Then each case trains RUNS times with the
-# default distributed layout (all data parallel, dpN), interleaved (run 1 of every case, then
-# run 2, ...), so that a change of the machine's load falls on every case alike rather than on
-# one. A run's measured step time is the median of its steps after the warm-up; a case's is the
-# median of its runs', and the table gives the spread of the runs' medians (min-max), the
-# predicted / measured ratio's median and min..max over the runs (bench/ratio_stats.py, as the
-# other ratio benchmarks print it) and the highest load average seen. On a shared machine both
+# length and precision fp32. Each case trains RUNS times with the default distributed layout
+# (all data parallel, dpN), interleaved (run 1 of every case, then run 2, ...), so that a change
+# of the machine's load falls on every case alike rather than on one. Paired, every run is
+# calibrated right before it trains and compared with its own prediction, which keeps a slow
+# drift of the machine's speed on both sides of each ratio (on the 2-core VM it did not narrow
+# the spread: tiny on one rank 0.84..1.37 over 3 pairs, against 0.70..1.04 unpaired; the noise
+# there is per run, not a drift). A run's measured step time is the median of its steps after the
+# warm-up; a case's is the median of its runs', and the table gives the spread of the runs'
+# medians (min-max), the median prediction, the predicted / measured ratio's median (the error
+# is it - 1) and min..max over the runs (bench/ratio_stats.py, as the other ratio benchmarks
+# print it) and the highest load average seen. On a shared machine both
 # the calibration and the steps are noisy: a spread of more than a few percent, or a load above
 # the core count, means the row says little.
 # Each row names the machine (CPU model, cores, widest vector ISA) and the date, so that rows
@@ -57,6 +62,7 @@ launch() {  # launch N cmd...: plain on one rank, mpirun otherwise
 }
 
 runs=${RUNS:-3}
+paired=${PAIRED:-0}
 warmup=${WARMUP_STEPS:-2}
 
 run_median_ms() {  # the median step_ms of one run's JSONL log, after the warm-up steps
@@ -73,14 +79,17 @@ load_average() {  # the 1-minute load average
     cut -d' ' -f1 /proc/loadavg
 }
 
-# The cases, calibrated and predicted first (the prediction does not change between runs).
-cases=()  # "ranks threads model batch seq steps"
-declare -A predicted_ms
-for n in $ranks_list; do
-    threads=${THREADS:-$(( cores / n > 0 ? cores / n : 1 ))}
-    cluster="$out/local-np$n.toml"
+# Calibrates n ranks into $out/local-np$n.$tag.toml and predicts every model whose batch splits
+# over them: sets `fitting` to "model batch seq steps" of each and appends each prediction (ms)
+# to predicted_runs[model-npN].
+declare -A predicted_runs
+calibrate_and_predict() {  # calibrate_and_predict n threads tag
+    local n=$1 threads=$2 tag=$3
+    local cluster="$out/local-np$n.$tag.toml"
     echo "== $n rank(s), $threads thread(s) per rank: calibrating -> $cluster (load $(load_average))"
     launch "$n" "$exe" calibrate --out "$cluster" --threads "$threads" | sed 's/^/   /'
+    fitting=()
+    local model config batch seq steps sim_json predicted
     for model in $models; do
         config="configs/models/$model.toml"
         if [[ $model == small ]]; then
@@ -96,57 +105,90 @@ for n in $ranks_list; do
             echo "   $model: batch $batch does not split over $n ranks; skipped"
             continue
         fi
-        sim_json="$out/$model-np$n.sim.json"
+        sim_json="$out/$model-np$n.$tag.sim.json"
         "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$n" --layout tp1 \
             --gbs "$batch" --mbs $(( batch / n )) --seq-len "$seq" --precision fp32 --json > "$sim_json"
-        predicted_ms[$model-np$n]=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
-        echo "   $model dp$n batch $batch seq $seq: predicted ${predicted_ms[$model-np$n]} ms"
-        cases+=("$n $threads $model $batch $seq $steps")
+        predicted=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
+        predicted_runs[$model-np$n]+="$predicted "
+        echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms"
+        fitting+=("$model $batch $seq $steps")
     done
+}
+
+threads_for() {  # threads per rank for n ranks
+    echo "${THREADS:-$(( cores / $1 > 0 ? cores / $1 : 1 ))}"
+}
+
+# The cases. Unpaired (the default), each rank count is calibrated once, first, and every run is
+# compared with that prediction; paired (PAIRED=1), each run calibrates again right before it
+# trains and is compared with its own prediction.
+cases=()  # "ranks threads model batch seq steps"
+for n in $ranks_list; do
+    threads=$(threads_for "$n")
+    calibrate_and_predict "$n" "$threads" run1
+    for f in "${fitting[@]}"; do cases+=("$n $threads $f"); done
 done
 
 # The measurements: run r of every case before run r + 1 of any.
 declare -A run_medians max_load
 for (( r = 1; r <= runs; ++r )); do
     echo "== run $r of $runs"
-    for c in "${cases[@]}"; do
-        read -r n threads model batch seq steps <<< "$c"
-        log="$out/$model-np$n.run$r.jsonl"
-        layout_flag=()
-        [[ $n == 1 ]] || layout_flag=(--layout "dp$n")
-        launch "$n" "$exe" train --config "configs/models/$model.toml" --steps $(( steps + warmup )) \
-            --batch-size "$batch" --seq-len "$seq" --eval-every 0 --threads "$threads" \
-            "${layout_flag[@]}" --log-jsonl "$log" > "$out/$model-np$n.run$r.train.txt"
-        median=$(run_median_ms "$log")
-        load=$(load_average)
-        run_medians[$model-np$n]+="$median "
-        max_load[$model-np$n]=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" \
-            "$load" "${max_load[$model-np$n]:-0}")
-        echo "   $model dp$n: median of $steps steps $median ms (load $load)"
+    for n in $ranks_list; do
+        threads=$(threads_for "$n")
+        if (( r > 1 && paired )); then
+            calibrate_and_predict "$n" "$threads" "run$r"
+        elif (( r > 1 )); then
+            for c in "${cases[@]}"; do  # the one prediction again, for this run's ratio
+                read -r cn _ model _ <<< "$c"
+                [[ $cn == "$n" ]] || continue
+                predicted_runs[$model-np$n]+="${predicted_runs[$model-np$n]%% *} "
+            done
+        fi
+        for c in "${cases[@]}"; do
+            read -r cn threads model batch seq steps <<< "$c"
+            [[ $cn == "$n" ]] || continue
+            log="$out/$model-np$n.run$r.jsonl"
+            layout_flag=()
+            [[ $n == 1 ]] || layout_flag=(--layout "dp$n")
+            launch "$n" "$exe" train --config "configs/models/$model.toml" --steps $(( steps + warmup )) \
+                --batch-size "$batch" --seq-len "$seq" --eval-every 0 --threads "$threads" \
+                "${layout_flag[@]}" --log-jsonl "$log" > "$out/$model-np$n.run$r.train.txt"
+            median=$(run_median_ms "$log")
+            load=$(load_average)
+            run_medians[$model-np$n]+="$median "
+            max_load[$model-np$n]=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" \
+                "$load" "${max_load[$model-np$n]:-0}")
+            echo "   $model dp$n: median of $steps steps $median ms (load $load)"
+        done
     done
 done
 
 echo
+pairing="one calibration per rank count"
+(( paired )) && pairing="each run calibrated right before it trains (PAIRED=1)"
 echo "predicted vs measured step time (simulate on the calibrated file vs moetron train; $runs" \
-    "interleaved runs per case, the median of each run's steps after $warmup warm-up); work files in $out"
+    "interleaved runs per case, $pairing; a run's step is the median of its steps after" \
+    "$warmup warm-up); work files in $out"
 rows=()
 for c in "${cases[@]}"; do
     read -r n threads model batch seq steps <<< "$c"
     key=$model-np$n
-    predicted=${predicted_ms[$key]}
-    # shellcheck disable=SC2086  # the run medians are one word each
-    read -r measured run_min run_max err <<< "$(python3 - "$predicted" ${run_medians[$key]} <<'EOF'
+    # shellcheck disable=SC2086  # the predictions and run medians are one word each
+    read -r predicted measured run_min run_max <<< "$(python3 -c '
 import statistics, sys
-predicted = float(sys.argv[1])
-medians = [float(x) for x in sys.argv[2:]]
-measured = statistics.median(medians)
-print(f"{measured:.3f} {min(medians):.0f} {max(medians):.0f} {100 * (predicted - measured) / measured:+.1f}%")
-EOF
-)"
-    # predicted / measured of each run: the ratio's median and min..max over the runs.
-    ratio_line=$(for m in ${run_medians[$key]}; do echo "$predicted $m"; done |
+cut = sys.argv.index("--")
+predicted = [float(x) for x in sys.argv[1:cut]]
+medians = [float(x) for x in sys.argv[cut + 1:]]
+print(f"{statistics.median(predicted):.3f} {statistics.median(medians):.3f} {min(medians):.0f} {max(medians):.0f}")
+' ${predicted_runs[$key]} -- ${run_medians[$key]})"
+    # predicted / measured of each run (paired: with its own calibration): the ratio's median and
+    # min..max over the runs (bench/ratio_stats.py); the error is the median ratio - 1.
+    # shellcheck disable=SC2086
+    ratio_line=$(paste -d' ' <(printf '%s\n' ${predicted_runs[$key]}) <(printf '%s\n' ${run_medians[$key]}) |
         bench/ratio_stats.py "$model dp$n predicted / measured")
     ratio_range=$(sed -n 's/.*(min\.\.max \([0-9.]*\.\.[0-9.]*\) over.*/\1/p' <<< "$ratio_line")
+    err=$(sed -n 's/.*: median \([0-9.]*\) .*/\1/p' <<< "$ratio_line" |
+        python3 -c "import sys; print(f'{100 * (float(sys.stdin.read()) - 1):+.1f}%')")
     echo "$ratio_line"
     rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %2s x %-3s | %9s | %5s | %7s | %s |' "$cpu_model" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$runs" "$steps" "$run_min-$run_max" "${max_load[$key]}" "$err" "$ratio_range")")
 done
