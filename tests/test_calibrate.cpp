@@ -230,8 +230,8 @@ TEST(Calibrate, MemoryOpsRunAtTheEngineKernelsRate) {
             "/nonexistent");
     };
     const sim::ClusterSpec slow = cluster_of(at_kernel_rate), fast = cluster_of(at_stream_rate);
-    EXPECT_NEAR(slow.efficiency.memory_ops_bw, 0.5 * 5 / 20, 1e-9);
-    EXPECT_NEAR(slow.efficiency.memory_bw, 0.5, 1e-9);
+    EXPECT_NEAR(slow.efficiency.memory_ops_bw, 5.0 / 20, 1e-9);
+    EXPECT_NEAR(slow.efficiency.memory_bw, 1, 1e-9);
 
     const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
     const auto one = parallel::parse_layout("tp1", 1);

@@ -191,6 +191,40 @@ TEST(SimOps, ExecutedFlopsExceedTheConventionWhereRealKernelsDoMore) {
     EXPECT_GT(executed, counted * 1.02);
 }
 
+// Issue 17: a calibrated CPU trains in fp32, and this engine keeps its activations, their
+// gradients and its weights in fp32 too. The ops counted 2-byte (bf16) activations whatever the
+// GEMM format, and the calibrated file halved its stream rate to make up for it, which also
+// halved the rate of the optimizer, whose bytes were right: small's optimizer came out at twice
+// the engine's. At precision fp32 every byte an op moves of activations is now 4.
+TEST(SimOps, Fp32TrainingMovesFp32Activations) {
+    Fixture f;
+    OpContext bf16 = f.context("tp2.ep8", 64, 1024, 1);
+    bf16.settings.precision = Precision::bf16;
+    OpContext fp32 = bf16;
+    fp32.settings.precision = Precision::fp32;
+    EXPECT_EQ(high_precision_bytes(Precision::fp32), 4);
+    EXPECT_EQ(high_precision_bytes(Precision::bf16), 2);
+    EXPECT_EQ(high_precision_bytes(Precision::mxfp8), 2);
+    for (BlockKind kind : {BlockKind::dense_layer, BlockKind::moe_layer, BlockKind::output_head}) {
+        const BlockOps half = build_block_ops(bf16, kind), full = build_block_ops(fp32, kind);
+        EXPECT_DOUBLE_EQ(full.layer_input_bytes, 2 * half.layer_input_bytes);
+        for (auto [a, b] :
+             {std::pair{&half.forward, &full.forward}, {&half.backward, &full.backward}}) {
+            ASSERT_EQ(a->size(), b->size());
+            for (size_t i = 0; i < a->size(); ++i) {
+                const Op &x = (*a)[i], &y = (*b)[i];
+                // The router runs in fp32 and weight gradients accumulate in fp32 at any
+                // precision.
+                const bool fp32_in_both = y.name.starts_with("moe.router") ||
+                                          y.name == "moe.preprocess" || y.name.ends_with(".wgrad");
+                if (!fp32_in_both && x.kind != OpKind::sync) {
+                    EXPECT_DOUBLE_EQ(y.bytes, 2 * x.bytes) << y.name;
+                }
+            }
+        }
+    }
+}
+
 TEST(SimOps, RecomputeRerunsForwardOpsAndSavesMemory) {
     Fixture f;
     const BlockOps moe = build_block_ops(f.context("tp1.ep32", 256, 4096, 1), BlockKind::moe_layer);

@@ -159,18 +159,18 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     }
     f.attention_fwd = f.attention_by_work.back().fwd;
     f.attention_bwd = f.attention_by_work.back().bwd;
-    // Memory-bound ops: the streaming bandwidth, halved because the sim counts 2-byte (bf16)
-    // activations and this engine moves fp32; the sim applies it to the byte side of every GEMM's
+    // Memory-bound ops: the streaming bandwidth (the sim counts fp32 activations at precision
+    // fp32, as this engine moves them); the sim applies it to the byte side of every GEMM's
     // roofline and to the optimizer. The layers' own memory-bound ops (norms, SwiGLU, RoPE,
-    // permutes) run at the engine's rmsnorm + SwiGLU rate instead, halved the same way: they are
-    // bound by their arithmetic (exponentials, square roots) more than by bytes, so the rate
-    // follows the threads, not the memory (measured on the 2-core machine: 15.3 GB/s on 2 threads
-    // against a stream rate of 21.6; 9.0 on one thread against 18.4). Priced at the stream rate,
-    // they made tiny on two ranks of one thread 13% faster than measured (issue 17).
-    f.memory_bw_efficiency = 0.5;
+    // permutes) run at the engine's rmsnorm + SwiGLU rate instead: they are bound by their
+    // arithmetic (exponentials, square roots) more than by bytes, so the rate follows the
+    // threads, not the memory (measured on the 2-core machine: 15.3 GB/s on 2 threads against a
+    // stream rate of 21.6; 9.0 on one thread against 18.4). Priced at the stream rate, they made
+    // tiny on two ranks of one thread 13% faster than measured (issue 17).
+    f.memory_bw_efficiency = 1;
     if (c.memory_kernels_gbytes_per_s > 0 && c.stream_gbytes_per_s > 0) {
         f.memory_ops_bw_efficiency =
-            clamp_fraction(0.5 * c.memory_kernels_gbytes_per_s / c.stream_gbytes_per_s);
+            clamp_fraction(c.memory_kernels_gbytes_per_s / c.stream_gbytes_per_s);
     }
 
     // Collectives. all_reduce (ring): t = 2(n-1) alpha + 2(n-1)/n S / B. all_to_all (the sim's
@@ -305,10 +305,8 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         line(fmt::format("#   copies ({:.2f} GB/s, {:.1f} us); a 1-GPU simulation never uses them.",
                          f.link_gbytes_per_s, f.latency_us));
     }
-    line(
-        "# Memory efficiency 0.5 of the stream rate: the sim counts 2-byte activations, the "
-        "engine");
-    line("# moves 4; the layers' memory-bound ops at 0.5 of the rmsnorm + SwiGLU rate instead");
+    line("# Memory: the stream rate (the sim counts 4-byte activations at precision fp32, as the");
+    line("# engine moves them); the layers' memory-bound ops at the rmsnorm + SwiGLU rate instead");
     line("# (bound by their arithmetic, they follow the threads, not the memory; the stream rate");
     line("# stays for the byte side of the GEMMs and the optimizer).");
     line("# Not measured (set): host overhead 0 (the CPU is its own");

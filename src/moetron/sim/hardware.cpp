@@ -273,6 +273,10 @@ double precision_bytes(Precision p) {
     return 2;
 }
 
+double high_precision_bytes(Precision gemm_format) {
+    return gemm_format == Precision::fp32 ? 4.0 : 2.0;
+}
+
 bool is_low_precision(Precision p) {
     return p == Precision::fp8 || p == Precision::mxfp8 || p == Precision::fp4;
 }

@@ -67,7 +67,7 @@ MemoryOptions memory_options_from_flags(const MemoryFlags& f) {
 }
 
 double weight_bytes_per_param(Precision p, bool low_precision_primary_weights) {
-    if (!is_low_precision(p)) return 2.0;
+    if (!is_low_precision(p)) return high_precision_bytes(p);
     return 2 * precision_bytes(p) + (low_precision_primary_weights ? 0.0 : 2.0);
 }
 

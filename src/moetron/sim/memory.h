@@ -75,8 +75,9 @@ BlockParams block_params_per_gpu(const ModelConfig& model, BlockKind kind,
 // without (1 for a model without routed experts).
 double expert_slot_factor(const ModelConfig& model, int64_t redundant_experts);
 
-// Bytes per parameter of the stored weights: bf16, or in low precision the row- and
-// column-wise quantized copies (plus the bf16 weights unless they are the primary copy).
+// Bytes per parameter of the stored weights: the high-precision format (high_precision_bytes:
+// bf16, fp32 at precision fp32), or in low precision the row- and column-wise quantized copies
+// (plus the bf16 weights unless they are the primary copy).
 double weight_bytes_per_param(Precision p, bool low_precision_primary_weights = true);
 
 struct MemoryBreakdown {

@@ -13,7 +13,6 @@ namespace {
 constexpr std::array<const char*, kNumModules> kModuleNames = {
     "none", "layernorm", "mla_up_proj", "core_attn", "mlp", "moe_act", "shared_expert", "moe"};
 
-constexpr double kActBytes = 2;  // bf16 activations and gradients
 // Megatron-LM's FLOPs per MAC of a weight, forward + backward (2 x 3).
 constexpr double kMegatronScale = 6;
 
@@ -34,6 +33,8 @@ struct Dims {
     double E_local = 1, R = 0;  // local experts, expert rows per rank
     double tp = 1, cp = 1, seq = 0, mbs = 1;
     double low = 2;  // bytes of a GEMM operand in the training format
+    double act = 2;  // bytes of an activation or activation gradient (high_precision_bytes)
+    Precision high = Precision::bf16;  // the format of the GEMMs kept out of low precision
 };
 
 Dims make_dims(const OpContext& ctx) {
@@ -67,6 +68,8 @@ Dims make_dims(const OpContext& ctx) {
                     : 1;
     d.R = d.T * d.K;
     d.low = precision_bytes(ctx.settings.precision);
+    d.act = high_precision_bytes(ctx.settings.precision);
+    d.high = is_low_precision(ctx.settings.precision) ? Precision::bf16 : ctx.settings.precision;
     return d;
 }
 
@@ -145,8 +148,7 @@ class Builder {
     // Low-precision quantization of an (rows x cols) bf16 tensor into row- and column-wise
     // copies (forward and wgrad need both): reads 2 bytes, writes 2 x low bytes per element.
     double quant_bytes(double rows, double cols) const {
-        return is_low_precision(ctx_.settings.precision) ? rows * cols * (kActBytes + 2 * d_.low)
-                                                         : 0;
+        return is_low_precision(ctx_.settings.precision) ? rows * cols * (d_.act + 2 * d_.low) : 0;
     }
 
     // GEMM out(m x n) = in(m x k) * W(k x n). model_flops_share: the fraction of the executed
@@ -165,7 +167,7 @@ class Builder {
         f.precision = prec;
         f.flops = 2 * m * n * k;
         f.model_flops = f.flops * model_flops_share;
-        f.bytes = (m * k + k * n) * in_b + m * n * kActBytes;
+        f.bytes = (m * k + k * n) * in_b + m * n * d_.act;
         f.kernels = low ? 2 : 1;
         f.saved_bytes = saved_input;
         forward(f);
@@ -180,7 +182,7 @@ class Builder {
         dgrad.m = m;
         dgrad.n = k;
         dgrad.k = n;
-        dgrad.bytes = (m * n + n * k) * in_b + m * k * kActBytes;
+        dgrad.bytes = (m * n + n * k) * in_b + m * k * d_.act;
         dgrad.saved_bytes = 0;
         b.push_back(dgrad);
         Op wgrad = f;
@@ -216,7 +218,7 @@ class Builder {
         f.precision = prec;
         f.flops = 2 * rows * n * k;
         f.model_flops = 2 * d_.R * n * k;
-        f.bytes = rows * k * in_b + groups * k * n * in_b + rows * n * kActBytes;
+        f.bytes = rows * k * in_b + groups * k * n * in_b + rows * n * d_.act;
         f.kernels = kernels;
         f.saved_bytes = saved;
         forward(f);
@@ -231,7 +233,7 @@ class Builder {
         dgrad.name = name + ".dgrad";
         dgrad.n = k;
         dgrad.k = n;
-        dgrad.bytes = rows * n * in_b + groups * k * n * in_b + rows * k * kActBytes;
+        dgrad.bytes = rows * n * in_b + groups * k * n * in_b + rows * k * d_.act;
         dgrad.saved_bytes = 0;
         b.push_back(dgrad);
         Op wgrad = f;
@@ -249,7 +251,7 @@ class Builder {
     // re-gathers the input for wgrad (Megatron keeps only the shard) and reduce-scatters dgrad.
     void tp_all_gather(const std::string& name, double cols) {
         if (ctx_.layout.tp <= 1) return;
-        const double bytes = d_.Tf * cols * kActBytes;
+        const double bytes = d_.Tf * cols * d_.act;
         const CommCost c = all_gather_cost(*ctx_.cluster, ctx_.placement.tp, bytes);
         Op f = make(name, OpKind::comm_tp);
         f.comm = c;
@@ -266,7 +268,7 @@ class Builder {
     // TP reduce-scatter after a row-parallel GEMM; its backward is an all-gather.
     void tp_reduce_scatter(const std::string& name, double cols) {
         if (ctx_.layout.tp <= 1) return;
-        const double bytes = d_.Tf * cols * kActBytes;
+        const double bytes = d_.Tf * cols * d_.act;
         Op f = make(name, OpKind::comm_tp);
         f.comm = reduce_scatter_cost(*ctx_.cluster, ctx_.placement.tp, bytes);
         f.overlappable = true;
@@ -284,7 +286,7 @@ class Builder {
         for (auto it = bwd_groups_.rbegin(); it != bwd_groups_.rend(); ++it) {
             for (auto& op : *it) out.backward.push_back(std::move(op));
         }
-        out.layer_input_bytes = d_.T * d_.D * kActBytes;
+        out.layer_input_bytes = d_.T * d_.D * d_.act;
         return out;
     }
 
@@ -300,24 +302,24 @@ void add_norm(Builder& b, const Dims& d, const std::string& name, double rows, d
     // RMSNorm; in low precision it also writes the row- and column-wise quantized copies the
     // next GEMM needs (fused, as cuDNN's norm+quantize does). Keeps its input for backward and
     // its output (the next GEMM's input) unless layernorm is recomputed.
-    const double io = rows * cols * kActBytes;
-    const bool low = d.low < kActBytes;
+    const double io = rows * cols * d.act;
+    const bool low = d.low < d.act;
     const Module outer = b.module;
     b.module = Module::layernorm;
     b.memory(name, 2 * io + (low ? 2 * rows * cols * d.low : 0), 3 * io, low ? 2 : 1, 1,
-             rows * cols * (low ? d.low : kActBytes), keep_input ? io : 0);
+             rows * cols * (low ? d.low : d.act), keep_input ? io : 0);
     b.module = outer;
 }
 
 void add_residual(Builder& b, const Dims& d, const std::string& name) {
-    const double io = d.T * d.D * kActBytes;
+    const double io = d.T * d.D * d.act;
     b.memory(name, 3 * io, 0, 1, 0);
 }
 
 void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
     const ModelConfig& m = *ctx.model;
     const Precision prec = ctx.settings.precision;
-    const double low_or_act = is_low_precision(prec) ? d.low : kActBytes;
+    const double low_or_act = is_low_precision(prec) ? d.low : d.act;
     b.graphable = true;
     add_norm(b, d, "attn.norm", d.T, d.D, true);
     b.tp_all_gather("attn.ag", d.D);
@@ -327,9 +329,9 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
         b.gemm("attn.q_a", d.Tf, d.rq, d.D, prec, 1 / d.tp, 0);
         b.gemm("attn.kv_a", d.Tf, d.rkv + d.dr, d.D, prec, 1 / d.tp, 0);
         b.memory("attn.q_kv_norm",
-                 2 * d.Tf * (d.rq + d.rkv) * kActBytes + b.quant_bytes(d.Tf, d.rq + d.rkv),
-                 3 * d.Tf * (d.rq + d.rkv) * kActBytes, 2, 2, d.Tf * (d.rq + d.rkv) * low_or_act,
-                 d.Tf * (d.rq + d.rkv + d.dr) * kActBytes);
+                 2 * d.Tf * (d.rq + d.rkv) * d.act + b.quant_bytes(d.Tf, d.rq + d.rkv),
+                 3 * d.Tf * (d.rq + d.rkv) * d.act, 2, 2, d.Tf * (d.rq + d.rkv) * low_or_act,
+                 d.Tf * (d.rq + d.rkv + d.dr) * d.act);
         // The convention counts the two latent norms as one MAC per element ("+ 1" terms),
         // fwd + bwd; replicated over TP like the down-projections.
         b.last_forward().model_flops = kMegatronScale * (d.rq + d.rkv) * d.T;
@@ -337,17 +339,17 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
         b.gemm("attn.q_b", d.Tf, q_cols, d.rq, prec, 1, 0);
     } else {
         b.gemm("attn.kv_a", d.Tf, d.rkv + d.dr, d.D, prec, 1 / d.tp, 0);
-        b.memory("attn.kv_norm", 2 * d.Tf * d.rkv * kActBytes + b.quant_bytes(d.Tf, d.rkv),
-                 3 * d.Tf * d.rkv * kActBytes, 2, 2, d.Tf * d.rkv * low_or_act,
-                 d.Tf * (d.rkv + d.dr) * kActBytes);
+        b.memory("attn.kv_norm", 2 * d.Tf * d.rkv * d.act + b.quant_bytes(d.Tf, d.rkv),
+                 3 * d.Tf * d.rkv * d.act, 2, 2, d.Tf * d.rkv * low_or_act,
+                 d.Tf * (d.rkv + d.dr) * d.act);
         b.last_forward().model_flops = kMegatronScale * d.rkv * d.T;
         b.module = Module::mla_up_proj;
         b.gemm("attn.q", d.Tf, q_cols, d.D, prec, 1, 0);
     }
     b.gemm("attn.kv_b", d.Tf, d.h * (d.dn + d.dv), d.rkv, prec, 1, 0);
     // RoPE and the q/k/v layout for the attention kernel; q, k, v are kept for its backward.
-    const double qkv = d.Tf * d.h * (2 * d.dq + d.dv) * kActBytes;
-    b.memory("attn.rope", d.Tf * d.h * (d.dq + d.dn + d.dv) * kActBytes + qkv, 2 * qkv, 2, 2, qkv);
+    const double qkv = d.Tf * d.h * (2 * d.dq + d.dv) * d.act;
+    b.memory("attn.rope", d.Tf * d.h * (d.dq + d.dn + d.dv) * d.act + qkv, 2 * qkv, 2, 2, qkv);
     b.module = Module::core_attn;
     {
         Op f = b.make("attn.core", OpKind::attention);
@@ -356,23 +358,23 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
         f.model_flops = f.flops;
         f.exps = causal_pairs * d.h;
         f.work_per_query = d.seq / d.cp * (d.dq + d.dv);
-        f.bytes = qkv + d.Tf * d.h * d.dv * kActBytes;
+        f.bytes = qkv + d.Tf * d.h * d.dv * d.act;
         f.kernels = 4;
-        f.saved_bytes = d.Tf * d.h * (d.dv * kActBytes + 4);  // output and log-sum-exp
+        f.saved_bytes = d.Tf * d.h * (d.dv * d.act + 4);  // output and log-sum-exp
         b.forward(f);
         Op bw = f;
         bw.name = "attn.core.bwd";
         bw.attention_backward = true;
         bw.flops = 2.5 * f.flops;  // recomputes QK^T: 5 matmuls to the forward's 2
         bw.model_flops = 2 * f.model_flops;
-        bw.bytes = qkv + 2 * d.Tf * d.h * d.dv * kActBytes + qkv;
+        bw.bytes = qkv + 2 * d.Tf * d.h * d.dv * d.act + qkv;
         bw.saved_bytes = 0;
         b.backward({bw});
     }
     if (ctx.layout.cp > 1) {
         // Ring exchange of K and V chunks, hidden behind the attention core when it is shorter.
         Op f = b.make("attn.cp_kv", OpKind::comm_cp);
-        const double kv_bytes = d.Tf * d.h * (d.dq + d.dv) * kActBytes;
+        const double kv_bytes = d.Tf * d.h * (d.dq + d.dv) * d.act;
         CommCost step = send_recv_cost(*ctx.cluster, ctx.placement.cp.domains > 1, kv_bytes);
         step.time_s *= static_cast<double>(ctx.layout.cp - 1);
         f.comm = step;
@@ -395,14 +397,14 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
 void add_mlp(Builder& b, const OpContext& ctx, const Dims& d, const std::string& prefix,
              double ffn) {
     const Precision prec = ctx.settings.precision;
-    const double low_or_act = is_low_precision(prec) ? d.low : kActBytes;
+    const double low_or_act = is_low_precision(prec) ? d.low : d.act;
     const double cols = ffn / d.tp;
     b.tp_all_gather(prefix + ".ag", d.D);
     // fc1's input is kept by the norm before it.
     b.gemm(prefix + ".fc1", d.Tf, 2 * cols, d.D, prec, 1, 0);
-    b.memory(prefix + ".act", d.Tf * 3 * cols * kActBytes + b.quant_bytes(d.Tf, cols),
-             d.Tf * 5 * cols * kActBytes, is_low_precision(prec) ? 2 : 1, 1,
-             d.Tf * cols * low_or_act, d.Tf * 2 * cols * kActBytes);
+    b.memory(prefix + ".act", d.Tf * 3 * cols * d.act + b.quant_bytes(d.Tf, cols),
+             d.Tf * 5 * cols * d.act, is_low_precision(prec) ? 2 : 1, 1, d.Tf * cols * low_or_act,
+             d.Tf * 2 * cols * d.act);
     b.gemm(prefix + ".fc2", d.Tf, d.D, cols, prec, 1, 0);
     b.tp_reduce_scatter(prefix + ".rs", d.D);
 }
@@ -424,11 +426,10 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     const ModelConfig& m = *ctx.model;
     const Precision prec = ctx.settings.precision;
     const bool low = is_low_precision(prec);
-    const double low_or_act = low ? d.low : kActBytes;
+    const double low_or_act = low ? d.low : d.act;
     const bool two_tier = ctx.settings.dispatcher == parallel::DispatchKind::two_tier;
-    const double payload = ctx.settings.low_precision_dispatch && low
-                               ? dispatch_payload_bytes(prec, d.low)
-                               : kActBytes;
+    const double payload =
+        ctx.settings.low_precision_dispatch && low ? dispatch_payload_bytes(prec, d.low) : d.act;
     RoutingShape routing;
     routing.num_experts = m.n_routed_experts;
     routing.num_groups = m.n_group;
@@ -468,8 +469,8 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     const double rows = d.R * imbalance;
     if (!two_tier) {
         // A plain all-to-all needs the K copies laid out per destination first.
-        b.memory("moe.permute_global", d.T * d.D * kActBytes + rows * d.D * payload,
-                 2 * rows * d.D * kActBytes, 2, 2);
+        b.memory("moe.permute_global", d.T * d.D * d.act + rows * d.D * payload,
+                 2 * rows * d.D * d.act, 2, 2);
     }
     {
         Op f = b.make("moe.dispatch", OpKind::comm_ep);
@@ -479,30 +480,29 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
         b.forward(f);
         Op bw = b.make("moe.dispatch.bwd", OpKind::comm_ep);  // a combine of bf16 gradients
         bw.comm = moe_dispatch_cost(c, epg, fanout, ctx.settings.dispatcher, d.T * imbalance,
-                                    d.D * kActBytes);
+                                    d.D * d.act);
         bw.kernels = 3;
         b.backward({bw});
     }
-    b.memory("moe.permute", 2 * rows * d.D * payload, 2 * rows * d.D * kActBytes, 2, 2);
-    if (low && payload >= kActBytes) {
+    b.memory("moe.permute", 2 * rows * d.D * payload, 2 * rows * d.D * d.act, 2, 2);
+    if (low && payload >= d.act) {
         b.memory("moe.fc1_quant", b.quant_bytes(rows, d.D), 0, static_cast<int>(d.E_local), 0);
     }
     b.grouped_gemm("moe.fc1", rows, 2 * d.F_expert, d.D, rows * d.D * low_or_act);
     // fc1's output is what the activation's backward (or its recompute) needs.
     const bool cache_low = low && ctx.settings.low_precision_swiglu_input;
-    b.last_forward().saved_always_bytes = rows * 2 * d.F_expert * (cache_low ? d.low : kActBytes);
+    b.last_forward().saved_always_bytes = rows * 2 * d.F_expert * (cache_low ? d.low : d.act);
     if (cache_low) b.last_forward().bytes += rows * 2 * d.F_expert * d.low;  // the cached copy
     b.module = Module::moe_act;
-    b.memory("moe.act", rows * 3 * d.F_expert * kActBytes + b.quant_bytes(rows, d.F_expert),
-             rows * 5 * d.F_expert * kActBytes, low ? 2 : 1, 1, rows * d.F_expert * low_or_act, 0);
+    b.memory("moe.act", rows * 3 * d.F_expert * d.act + b.quant_bytes(rows, d.F_expert),
+             rows * 5 * d.F_expert * d.act, low ? 2 : 1, 1, rows * d.F_expert * low_or_act, 0);
     b.module = Module::none;
     b.grouped_gemm("moe.fc2", rows, d.D, d.F_expert, 0);
-    b.memory("moe.unpermute", 2 * rows * d.D * kActBytes, 2 * rows * d.D * kActBytes, 2, 2, 0,
-             rows * 4);
+    b.memory("moe.unpermute", 2 * rows * d.D * d.act, 2 * rows * d.D * d.act, 2, 2, 0, rows * 4);
     {
         Op f = b.make("moe.combine", OpKind::comm_ep);
         f.comm = moe_dispatch_cost(c, epg, fanout, ctx.settings.dispatcher, d.T * imbalance,
-                                   d.D * kActBytes);
+                                   d.D * d.act);
         f.kernels = 3;
         b.forward(f);
         Op bw = b.make("moe.combine.bwd", OpKind::comm_ep);  // a dispatch of gradients
@@ -511,8 +511,8 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
         b.backward({bw});
     }
     if (!two_tier) {
-        b.memory("moe.unpermute_global", rows * d.D * kActBytes + d.T * d.D * kActBytes,
-                 rows * d.D * kActBytes + d.T * d.D * kActBytes, 2, 2);
+        b.memory("moe.unpermute_global", rows * d.D * d.act + d.T * d.D * d.act,
+                 rows * d.D * d.act + d.T * d.D * d.act, 2, 2);
     }
     b.graphable = true;
     b.in_moe = false;
@@ -530,11 +530,11 @@ void add_output_head(Builder& b, const Dims& d, const std::string& prefix) {
     const Builder::Mark mark = b.mark();
     add_norm(b, d, prefix + ".final_norm", d.T, d.D, true);
     b.tp_all_gather(prefix + ".ag", d.D);
-    // The LM head stays in bf16 in the low-precision recipes.
-    b.gemm(prefix + ".logits", d.Tf, d.V / d.tp, d.D, Precision::bf16, 1, 0,
+    // The LM head stays in the high precision (bf16) in the low-precision recipes.
+    b.gemm(prefix + ".logits", d.Tf, d.V / d.tp, d.D, d.high, 1, 0,
            /*deferred_weight_gradient=*/false);
     // Fused vocab-parallel cross-entropy: reads the logits twice, writes their gradient.
-    const double logits = d.Tf * d.V / d.tp * kActBytes;
+    const double logits = d.Tf * d.V / d.tp * d.act;
     b.memory(prefix + ".cross_entropy", 2 * logits, 2 * logits, 3, 2, 0, 0);
     b.fuse_head(mark);
 }
@@ -594,7 +594,7 @@ BlockOps build_block_ops(const OpContext& ctx, BlockKind kind) {
             break;
         case BlockKind::embedding: {
             // Lookup (vocab-parallel), reduce-scatter into the sequence-parallel shard.
-            b.memory("embed.lookup", 2 * d.Tf * d.D * kActBytes, 3 * d.Tf * d.D * kActBytes, 2, 2);
+            b.memory("embed.lookup", 2 * d.Tf * d.D * d.act, 3 * d.Tf * d.D * d.act, 2, 2);
             b.tp_reduce_scatter("embed.rs", d.D);
             break;
         }
@@ -604,13 +604,13 @@ BlockOps build_block_ops(const OpContext& ctx, BlockKind kind) {
         case BlockKind::mtp_extra: {
             // One MTP depth besides its transformer block: norms of the hidden state and of the
             // next token's embedding, the 2D -> D projection, and its own pass through the head.
-            b.memory("mtp.embed", 2 * d.Tf * d.D * kActBytes, 3 * d.Tf * d.D * kActBytes, 2, 2);
+            b.memory("mtp.embed", 2 * d.Tf * d.D * d.act, 3 * d.Tf * d.D * d.act, 2, 2);
             add_norm(b, d, "mtp.norms", d.T, 2 * d.D, true);
             // The convention's "eh norm + final norm" term: 3 D MACs per token, fwd + bwd.
             b.last_forward().model_flops = kMegatronScale * 3 * d.D * d.T;
             b.tp_all_gather("mtp.ag", 2 * d.D);
             b.gemm("mtp.eh_proj", d.Tf, d.D / d.tp, 2 * d.D, ctx.settings.precision, 1,
-                   d.T * 2 * d.D * kActBytes, /*deferred_weight_gradient=*/d.tp == 1);
+                   d.T * 2 * d.D * d.act, /*deferred_weight_gradient=*/d.tp == 1);
             b.tp_all_gather("mtp.eh_gather", d.D);
             add_output_head(b, d, "mtp.head");
             break;

@@ -228,7 +228,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     // Keep the one whose schedule (on summed block times) ends first.
     const double act_bytes = static_cast<double>(o.micro_batch * o.seq_len) /
                              static_cast<double>(layout.tp * layout.cp) *
-                             static_cast<double>(model.hidden_size) * 2;
+                             static_cast<double>(model.hidden_size) *
+                             high_precision_bytes(o.precision);
     const double p2p_s = send_recv_cost(cluster, ctx.placement.pp.domains > 1, act_bytes).time_s;
     const bool merge = o.overlap_ep && model.n_routed_experts > 0 && layout.ep > 1;
     const bool zero_bubble = o.pipeline_schedule == PipelineSchedule::zero_bubble_h1;
@@ -378,9 +379,12 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     // Gradient sync, optimizer and parameter gather per stage.
     const bool sharded = o.memory.distributed_optimizer;
     const double grad_reduce_bytes = o.memory.optimizer.main_grad_bytes;
-    // Megatron-LM gathers fp8 primary weights in fp8 (--fp8-param-gather), others in bf16.
+    // Megatron-LM gathers fp8 primary weights in fp8 (--fp8-param-gather), others in the
+    // model's weight format (bf16; fp32 with fp32 GEMMs).
     const double gather_bytes =
-        o.precision == Precision::fp8 && o.memory.low_precision_primary_weights ? 1.0 : 2.0;
+        o.precision == Precision::fp8 && o.memory.low_precision_primary_weights
+            ? 1.0
+            : high_precision_bytes(o.precision);
     std::vector<double> rs_end(pp), opt_s(pp), ag_exposed(pp), dp_interference(pp);
     // When each chunk's last backward starts and ends: its gradients become final layer by
     // layer in between, and Megatron-LM launches each bucket's reduce-scatter then, so only the
@@ -556,17 +560,18 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
         const double tokens =
             static_cast<double>(o.micro_batch * o.seq_len) / static_cast<double>(layout.cp);
         const double d_model = static_cast<double>(model.hidden_size);
+        const double act_bytes = high_precision_bytes(o.precision);
         if (has_moe) {
-            // Dispatch receive and combine send buffers of the expert rows (bf16).
+            // Dispatch receive and combine send buffers of the expert rows.
             const double rows = tokens / static_cast<double>(layout.tp) *
                                 static_cast<double>(model.num_experts_per_tok);
-            mb.comm_buffers_bytes += 2 * rows * d_model * 2;
+            mb.comm_buffers_bytes += 2 * rows * d_model * act_bytes;
         }
-        if (layout.tp > 1) mb.comm_buffers_bytes += 2 * tokens * d_model * 2;
+        if (layout.tp > 1) mb.comm_buffers_bytes += 2 * tokens * d_model * act_bytes;
         if (has_head) {
             // Logits and their gradient for the cross-entropy, live at the same time.
             mb.comm_buffers_bytes += 2 * tokens * static_cast<double>(model.vocab_size) /
-                                     static_cast<double>(layout.tp) * 2;
+                                     static_cast<double>(layout.tp) * act_bytes;
         }
         r.memory_per_stage[s] = mb;
     }
