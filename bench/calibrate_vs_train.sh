@@ -4,24 +4,29 @@
 #   bench/calibrate_vs_train.sh [build_dir] [ranks list] [models list]
 # e.g. bench/calibrate_vs_train.sh build "1 2 4" "tiny small"
 # Environment: THREADS (per rank; default: cores / ranks, at least 1), RUNS (training runs per
-# case; default 3), STEPS (measured steps per run, after WARMUP_STEPS warm-up ones; default 20
+# case; default 3), STEPS (measured steps per run, after WARMUP_STEPS warm-up ones; default 200
 # for tiny, 5 for small), WARMUP_STEPS (default 2), SMALL_BATCH / SMALL_SEQ (default 8 x 256, to
 # keep a CPU run short), PAIRED (1: calibrate again before each run; default 0: once, first),
-# OUT (work folder; default a temporary one).
+# CALIBRATE_FLAGS (added to every moetron calibrate, e.g. "--rounds 9"), OUT (work folder;
+# default a temporary one).
 # The machine is calibrated under the same mpirun as the runs it predicts (so the compute kernels
 # are measured with the same number of ranks competing for the cores) and each model is
 # simulated on that file with the same global batch, micro-batch (batch / N per rank), sequence
-# length and precision fp32. Each case trains RUNS times with the default distributed layout
-# (all data parallel, dpN), interleaved (run 1 of every case, then run 2, ...), so that a change
-# of the machine's load falls on every case alike rather than on one. Paired, every run is
+# length, precision fp32 and the engine's AdamW state (fp32 moments). Each case trains RUNS
+# times with the default distributed layout (all data parallel, dpN), interleaved (run 1 of
+# every case, then run 2, ...), so that a change of the machine's load falls on every case alike
+# rather than on one. Paired, every run is
 # calibrated right before it trains and compared with its own prediction, which keeps a slow
-# drift of the machine's speed on both sides of each ratio (on the 2-core VM it did not narrow
-# the spread: tiny on one rank 0.84..1.37 over 3 pairs, against 0.70..1.04 unpaired; the noise
-# there is per run, not a drift). A run's measured step time is the median of its steps after the
-# warm-up; a case's is the median of its runs', and the table gives the spread of the runs'
-# medians (min-max), the median prediction, the predicted / measured ratio's median (the error
-# is it - 1) and min..max over the runs (bench/ratio_stats.py, as the other ratio benchmarks
-# print it) and the highest load average seen. On a shared machine both
+# drift of the machine's speed on both sides of each ratio and samples the calibration as often
+# as the steps. A run's measured step time is the median of its steps after the warm-up; a case's
+# is the median of its runs', its prediction the median of its calibrations' (one unpaired), and
+# the error is their ratio - 1: each side's noise shrinks with its own repeats, where a median of
+# per-run ratios keeps the noise of both. The table also gives the spread of the runs' medians
+# (min-max), min..max of the per-run predicted / measured ratio (bench/ratio_stats.py, as the
+# other ratio benchmarks print it) and the highest load average seen. tiny's default 200 steps
+# (2-3 s a run) span the 2-core VM's speed swings, which last a fraction of a second to seconds
+# (30-step windows of one run measured 9.6-15.5 ms), so one run no longer samples one swing;
+# 20 steps did (run medians 10-18 ms). On a shared machine both
 # the calibration and the steps are noisy: a spread of more than a few percent, or a load above
 # the core count, means the row says little.
 # Each row names the machine (CPU model, cores, widest vector ISA) and the date, so that rows
@@ -87,7 +92,9 @@ calibrate_and_predict() {  # calibrate_and_predict n threads tag
     local n=$1 threads=$2 tag=$3
     local cluster="$out/local-np$n.$tag.toml"
     echo "== $n rank(s), $threads thread(s) per rank: calibrating -> $cluster (load $(load_average))"
-    launch "$n" "$exe" calibrate --out "$cluster" --threads "$threads" | sed 's/^/   /'
+    # shellcheck disable=SC2086  # CALIBRATE_FLAGS is a list of words
+    launch "$n" "$exe" calibrate --out "$cluster" --threads "$threads" ${CALIBRATE_FLAGS:-} |
+        sed 's/^/   /'
     fitting=()
     local model config batch seq steps sim_json predicted
     for model in $models; do
@@ -99,7 +106,7 @@ calibrate_and_predict() {  # calibrate_and_predict n threads tag
         else
             batch=$(sed -n 's/^batch_size *= *\([0-9]*\).*/\1/p' "$config")
             seq=$(sed -n 's/^seq_len *= *\([0-9]*\).*/\1/p' "$config")
-            steps=${STEPS:-20}
+            steps=${STEPS:-200}
         fi
         if (( batch % n != 0 )); then
             echo "   $model: batch $batch does not split over $n ranks; skipped"
@@ -107,7 +114,8 @@ calibrate_and_predict() {  # calibrate_and_predict n threads tag
         fi
         sim_json="$out/$model-np$n.$tag.sim.json"
         "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$n" --layout tp1 \
-            --gbs "$batch" --mbs $(( batch / n )) --seq-len "$seq" --precision fp32 --json > "$sim_json"
+            --gbs "$batch" --mbs $(( batch / n )) --seq-len "$seq" --precision fp32 \
+            --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --json > "$sim_json"
         predicted=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
         predicted_runs[$model-np$n]+="$predicted "
         echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms"
@@ -181,15 +189,15 @@ predicted = [float(x) for x in sys.argv[1:cut]]
 medians = [float(x) for x in sys.argv[cut + 1:]]
 print(f"{statistics.median(predicted):.3f} {statistics.median(medians):.3f} {min(medians):.0f} {max(medians):.0f}")
 ' ${predicted_runs[$key]} -- ${run_medians[$key]})"
-    # predicted / measured of each run (paired: with its own calibration): the ratio's median and
-    # min..max over the runs (bench/ratio_stats.py); the error is the median ratio - 1.
+    # The error: the two sides' medians. The spread: predicted / measured of each run (paired:
+    # against its own calibration), min..max over the runs (bench/ratio_stats.py).
     # shellcheck disable=SC2086
     ratio_line=$(paste -d' ' <(printf '%s\n' ${predicted_runs[$key]}) <(printf '%s\n' ${run_medians[$key]}) |
         bench/ratio_stats.py "$model dp$n predicted / measured")
     ratio_range=$(sed -n 's/.*(min\.\.max \([0-9.]*\.\.[0-9.]*\) over.*/\1/p' <<< "$ratio_line")
-    err=$(sed -n 's/.*: median \([0-9.]*\) .*/\1/p' <<< "$ratio_line" |
-        python3 -c "import sys; print(f'{100 * (float(sys.stdin.read()) - 1):+.1f}%')")
-    echo "$ratio_line"
+    err=$(python3 -c "import sys; print(f'{100 * (float(sys.argv[1]) / float(sys.argv[2]) - 1):+.1f}%')" \
+        "$predicted" "$measured")
+    echo "$ratio_line; median predicted / median measured $predicted / $measured: $err"
     rows+=("$(printf '| %s, %s cores, %s | %s | %-5s | %5s | %7s | %5s x %-4s | %10s | %10s | %2s x %-3s | %9s | %5s | %7s | %s |' "$cpu_model" "$cores" "$vector_isa" "$today" "$model" "$n" "$threads" "$batch" "$seq" "$predicted" "$measured" "$runs" "$steps" "$run_min-$run_max" "${max_load[$key]}" "$err" "$ratio_range")")
 done
 busiest=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" "${max_load[@]}" 0)
