@@ -53,8 +53,7 @@ ComputeMeasurements synthetic_compute() {
 CollectiveMeasurements synthetic_collectives(int n) {
     CollectiveMeasurements r;
     r.ranks = n;
-    r.spread_repetitions = 40;
-    r.slowest_rank_excess = n > 1 ? 0.06 : 0;
+    if (n > 1) r.slowest_rank = {{0.004, 40, 0.06}, {0.064, 8, 0.015}};  // exponent 1/2
     const double alpha = 5e-6, ar_bw = 4e9, a2a_bw = 2e9;
     for (double bytes : {16384.0, 262144.0, 2097152.0, 16777216.0}) {
         r.all_reduce.push_back({bytes, 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / ar_bw});
@@ -336,8 +335,11 @@ TEST(Calibrate, MultiRankFileSimulatesDataParallel) {
     EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.scale_up_bw, 4e9, 4e7);
     EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.all_to_all_bw, 2e9, 2e7);
 
-    // The measured spread of the ranks: the model's slowest of 4 lands where it was measured.
-    EXPECT_NEAR(sim::slowest_of_n(cluster.efficiency.variability, 4, 1).total(), 0.06, 1e-9);
+    // The measured spread of the ranks: the model's slowest of 4 lands where it was measured,
+    // over each block's duration.
+    EXPECT_NEAR(sim::slowest_of_n(cluster.efficiency.variability, 4, 1, 0.004).total(), 0.06, 1e-9);
+    EXPECT_NEAR(sim::slowest_of_n(cluster.efficiency.variability, 4, 1, 0.064).total(), 0.015,
+                1e-9);
 
     const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
     const sim::StepResult one =

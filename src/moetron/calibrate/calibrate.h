@@ -73,12 +73,18 @@ struct CollectiveMeasurements {
     int ranks = 1;
     std::vector<CollectivePoint> all_reduce;
     std::vector<CollectivePoint> all_to_all;
-    // The same fixed block of compute (linear layers' forward and backward, about a small step's
-    // worth), started together on every rank, `spread_repetitions` times: how far the slowest
-    // rank ran behind the ranks' mean, as a fraction of the mean, averaged over the repetitions.
-    // A synchronizing collective waits that long each step (sim: slowest_of_n); on one rank 0.
-    int spread_repetitions = 0;
-    double slowest_rank_excess = 0;
+    // The same fixed block of compute (linear layers' forward and backward), started together on
+    // every rank, `repetitions` times: how far the slowest rank ran behind the ranks' mean, as a
+    // fraction of the mean, averaged over the repetitions. A synchronizing collective waits that
+    // long (sim: slowest_of_n). Measured at several block lengths, shortest first, because on a
+    // shared machine the excess is noise that averages out over a longer interval between two
+    // synchronizations, where a GPU's slower clock would not. Empty on one rank.
+    struct SlowestRankPoint {
+        double block_s = 0;  // the block's mean duration
+        int repetitions = 0;
+        double excess = 0;
+    };
+    std::vector<SlowestRankPoint> slowest_rank;
 };
 
 // The attention efficiency at one measured shape (sim: AttentionEfficiencyPoint).

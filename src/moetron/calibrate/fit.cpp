@@ -386,14 +386,23 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(fmt::format("scale_out_bw_efficiency = {:.4g}", ar_eff));
     line(fmt::format("all_to_all_bw_efficiency = {:.4g}", a2a_eff));
     line("comm_sm_fraction = 1  # the cores copy the collectives' bytes: nothing overlaps");
-    if (coll.ranks > 1) {
+    if (!coll.slowest_rank.empty()) {
         line("");
         line("[efficiency.variability]");
+        std::string excess, block_ms, repetitions;
+        for (const auto& p : coll.slowest_rank) {
+            const char* sep = excess.empty() ? "" : ", ";
+            excess += fmt::format("{}{:.4g}", sep, p.excess);
+            block_ms += fmt::format("{}{:.4g}", sep, 1e3 * p.block_s);
+            repetitions += fmt::format("{}{}", sep, p.repetitions);
+        }
         line(
-            fmt::format("# {} repetitions of a fixed block of compute started together on every "
-                        "rank: the slowest ran this far behind the ranks' mean",
-                        coll.spread_repetitions));
-        line(fmt::format("slowest_rank_excess = {:.4g}", coll.slowest_rank_excess));
+            fmt::format("# Blocks of compute started together on every rank ({} times each): the "
+                        "slowest",
+                        repetitions));
+        line("# ran this far behind the ranks' mean, by the block's duration");
+        line(fmt::format("slowest_rank_excess = [{}]", excess));
+        line(fmt::format("slowest_rank_excess_block_ms = [{}]", block_ms));
         line(fmt::format("slowest_rank_excess_ranks = {}", coll.ranks));
     }
     return s;

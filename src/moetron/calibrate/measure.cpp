@@ -292,12 +292,13 @@ ComputeMeasurements median_of_rounds(const std::vector<ComputeMeasurements>& rou
 namespace {
 
 // How far the slowest rank runs behind the others: each repetition, every rank times the same
-// block of linear layers (forward and backward) after a barrier; the slowest's excess over the
-// ranks' mean, as a fraction of the mean, averaged over the repetitions (a mean, since a step
-// waits for every rare late rank too).
-double measure_slowest_rank_excess(parallel::Communicator& world, const CalibrateOptions& o,
-                                   int repetitions) {
-    const int64_t dim = o.quick ? 64 : 256, layers = o.quick ? 2 : 4;
+// block of `layers` linear layers (forward and backward) after a barrier; the slowest's excess
+// over the ranks' mean, as a fraction of the mean, averaged over the repetitions (a mean, since a
+// step waits for every rare late rank too).
+CollectiveMeasurements::SlowestRankPoint measure_slowest_rank(parallel::Communicator& world,
+                                                              const CalibrateOptions& o,
+                                                              int64_t layers, int repetitions) {
+    const int64_t dim = o.quick ? 64 : 256;
     auto inp = pattern(dim * dim, 0.5f), w = pattern(dim * dim, 0.05f);
     auto out = filled(dim * dim, 0), dinp = filled(dim * dim, 0), dw = filled(dim * dim, 0);
     auto block = [&] {
@@ -318,7 +319,7 @@ double measure_slowest_rank_excess(parallel::Communicator& world, const Calibrat
     const int n = world.size();
     std::vector<double> all(times.size() * static_cast<size_t>(n));
     world.all_gather(all.data(), times.data(), times.size(), DType::f64, kHostStream);
-    double excess = 0;
+    double excess = 0, total_s = 0;
     for (size_t i = 0; i < times.size(); ++i) {
         double slowest = 0, sum = 0;
         for (int r = 0; r < n; ++r) {
@@ -328,8 +329,10 @@ double measure_slowest_rank_excess(parallel::Communicator& world, const Calibrat
         }
         const double mean = sum / n;
         excess += mean > 0 ? (slowest - mean) / mean : 0;
+        total_s += mean;
     }
-    return excess / static_cast<double>(repetitions);
+    return {total_s / static_cast<double>(repetitions), repetitions,
+            excess / static_cast<double>(repetitions)};
 }
 
 }  // namespace
@@ -388,8 +391,14 @@ CollectiveMeasurements measure_collectives(parallel::Communicator& world,
         });
         r.all_to_all.push_back({static_cast<double>(per_peer) * n * 4, s});
     }
-    r.spread_repetitions = o.quick ? 5 : 40;
-    r.slowest_rank_excess = measure_slowest_rank_excess(world, o, r.spread_repetitions);
+    // Blocks of about 4, 16, 64 and 260 ms on a one-thread rank of the 2-core machine (2 s in
+    // all); quick: two short ones.
+    const std::vector<std::pair<int64_t, int>> blocks =
+        o.quick ? std::vector<std::pair<int64_t, int>>{{2, 5}, {8, 3}}
+                : std::vector<std::pair<int64_t, int>>{{4, 40}, {16, 16}, {64, 8}, {256, 4}};
+    for (auto [layers, repetitions] : blocks) {
+        r.slowest_rank.push_back(measure_slowest_rank(world, o, layers, repetitions));
+    }
     return r;
 }
 

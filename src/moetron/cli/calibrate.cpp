@@ -101,9 +101,13 @@ void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
     if (fit.collectives_measured) {
         std::printf(
             "  all_reduce %.2f GB/s, %.1f us/step; all_to_all %.2f GB/s, %.1f us; the "
-            "slowest of %d ranks %.1f%% behind their mean\n",
+            "slowest of %d ranks behind their mean:",
             fit.all_reduce_gbytes_per_s, fit.latency_us, fit.all_to_all_gbytes_per_s,
-            fit.all_to_all_latency_us, coll.ranks, 100 * coll.slowest_rank_excess);
+            fit.all_to_all_latency_us, coll.ranks);
+        for (const auto& p : coll.slowest_rank) {
+            std::printf(" %.1f%% over %.0f ms", 100 * p.excess, 1e3 * p.block_s);
+        }
+        std::printf("\n");
     }
     std::printf("  wrote %s\n", f.out_path.c_str());
 }

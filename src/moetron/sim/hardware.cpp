@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -142,21 +143,68 @@ std::vector<AttentionEfficiencyPoint> read_attention_by_work(const toml::table& 
     return out;
 }
 
+// Measured instead of gpu_speed_sigma (moetron calibrate): how far the slowest of `ranks` ranks
+// ran behind their mean, as a fraction of it, one figure or one per block duration (increasing).
+// The spread is what puts slowest_of_n there; over several durations, the least-squares line
+// through log excess against log duration gives its exponent (clamped to [0, 1/2]), and the
+// spread is that line's at the shortest block.
+void read_slowest_rank_excess(const toml::table& t, const std::string& where, VariabilitySpec& v) {
+    const int64_t ranks = t["slowest_rank_excess_ranks"].value_or(int64_t{0});
+    std::vector<double> excess, block_s;
+    if (const toml::array* a = t["slowest_rank_excess"].as_array()) {
+        for (const toml::node& item : *a) excess.push_back(item.value_or(-1.0));
+    } else if (t.contains("slowest_rank_excess")) {
+        excess.push_back(t["slowest_rank_excess"].value_or(-1.0));
+    }
+    for (double ms : read_number_array(t, "slowest_rank_excess_block_ms", where)) {
+        block_s.push_back(ms / 1e3);
+    }
+    bool valid = !t.contains("gpu_speed_sigma") && ranks >= 2 && !excess.empty() &&
+                 (block_s.empty() || block_s.size() == excess.size());
+    for (size_t i = 0; valid && i < excess.size(); ++i) {
+        valid = excess[i] >= 0 && excess[i] < 1 &&
+                (block_s.empty() || (block_s[i] > 0 && (i == 0 || block_s[i] > block_s[i - 1])));
+    }
+    MT_CHECK(valid,
+             "[sim] {}: slowest_rank_excess (a fraction in [0, 1), or a list of them with "
+             "slowest_rank_excess_block_ms, as many increasing durations) comes with "
+             "slowest_rank_excess_ranks (at least 2) and replaces gpu_speed_sigma",
+             where);
+    if (block_s.size() < 2) {
+        v.gpu_speed_sigma = excess.front() / slowest_of_n_sigmas(ranks);
+        v.sigma_interval_s = block_s.empty() ? 0 : block_s.front();
+        return;
+    }
+    // A block with no measured excess counts as a tenth of a percent (the log needs a number).
+    auto log_excess = [&](size_t i) { return std::log(std::max(excess[i], 1e-3)); };
+    const double n = static_cast<double>(excess.size());
+    double mean_x = 0, mean_y = 0;
+    for (size_t i = 0; i < excess.size(); ++i) {
+        mean_x += std::log(block_s[i]) / n;
+        mean_y += log_excess(i) / n;
+    }
+    double sxy = 0, sxx = 0;
+    for (size_t i = 0; i < excess.size(); ++i) {
+        const double dx = std::log(block_s[i]) - mean_x;
+        sxy += dx * (log_excess(i) - mean_y);
+        sxx += dx * dx;
+    }
+    v.sigma_exponent = std::clamp(-sxy / sxx, 0.0, 0.5);
+    v.sigma_interval_s = block_s.front();
+    // The line with the clamped slope through the points' mean.
+    const double at_shortest =
+        std::exp(mean_y - v.sigma_exponent * (std::log(block_s.front()) - mean_x));
+    v.gpu_speed_sigma = std::min(at_shortest, 0.99) / slowest_of_n_sigmas(ranks);
+}
+
 void read_variability(const toml::table& t, const std::string& where, VariabilitySpec& v) {
     check_keys(t, where,
                {"gpu_speed_sigma", "straggler_rate", "straggler_slowdown", "slowest_rank_excess",
-                "slowest_rank_excess_ranks"});
+                "slowest_rank_excess_block_ms", "slowest_rank_excess_ranks"});
     v.gpu_speed_sigma = t["gpu_speed_sigma"].value_or(v.gpu_speed_sigma);
-    // Measured instead (moetron calibrate): how far the slowest of `ranks` ranks ran behind
-    // their mean, as a fraction of it; the spread that puts slowest_of_n there.
-    if (t.contains("slowest_rank_excess") || t.contains("slowest_rank_excess_ranks")) {
-        const double excess = t["slowest_rank_excess"].value_or(-1.0);
-        const int64_t ranks = t["slowest_rank_excess_ranks"].value_or(int64_t{0});
-        MT_CHECK(!t.contains("gpu_speed_sigma") && excess >= 0 && excess < 1 && ranks >= 2,
-                 "[sim] {}: slowest_rank_excess (a fraction in [0, 1)) comes with "
-                 "slowest_rank_excess_ranks (at least 2) and replaces gpu_speed_sigma",
-                 where);
-        v.gpu_speed_sigma = excess / slowest_of_n_sigmas(ranks);
+    if (t.contains("slowest_rank_excess") || t.contains("slowest_rank_excess_ranks") ||
+        t.contains("slowest_rank_excess_block_ms")) {
+        read_slowest_rank_excess(t, where, v);
     }
     v.straggler_rate = t["straggler_rate"].value_or(v.straggler_rate);
     v.straggler_slowdown = t["straggler_slowdown"].value_or(v.straggler_slowdown);
@@ -401,11 +449,17 @@ double slowest_of_n_sigmas(int64_t n) {
     return n > 1 ? std::sqrt(2 * std::log(static_cast<double>(n))) : 0.0;
 }
 
-SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep) {
+double VariabilitySpec::sigma_over(double interval_s) const {
+    if (sigma_interval_s <= 0 || interval_s <= sigma_interval_s) return gpu_speed_sigma;
+    return gpu_speed_sigma * std::pow(interval_s / sigma_interval_s, -sigma_exponent);
+}
+
+SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep, double interval_s) {
     SlowestOfN s;
     if (gpus <= 1) return s;  // nobody to wait for
-    s.ep_jitter = v.gpu_speed_sigma * slowest_of_n_sigmas(std::min(ep, gpus));
-    s.dp_jitter = v.gpu_speed_sigma * slowest_of_n_sigmas(gpus) - s.ep_jitter;
+    const double sigma = v.sigma_over(interval_s);
+    s.ep_jitter = sigma * slowest_of_n_sigmas(std::min(ep, gpus));
+    s.dp_jitter = sigma * slowest_of_n_sigmas(gpus) - s.ep_jitter;
     s.stragglers =
         v.straggler_slowdown * (1 - std::pow(1 - v.straggler_rate, static_cast<double>(gpus)));
     return s;

@@ -49,19 +49,26 @@ struct PerPrecision {
 // ~sigma sqrt(2 ln N) behind the mean), and now and then a GPU straggles for a step (with
 // probability straggler_rate per GPU and step, by straggler_slowdown of the step).
 struct VariabilitySpec {
+    // The spread of the GPUs' speed (a fraction). A GPU's slower clock lasts (the published
+    // figures: sigma_interval_s 0); a shared machine's noise averages out over a longer interval
+    // between two synchronizations: sigma(T) = gpu_speed_sigma (T / sigma_interval_s)^-exponent
+    // for T past the interval, the exponent between 0 (lasting) and 1/2 (independent noise).
     double gpu_speed_sigma = 0;
+    double sigma_interval_s = 0;
+    double sigma_exponent = 0;
     double straggler_rate = 0;
     double straggler_slowdown = 0;
+    double sigma_over(double interval_s) const;
 };
 
-// The expected slowdown of a step that N GPUs synchronize, split into the part the EP
-// collectives see (slowest of the ep GPUs of one group) and what the DP collectives add
-// (slowest of all N), plus straggler events: fractions of the step.
+// The expected slowdown of a step that N GPUs synchronize every interval_s, split into the
+// part the EP collectives see (slowest of the ep GPUs of one group) and what the DP collectives
+// add (slowest of all N), plus straggler events: fractions of the step.
 struct SlowestOfN {
     double ep_jitter = 0, dp_jitter = 0, stragglers = 0;
     double total() const { return ep_jitter + dp_jitter + stragglers; }
 };
-SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep);
+SlowestOfN slowest_of_n(const VariabilitySpec& v, int64_t gpus, int64_t ep, double interval_s);
 // How far the slowest of n draws of a Gaussian lies above their mean, in standard deviations:
 // ~sqrt(2 ln n) (0 for one).
 double slowest_of_n_sigmas(int64_t n);

@@ -463,7 +463,8 @@ StepResult simulate_step_unchecked(const ModelConfig& model, const ClusterSpec& 
     // Every step synchronizes all GPUs (EP all-to-alls per layer, DP collectives per step), so
     // it runs at the pace of the slowest GPU.
     const double synchronized_s = compute_end + opt_max + ag_max;
-    const SlowestOfN slow = slowest_of_n(cluster.efficiency.variability, r.gpus, layout.ep);
+    const SlowestOfN slow =
+        slowest_of_n(cluster.efficiency.variability, r.gpus, layout.ep, synchronized_s);
     r.step_time_s = synchronized_s * (1 + slow.total());
     r.dp_end_s = compute_end;
     r.optimizer_end_s = compute_end + opt_max;
