@@ -321,8 +321,12 @@ double precision_bytes(Precision p) {
     return 2;
 }
 
+Precision high_precision_format(Precision gemm_format) {
+    return gemm_format == Precision::fp32 ? Precision::fp32 : Precision::bf16;
+}
+
 double high_precision_bytes(Precision gemm_format) {
-    return gemm_format == Precision::fp32 ? 4.0 : 2.0;
+    return precision_bytes(high_precision_format(gemm_format));
 }
 
 bool is_low_precision(Precision p) {

@@ -28,10 +28,12 @@ std::string_view precision_name(Precision p);
 Precision precision_from_name(std::string_view name);
 // Bytes per element of a GEMM operand stored in this format (scales ignored: < 4%).
 double precision_bytes(Precision p);
-// Bytes per element of what a training keeps in its high precision whatever its GEMM format:
-// activations, their gradients and the model's weights. fp32 GEMMs (this engine on a CPU) keep
-// them in fp32 (4); bf16 and the low-precision recipes in bf16 (2; Megatron-LM's --bf16 with
-// Transformer Engine's fp8/fp4 GEMMs).
+// The format a training keeps in high precision whatever its GEMM format: activations, their
+// gradients, the model's weights and the GEMMs kept out of low precision (the LM head). fp32
+// GEMMs (this engine on a CPU) keep them in fp32; bf16 and the low-precision recipes in bf16
+// (Megatron-LM's --bf16 with Transformer Engine's fp8/fp4 GEMMs).
+Precision high_precision_format(Precision gemm_format);
+// Its bytes per element: 4 at fp32, 2 otherwise.
 double high_precision_bytes(Precision gemm_format);
 bool is_low_precision(Precision p);
 

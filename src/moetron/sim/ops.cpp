@@ -34,7 +34,8 @@ struct Dims {
     double tp = 1, cp = 1, seq = 0, mbs = 1;
     double low = 2;  // bytes of a GEMM operand in the training format
     double act = 2;  // bytes of an activation or activation gradient (high_precision_bytes)
-    Precision high = Precision::bf16;  // the format of the GEMMs kept out of low precision
+    Precision high =
+        Precision::bf16;  // the GEMMs kept out of low precision (high_precision_format)
 };
 
 Dims make_dims(const OpContext& ctx) {
@@ -69,7 +70,7 @@ Dims make_dims(const OpContext& ctx) {
     d.R = d.T * d.K;
     d.low = precision_bytes(ctx.settings.precision);
     d.act = high_precision_bytes(ctx.settings.precision);
-    d.high = is_low_precision(ctx.settings.precision) ? Precision::bf16 : ctx.settings.precision;
+    d.high = high_precision_format(ctx.settings.precision);
     return d;
 }
 
