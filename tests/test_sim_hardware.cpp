@@ -233,6 +233,54 @@ TEST(SimHardware, AttentionCurveInterpolatesTheMeasuredShapes) {
               std::string::npos);
 }
 
+// A calibrated CPU's memory-bound ops by size (issue 17: tiny's in-cache norms and SwiGLU ran at
+// twice the rate measured on arrays that stream from memory): interpolated in log bytes per
+// kernel call, flat outside, above 1 allowed; an op of several kernels is keyed by one call's
+// bytes. Without the curve (every GPU file) the constant.
+TEST(SimHardware, MemoryOpsFollowTheirMeasuredRateBySize) {
+    std::string text = kCpuCluster;
+    text.replace(text.find("bandwidth_efficiency = 0.6"), 26,
+                 "bandwidth_efficiency = 0.6\nmemory_ops_bytes = [100000, 10000000]\n"
+                 "memory_ops_efficiency_at_bytes = [2.0, 0.5]");
+    const ClusterSpec c = parse_cluster_spec(text, "cpu.toml", "/nonexistent");
+    const EfficiencyParams& e = c.efficiency;
+    EXPECT_DOUBLE_EQ(memory_ops_efficiency(e, 1e4), 2.0);
+    EXPECT_DOUBLE_EQ(memory_ops_efficiency(e, 1e5), 2.0);
+    EXPECT_NEAR(memory_ops_efficiency(e, 1e6), 1.25, 1e-12);  // halfway in log bytes
+    EXPECT_DOUBLE_EQ(memory_ops_efficiency(e, 1e7), 0.5);
+    EXPECT_DOUBLE_EQ(memory_ops_efficiency(e, 1e9), 0.5);
+
+    Op one_call;
+    one_call.kind = OpKind::memory;
+    one_call.bytes = 1e6;
+    Op ten_calls = one_call;
+    ten_calls.kernels = 10;  // 1e5 bytes each: in cache
+    const double fixed = e.kernel_gpu_overhead_s;
+    EXPECT_NEAR(op_gpu_time_s(c, one_call), 1e6 / (c.gpu.hbm_bytes_per_s * 1.25) + fixed, 1e-15);
+    EXPECT_NEAR(op_gpu_time_s(c, ten_calls), 1e6 / (c.gpu.hbm_bytes_per_s * 2.0) + 10 * fixed,
+                1e-15);
+
+    const ClusterSpec plain = parse_cluster_spec(kCpuCluster, "cpu.toml", "/nonexistent");
+    EXPECT_DOUBLE_EQ(memory_ops_efficiency(plain.efficiency, 1e4), 0.6);
+
+    std::string short_array = text;
+    short_array.replace(short_array.find("[2.0, 0.5]"), 10, "[2.0]");
+    EXPECT_NE(error_of([&] {
+                  parse_cluster_spec(short_array, "x.toml", "/");
+              }).find("memory_ops_efficiency_at_bytes"),
+              std::string::npos);
+    std::string decreasing = text;
+    decreasing.replace(decreasing.find("[100000, 10000000]"), 18, "[10000000, 100000]");
+    EXPECT_NE(error_of([&] {
+                  parse_cluster_spec(decreasing, "x.toml", "/");
+              }).find("strictly increasing"),
+              std::string::npos);
+    std::string zero = text;
+    zero.replace(zero.find("[2.0, 0.5]"), 10, "[2.0, 0]");
+    EXPECT_NE(error_of([&] { parse_cluster_spec(zero, "x.toml", "/"); }).find("positive"),
+              std::string::npos);
+}
+
 ModelConfig dsv3_like() {
     ModelConfig m;
     m.num_hidden_layers = 61;

@@ -50,6 +50,16 @@ struct AttentionPoint {
 
 // One collective size: bytes per rank (all_reduce: the buffer; all_to_all_v: what one rank
 // sends in all, split evenly over the ranks) and the time (the mean of the ranks' medians).
+// One measurement of the engine's memory-bound kernels, forward and backward: rmsnorm over
+// (rows, dim) and SwiGLU over (rows, 2 ffn) -> (rows, ffn).
+struct MemoryKernelsPoint {
+    int64_t rows = 0, dim = 0, ffn = 0;
+    double gbytes_per_s = 0;  // the fp32 bytes they must move (each input read, each output
+                              // written once) per second
+    double bytes() const;     // those bytes, all four calls
+    double bytes_per_call() const { return bytes() / 4; }
+};
+
 struct CollectivePoint {
     double bytes = 0;
     double time_s = 0;
@@ -63,8 +73,9 @@ struct ComputeMeasurements {
     std::vector<GroupedPoint> grouped;
     std::vector<AttentionPoint> attention;
     double stream_gbytes_per_s = 0;  // triad a = b + s c, 12 bytes per element
-    // rmsnorm and SwiGLU forward + backward (the engine's kernels), fp32 bytes they move per s
-    double memory_kernels_gbytes_per_s = 0;
+    // rmsnorm and SwiGLU forward + backward (the engine's kernels) at a few sizes, increasing:
+    // from one whose arrays stay in a core's L2 to one that streams from memory.
+    std::vector<MemoryKernelsPoint> memory_kernels;
     double exp_per_s = 0;        // std::exp over a float array, all threads
     double call_overhead_s = 0;  // one empty OpenMP parallel region (a kernel's fixed cost)
 };
@@ -108,7 +119,14 @@ struct CalibrationFit {
     double attention_fwd = 0;
     double attention_bwd = 0;
     double memory_bw_efficiency = 0;
-    // The layers' memory-bound ops at the engine's rmsnorm + SwiGLU rate (0: not measured).
+    // The layers' memory-bound ops at the engine's rmsnorm + SwiGLU rate, over the stream rate:
+    // at each measured size (bytes per kernel call, increasing; above 1 in cache), and the
+    // largest size's, the file's constant (0: not measured).
+    struct MemoryOpsFitPoint {
+        double bytes_per_call = 0;
+        double efficiency = 0;
+    };
+    std::vector<MemoryOpsFitPoint> memory_ops_by_bytes;
     double memory_ops_bw_efficiency = 0;
     double gemm_fit_rms_rel_error = 0;  // rms log error of the GEMM points, each counted once
     // Collectives: alpha per ring step and bandwidth of each fit (1 rank: self copies).

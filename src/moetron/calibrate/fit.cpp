@@ -166,11 +166,23 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     // arithmetic (exponentials, square roots) more than by bytes, so the rate follows the
     // threads, not the memory (measured on the 2-core machine: 15.3 GB/s on 2 threads against a
     // stream rate of 21.6; 9.0 on one thread against 18.4). Priced at the stream rate, they made
-    // tiny on two ranks of one thread 13% faster than measured (issue 17).
+    // tiny on two ranks of one thread 13% faster than measured (issue 17). That rate depends on
+    // the size: a call whose arrays stay in cache ran twice as fast as one streaming from memory
+    // (33 against 19 GB/s on two threads), so each measured size is a point of the sim's curve,
+    // by bytes per kernel call, and may exceed the stream rate.
     f.memory_bw_efficiency = 1;
-    if (c.memory_kernels_gbytes_per_s > 0 && c.stream_gbytes_per_s > 0) {
-        f.memory_ops_bw_efficiency =
-            clamp_fraction(c.memory_kernels_gbytes_per_s / c.stream_gbytes_per_s);
+    if (c.stream_gbytes_per_s > 0) {
+        for (const auto& p : c.memory_kernels) {
+            if (p.gbytes_per_s <= 0) continue;
+            MT_CHECK(f.memory_ops_by_bytes.empty() ||
+                         p.bytes_per_call() > f.memory_ops_by_bytes.back().bytes_per_call,
+                     "[calibrate] the memory kernels' sizes must increase");
+            f.memory_ops_by_bytes.push_back(
+                {p.bytes_per_call(), p.gbytes_per_s / c.stream_gbytes_per_s});
+        }
+    }
+    if (!f.memory_ops_by_bytes.empty()) {
+        f.memory_ops_bw_efficiency = clamp_fraction(f.memory_ops_by_bytes.back().efficiency);
     }
 
     // Collectives. all_reduce (ring): t = 2(n-1) alpha + 2(n-1)/n S / B. all_to_all (the sim's
@@ -279,11 +291,13 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
             "(causal, bwd = 2.5x fwd FLOPs)",
             p.batch, p.seq_len, p.heads, p.qk_dim, p.v_dim, p.fwd_gflops, p.bwd_gflops));
     }
-    line(fmt::format(
-        "#   stream triad {:.1f} GB/s; rmsnorm + SwiGLU fwd+bwd {:.1f} GB/s (fp32 bytes); exp "
-        "{:.3g}/s; one parallel region {:.2f} us",
-        c.stream_gbytes_per_s, c.memory_kernels_gbytes_per_s, c.exp_per_s,
-        c.call_overhead_s * 1e6));
+    row = "#   rmsnorm + SwiGLU fwd+bwd (rows x dim x ffn: GB/s of fp32 bytes):";
+    for (const auto& p : c.memory_kernels) {
+        row += fmt::format(" {}x{}x{}: {:.1f}", p.rows, p.dim, p.ffn, p.gbytes_per_s);
+    }
+    line(row);
+    line(fmt::format("#   stream triad {:.1f} GB/s; exp {:.3g}/s; one parallel region {:.2f} us",
+                     c.stream_gbytes_per_s, c.exp_per_s, c.call_overhead_s * 1e6));
     if (f.collectives_measured) {
         line(fmt::format("#   MPI over {} ranks, all_reduce (bytes: s):", coll.ranks));
         row = "#    ";
@@ -373,7 +387,18 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line("[efficiency.memory]");
     line(fmt::format("bandwidth_efficiency = {:.4g}", f.memory_bw_efficiency));
     if (f.memory_ops_bw_efficiency > 0) {
-        line(fmt::format("memory_ops_bandwidth_efficiency = {:.4g}", f.memory_ops_bw_efficiency));
+        line(fmt::format("memory_ops_bandwidth_efficiency = {:.4g}  # the largest measured size's",
+                         f.memory_ops_bw_efficiency));
+        line("# The measured sizes, by bytes one kernel call moves: the sim interpolates in log");
+        line("# bytes (above 1: the call stays in a cache the stream rate does not measure).");
+        std::string bytes, eff;
+        for (const auto& p : f.memory_ops_by_bytes) {
+            const char* sep = bytes.empty() ? "" : ", ";
+            bytes += fmt::format("{}{:.6g}", sep, p.bytes_per_call);
+            eff += fmt::format("{}{:.4g}", sep, p.efficiency);
+        }
+        line(fmt::format("memory_ops_bytes = [{}]", bytes));
+        line(fmt::format("memory_ops_efficiency_at_bytes = [{}]", eff));
     }
     line("");
     line("[efficiency.kernel]");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -142,10 +143,8 @@ double measure_stream_gbytes_per_s(int64_t count, double seconds) {
     return 12.0 * static_cast<double>(count) / s / 1e9;
 }
 
-// The engine's own memory-bound kernels, forward + backward: rmsnorm over (rows, dim) and SwiGLU
-// over (rows, 2 ffn) -> (rows, ffn). Returns GB/s of the fp32 bytes they must move (each input
-// read once, each output written once).
-double measure_memory_kernels_gbytes_per_s(int64_t rows, int64_t dim, int64_t ffn, double seconds) {
+// The engine's own memory-bound kernels, forward + backward, at one size (MemoryKernelsPoint).
+MemoryKernelsPoint measure_memory_kernels(int64_t rows, int64_t dim, int64_t ffn, double seconds) {
     auto x = pattern(rows * dim, 1.0f), w = pattern(dim, 1.0f), y = filled(rows * dim, 0);
     auto rstd = filled(rows, 0), dy = pattern(rows * dim, 0.1f), dx = filled(rows * dim, 0);
     auto dw = filled(dim, 0);
@@ -161,10 +160,9 @@ double measure_memory_kernels_gbytes_per_s(int64_t rows, int64_t dim, int64_t ff
             cpu_backend().swiglu_backward(dh.data(), da.data(), h.data(), rows, ffn);
         },
         seconds);
-    const double bytes = 4.0 * static_cast<double>(rows) *
-                         (2.0 * static_cast<double>(dim) + 3.0 * static_cast<double>(dim) +
-                          3.0 * static_cast<double>(ffn) + 5.0 * static_cast<double>(ffn));
-    return bytes / s / 1e9;
+    MemoryKernelsPoint p{rows, dim, ffn, 0};
+    p.gbytes_per_s = p.bytes() / s / 1e9;
+    return p;
 }
 
 double measure_exp_per_s(int64_t count, double seconds) {
@@ -185,6 +183,13 @@ double measure_call_overhead_s() {
 }
 
 }  // namespace
+
+double MemoryKernelsPoint::bytes() const {
+    // rmsnorm: forward reads x, writes y (2 dim a row); backward reads x and dy, writes dx (3).
+    // SwiGLU: forward reads h (2 ffn), writes a (1); backward reads h and da (3), writes dh (2).
+    return 4.0 * static_cast<double>(rows) *
+           (5.0 * static_cast<double>(dim) + 8.0 * static_cast<double>(ffn));
+}
 
 int64_t gemm_operand_copies(double bytes, int threads, int64_t l2_bytes, bool quick) {
     if (threads == 1 && bytes <= static_cast<double>(l2_bytes)) return 1;
@@ -233,8 +238,15 @@ ComputeMeasurements measure_compute_round(const CalibrateOptions& o) {
     }
     const int64_t stream_count = o.quick ? (1 << 18) : (1 << 23);
     r.stream_gbytes_per_s = measure_stream_gbytes_per_s(stream_count, t);
-    r.memory_kernels_gbytes_per_s = measure_memory_kernels_gbytes_per_s(
-        o.quick ? 256 : 4096, o.quick ? 64 : 512, o.quick ? 128 : 1024, t);
+    // From tiny's size (about 200 KB a call: in a core's L2) through one in L3 (2.75 MB) to one
+    // that streams from memory (44 MB); the engine's in-cache calls ran twice as fast.
+    const std::vector<std::array<int64_t, 3>> memory_shapes =
+        o.quick ? std::vector<std::array<int64_t, 3>>{{64, 32, 32}, {256, 64, 128}}
+                : std::vector<std::array<int64_t, 3>>{
+                      {256, 64, 64}, {1024, 128, 256}, {4096, 512, 1024}};
+    for (const auto& [rows, dim, ffn] : memory_shapes) {
+        r.memory_kernels.push_back(measure_memory_kernels(rows, dim, ffn, t));
+    }
     r.exp_per_s = measure_exp_per_s(o.quick ? (1 << 16) : (1 << 20), t);
     r.call_overhead_s = measure_call_overhead_s();
     return r;
@@ -264,7 +276,8 @@ ComputeMeasurements median_of_rounds(const std::vector<ComputeMeasurements>& rou
     m.rounds = static_cast<int>(rounds.size());
     for (const auto& r : rounds) {
         MT_CHECK(r.gemm.size() == m.gemm.size() && r.grouped.size() == m.grouped.size() &&
-                     r.attention.size() == m.attention.size(),
+                     r.attention.size() == m.attention.size() &&
+                     r.memory_kernels.size() == m.memory_kernels.size(),
                  "[calibrate] rounds measured different shapes");
     }
     for (size_t i = 0; i < m.gemm.size(); ++i) {
@@ -282,8 +295,10 @@ ComputeMeasurements median_of_rounds(const std::vector<ComputeMeasurements>& rou
     }
     m.stream_gbytes_per_s =
         median([](const ComputeMeasurements& r) { return r.stream_gbytes_per_s; });
-    m.memory_kernels_gbytes_per_s =
-        median([](const ComputeMeasurements& r) { return r.memory_kernels_gbytes_per_s; });
+    for (size_t i = 0; i < m.memory_kernels.size(); ++i) {
+        m.memory_kernels[i].gbytes_per_s =
+            median([i](const ComputeMeasurements& r) { return r.memory_kernels[i].gbytes_per_s; });
+    }
     m.exp_per_s = median([](const ComputeMeasurements& r) { return r.exp_per_s; });
     m.call_overhead_s = median([](const ComputeMeasurements& r) { return r.call_overhead_s; });
     return m;

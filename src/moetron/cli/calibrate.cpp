@@ -98,6 +98,11 @@ void run_calibrate(const CalibrateFlags& f, parallel::Communicator* world) {
         fit.peak_gflops, fit.gemm_half_dim, fit.grouped_ratio, fit.grouped_half_tokens,
         fit.attention_by_work.front().fwd, fit.attention_fwd, fit.attention_by_work.front().bwd,
         fit.attention_bwd, compute.stream_gbytes_per_s);
+    std::printf("  rmsnorm + SwiGLU, bytes per call: rate over the stream rate:");
+    for (const auto& p : fit.memory_ops_by_bytes) {
+        std::printf(" %.0f KB: %.2f", p.bytes_per_call / 1e3, p.efficiency);
+    }
+    std::printf("\n");
     if (fit.collectives_measured) {
         std::printf(
             "  all_reduce %.2f GB/s, %.1f us/step; all_to_all %.2f GB/s, %.1f us; the "

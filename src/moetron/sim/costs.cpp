@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "moetron/core/error.h"
 
@@ -18,6 +19,20 @@ double saturation(double x, double half) {
 double thread_share(const EfficiencyParams& e, double m, double n, double k) {
     const bool serial = e.threads > 1 && 2 * m * n * k < e.serial_gemm_below_flops;
     return serial ? 1.0 / static_cast<double>(e.threads) : 1.0;
+}
+
+// A measured curve: y at x, piecewise linear in log x through the points (sorted by strictly
+// increasing x), constant outside them.
+template <class Point, class XOf, class YOf>
+double interpolate_in_log(const std::vector<Point>& curve, double x, XOf x_of, YOf y_of) {
+    MT_CHECK(!curve.empty(), "[sim] an efficiency curve without points");
+    if (x <= x_of(curve.front())) return y_of(curve.front());
+    if (x >= x_of(curve.back())) return y_of(curve.back());
+    size_t i = 1;
+    while (x_of(curve[i]) < x) ++i;
+    const Point &lo = curve[i - 1], &hi = curve[i];
+    const double t = std::log(x / x_of(lo)) / std::log(x_of(hi) / x_of(lo));
+    return y_of(lo) + t * (y_of(hi) - y_of(lo));
 }
 
 }  // namespace
@@ -37,17 +52,19 @@ double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double to
 }
 
 double attention_efficiency(const EfficiencyParams& e, bool backward, double work_per_query) {
-    const auto& curve = e.attention_by_work;
-    auto at = [backward](const AttentionEfficiencyPoint& p) { return backward ? p.bwd : p.fwd; };
-    if (curve.empty()) return backward ? e.attention_bwd : e.attention_fwd;
-    if (work_per_query <= curve.front().work_per_query) return at(curve.front());
-    if (work_per_query >= curve.back().work_per_query) return at(curve.back());
-    size_t i = 1;
-    while (curve[i].work_per_query < work_per_query) ++i;
-    const AttentionEfficiencyPoint &lo = curve[i - 1], &hi = curve[i];
-    const double t = std::log(work_per_query / lo.work_per_query) /
-                     std::log(hi.work_per_query / lo.work_per_query);
-    return at(lo) + t * (at(hi) - at(lo));
+    if (e.attention_by_work.empty()) return backward ? e.attention_bwd : e.attention_fwd;
+    return interpolate_in_log(
+        e.attention_by_work, work_per_query,
+        [](const AttentionEfficiencyPoint& p) { return p.work_per_query; },
+        [backward](const AttentionEfficiencyPoint& p) { return backward ? p.bwd : p.fwd; });
+}
+
+double memory_ops_efficiency(const EfficiencyParams& e, double bytes_per_call) {
+    if (e.memory_ops_by_bytes.empty()) return e.memory_ops_bw > 0 ? e.memory_ops_bw : e.memory_bw;
+    return interpolate_in_log(
+        e.memory_ops_by_bytes, bytes_per_call,
+        [](const MemoryOpsEfficiencyPoint& p) { return p.bytes; },
+        [](const MemoryOpsEfficiencyPoint& p) { return p.efficiency; });
 }
 
 double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
@@ -72,8 +89,8 @@ double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
             return std::max({math_s, exp_s, mem_s}) + fixed;
         }
         case OpKind::memory: {
-            const double bw = e.memory_ops_bw > 0 ? e.memory_ops_bw : e.memory_bw;
-            return op.bytes / (c.gpu.hbm_bytes_per_s * bw) + fixed;
+            const double per_call = op.bytes / std::max(op.kernels, 1);
+            return op.bytes / (c.gpu.hbm_bytes_per_s * memory_ops_efficiency(e, per_call)) + fixed;
         }
         case OpKind::copy:
             return mem_s + fixed;

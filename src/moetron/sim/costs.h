@@ -8,7 +8,9 @@
 //   attention     bf16 peak * attention_fwd|bwd, or the SFU exponentials, whichever is slower;
 //                 a calibrated CPU's efficiency instead follows its measured curve over the work
 //                 per query S (Dqk + Dv) (attention_efficiency)
-//   memory-bound  HBM bandwidth * memory_ops_bw (a calibrated CPU's own kernels), else memory_bw
+//   memory-bound  HBM bandwidth * memory_ops_bw (a calibrated CPU's own kernels), else memory_bw;
+//                 a calibrated CPU's follows its measured curve over the bytes of one kernel call
+//                 (memory_ops_efficiency)
 // Host time is the eager launch cost of the op's kernels (zero when a CUDA graph holds it).
 #pragma once
 
@@ -24,6 +26,11 @@ double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double to
 // Fraction of the bf16 peak the attention core reaches, forward or backward, at this work per
 // query: the measured curve interpolated in log work (flat outside it), or the constant.
 double attention_efficiency(const EfficiencyParams& e, bool backward, double work_per_query);
+
+// Fraction of the HBM bandwidth the layers' memory-bound ops reach, at this many bytes per kernel
+// call: the measured curve interpolated in log bytes (flat outside it), else memory_ops_bw, else
+// memory_bw.
+double memory_ops_efficiency(const EfficiencyParams& e, double bytes_per_call);
 
 // GPU time of a compute or memory op (comm and sync ops: their comm time / 0).
 double op_gpu_time_s(const ClusterSpec& c, const Op& op);

@@ -143,6 +143,25 @@ std::vector<AttentionEfficiencyPoint> read_attention_by_work(const toml::table& 
     return out;
 }
 
+// The optional measured rate of a calibrated CPU's memory-bound kernels by size: two arrays of one
+// length, bytes strictly increasing, efficiencies positive (above 1 where a call stays in cache).
+std::vector<MemoryOpsEfficiencyPoint> read_memory_ops_by_bytes(const toml::table& mem,
+                                                               const std::string& where) {
+    const auto bytes = read_number_array(mem, "memory_ops_bytes", where);
+    const auto eff = read_number_array(mem, "memory_ops_efficiency_at_bytes", where);
+    MT_CHECK(bytes.size() == eff.size(),
+             "[sim] {}: memory_ops_bytes and memory_ops_efficiency_at_bytes must have the same "
+             "length ({}, {})",
+             where, bytes.size(), eff.size());
+    std::vector<MemoryOpsEfficiencyPoint> out;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+        MT_CHECK(i == 0 || bytes[i] > bytes[i - 1],
+                 "[sim] {}: memory_ops_bytes must be strictly increasing", where);
+        out.push_back({bytes[i], eff[i]});
+    }
+    return out;
+}
+
 // Measured instead of gpu_speed_sigma (moetron calibrate): how far the slowest of `ranks` ranks
 // ran behind their mean, as a fraction of it, one figure or one per block duration (increasing).
 // The spread is what puts slowest_of_n there; over several durations, the least-squares line
@@ -254,11 +273,13 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
 
     const auto& mem = need_table(t, "memory", where);
     check_keys(mem, fmt::format("{} [memory]", where),
-               {"bandwidth_efficiency", "memory_ops_bandwidth_efficiency"});
+               {"bandwidth_efficiency", "memory_ops_bandwidth_efficiency", "memory_ops_bytes",
+                "memory_ops_efficiency_at_bytes"});
     e.memory_bw = need_fraction(mem, "bandwidth_efficiency", where);
     if (mem.contains("memory_ops_bandwidth_efficiency")) {
         e.memory_ops_bw = need_fraction(mem, "memory_ops_bandwidth_efficiency", where);
     }
+    e.memory_ops_by_bytes = read_memory_ops_by_bytes(mem, fmt::format("{} [memory]", where));
 
     const auto& kern = need_table(t, "kernel", where);
     check_keys(kern, fmt::format("{} [kernel]", where),

@@ -82,6 +82,14 @@ struct AttentionEfficiencyPoint {
     double fwd = 0, bwd = 0;  // fractions of the bf16 peak
 };
 
+// A memory-bound kernel's rate measured at one size: bytes = what one kernel call reads and
+// writes; efficiency = its rate over the HBM bandwidth. Above 1 where the call's bytes fit in a
+// cache the stream rate does not measure.
+struct MemoryOpsEfficiencyPoint {
+    double bytes = 0;
+    double efficiency = 0;
+};
+
 // Efficiency of an architecture's kernels and collectives: fractions of peak that real kernels
 // reach, and fixed costs. One set per architecture, the same for every data point.
 struct EfficiencyParams {
@@ -118,6 +126,12 @@ struct EfficiencyParams {
     // roots) more than by bytes, so on one thread they run at half the stream rate while
     // memory_bw, the stream rate, stays for the byte side of the GEMMs and the optimizer.
     double memory_ops_bw = 0;
+    // A calibrated CPU's rate of those kernels at a few sizes: a call whose bytes stay in a cache
+    // runs at up to twice the rate of one that streams from memory (the 2-core machine: rmsnorm +
+    // SwiGLU at 512 x 64 ran at 33 GB/s on two threads, at 4,096 x 512 at 19), so one rate
+    // misprices tiny's ops or small's. Sorted by bytes per kernel call; interpolated in log bytes,
+    // constant outside the measured range. Empty (GPUs): memory_ops_bw.
+    std::vector<MemoryOpsEfficiencyPoint> memory_ops_by_bytes;
     // Fixed costs per kernel: on the GPU (launch latency and tail) and on the host (an eager
     // framework call: Python, dispatcher, launch). CUDA graphs remove the host part.
     double kernel_gpu_overhead_s = 2e-6;
