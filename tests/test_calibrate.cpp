@@ -235,13 +235,21 @@ TEST(Calibrate, MemoryOpsRunAtTheEngineKernelsRateForTheirSize) {
     };
     const sim::ClusterSpec measured = cluster_of(by_size), slow = cluster_of(at_large_rate),
                            fast = cluster_of(at_stream_rate);
-    EXPECT_NEAR(measured.efficiency.memory_ops_bw, 5.0 / 20, 1e-9);  // the largest size's
+    EXPECT_NEAR(measured.efficiency.memory_ops_bw, 5.0 / 20, 1e-3);  // the largest size's
     EXPECT_NEAR(measured.efficiency.memory_bw, 1, 1e-9);
     ASSERT_EQ(measured.efficiency.memory_ops_by_bytes.size(), 2u);
     EXPECT_NEAR(measured.efficiency.memory_ops_by_bytes.front().bytes,
                 by_size.memory_kernels.front().bytes_per_call(), 1);
-    EXPECT_NEAR(sim::memory_ops_efficiency(measured.efficiency, 1e3), 10.0 / 20, 1e-4);
-    EXPECT_NEAR(sim::memory_ops_efficiency(measured.efficiency, 1e9), 5.0 / 20, 1e-4);
+    // Net of each call's fixed cost (1 us), which the sim adds back per call.
+    auto net_rate = [&](const calibrate::MemoryKernelsPoint& p) {
+        const double call_s = p.bytes_per_call() / (p.gbytes_per_s * 1e9);
+        return p.bytes_per_call() / (call_s - by_size.call_overhead_s) / 1e9;
+    };
+    EXPECT_GT(net_rate(by_size.memory_kernels.front()), 10.4);
+    EXPECT_NEAR(sim::memory_ops_efficiency(measured.efficiency, 1e3),
+                net_rate(by_size.memory_kernels.front()) / 20, 1e-3);
+    EXPECT_NEAR(sim::memory_ops_efficiency(measured.efficiency, 1e9),
+                net_rate(by_size.memory_kernels.back()) / 20, 1e-3);
 
     const ModelConfig tiny = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
     const auto one = parallel::parse_layout("tp1", 1);
