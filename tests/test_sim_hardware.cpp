@@ -30,6 +30,15 @@ std::string error_of(const std::function<void()>& f) {
     return "";
 }
 
+// The error of parsing `text` with its first `from` replaced by `to` (empty when it parses).
+std::string parse_error_with(std::string text, const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at == std::string::npos) return "";
+    text.replace(at, from.size(), to);
+    return error_of([&] { parse_cluster_spec(text, "x.toml", "/"); });
+}
+
 TEST(SimHardware, EveryCatalogClusterLoads) {
     for (const char* name : {"h100-hgx", "h200-hgx", "h800-hgx", "b200-hgx", "b300-hgx",
                              "gb200-nvl72", "gb300-nvl72", "gb300-nvl72-spectrum-x"}) {
@@ -219,18 +228,11 @@ TEST(SimHardware, AttentionCurveInterpolatesTheMeasuredShapes) {
     EXPECT_DOUBLE_EQ(attention_efficiency(plain.efficiency, false, 1000), 0.3);
     EXPECT_DOUBLE_EQ(attention_efficiency(plain.efficiency, true, 1000), 0.25);
 
-    std::string short_array = text;
-    short_array.replace(short_array.find("[0.05, 0.45]"), 12, "[0.05]");
-    EXPECT_NE(error_of([&] {
-                  parse_cluster_spec(short_array, "x.toml", "/");
-              }).find("bwd_efficiency_at_work"),
+    EXPECT_NE(parse_error_with(text, "[0.05, 0.45]", "[0.05]").find("bwd_efficiency_at_work"),
               std::string::npos);
-    std::string decreasing = text;
-    decreasing.replace(decreasing.find("[1000, 100000]"), 14, "[100000, 1000]");
-    EXPECT_NE(error_of([&] {
-                  parse_cluster_spec(decreasing, "x.toml", "/");
-              }).find("strictly increasing"),
-              std::string::npos);
+    EXPECT_NE(
+        parse_error_with(text, "[1000, 100000]", "[100000, 1000]").find("strictly increasing"),
+        std::string::npos);
 }
 
 // A calibrated CPU's memory-bound ops by size (issue 17: tiny's in-cache norms and SwiGLU ran at
@@ -263,22 +265,12 @@ TEST(SimHardware, MemoryOpsFollowTheirMeasuredRateBySize) {
     const ClusterSpec plain = parse_cluster_spec(kCpuCluster, "cpu.toml", "/nonexistent");
     EXPECT_DOUBLE_EQ(memory_ops_efficiency(plain.efficiency, 1e4), 0.6);
 
-    std::string short_array = text;
-    short_array.replace(short_array.find("[2.0, 0.5]"), 10, "[2.0]");
-    EXPECT_NE(error_of([&] {
-                  parse_cluster_spec(short_array, "x.toml", "/");
-              }).find("memory_ops_efficiency_at_bytes"),
+    EXPECT_NE(parse_error_with(text, "[2.0, 0.5]", "[2.0]").find("memory_ops_efficiency_at_bytes"),
               std::string::npos);
-    std::string decreasing = text;
-    decreasing.replace(decreasing.find("[100000, 10000000]"), 18, "[10000000, 100000]");
-    EXPECT_NE(error_of([&] {
-                  parse_cluster_spec(decreasing, "x.toml", "/");
-              }).find("strictly increasing"),
+    EXPECT_NE(parse_error_with(text, "[100000, 10000000]", "[10000000, 100000]")
+                  .find("strictly increasing"),
               std::string::npos);
-    std::string zero = text;
-    zero.replace(zero.find("[2.0, 0.5]"), 10, "[2.0, 0]");
-    EXPECT_NE(error_of([&] { parse_cluster_spec(zero, "x.toml", "/"); }).find("positive"),
-              std::string::npos);
+    EXPECT_NE(parse_error_with(text, "[2.0, 0.5]", "[2.0, 0]").find("positive"), std::string::npos);
 }
 
 ModelConfig dsv3_like() {
