@@ -171,7 +171,8 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     // (33 against 19 GB/s on two threads), so each measured size is a point of the sim's curve,
     // by bytes per kernel call, and may exceed the stream rate. The sim adds each call's fixed
     // cost (the empty parallel region) to its bytes' time, so the rate is taken net of it: at
-    // 53 KB a call on two threads that cost is a fifth of the call.
+    // 53 KB a call on two threads that cost is a fifth of the call. (A cost measured at half the
+    // call or more says more about the noise than the call; the gross rate stays then.)
     f.memory_bw_efficiency = 1;
     if (c.stream_gbytes_per_s > 0) {
         for (const auto& p : c.memory_kernels) {
