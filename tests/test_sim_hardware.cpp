@@ -208,16 +208,24 @@ TEST(SimHardware, MalformedFilesNameTheProblem) {
     EXPECT_THROW(load_cluster_spec(kClusters + "no-such-cluster.toml"), Error);
 }
 
+// kCpuCluster with `lines` added after its line that starts with `anchor`.
+std::string cpu_cluster_with_lines_after(const std::string& anchor, const std::string& lines) {
+    std::string text = kCpuCluster;
+    const size_t at = text.find(anchor);
+    EXPECT_NE(at, std::string::npos) << anchor;
+    if (at != std::string::npos) text.insert(text.find('\n', at) + 1, lines + "\n");
+    return text;
+}
+
 // A calibrated CPU's measured attention curve (issue 17): interpolated in log work per query
 // between the measured shapes and constant outside them; arrays of different lengths or a
 // work axis that does not increase are errors naming the keys.
 TEST(SimHardware, AttentionCurveInterpolatesTheMeasuredShapes) {
-    std::string text = kCpuCluster;
-    text.replace(text.find("exp_efficiency = 0.5"), 20,
-                 "exp_efficiency = 0.5\nwork_per_query = [1000, 100000]\n"
-                 "fwd_efficiency_at_work = [0.1, 0.5]\nbwd_efficiency_at_work = [0.05, 0.45]");
-    const ClusterSpec c = parse_cluster_spec(text, "cpu.toml", "/nonexistent");
-    const EfficiencyParams& e = c.efficiency;
+    const std::string text = cpu_cluster_with_lines_after(
+        "exp_efficiency = 0.5",
+        "work_per_query = [1000, 100000]\nfwd_efficiency_at_work = [0.1, 0.5]\n"
+        "bwd_efficiency_at_work = [0.05, 0.45]");
+    const EfficiencyParams e = parse_cluster_spec(text, "cpu.toml", "/nonexistent").efficiency;
     EXPECT_DOUBLE_EQ(attention_efficiency(e, false, 1000), 0.1);
     EXPECT_DOUBLE_EQ(attention_efficiency(e, true, 100000), 0.45);
     EXPECT_NEAR(attention_efficiency(e, false, 10000), 0.3, 1e-12);  // halfway in log work
@@ -240,10 +248,9 @@ TEST(SimHardware, AttentionCurveInterpolatesTheMeasuredShapes) {
 // kernel call, flat outside, above 1 allowed; an op of several kernels is keyed by one call's
 // bytes. Without the curve (every GPU file) the constant.
 TEST(SimHardware, MemoryOpsFollowTheirMeasuredRateBySize) {
-    std::string text = kCpuCluster;
-    text.replace(text.find("bandwidth_efficiency = 0.6"), 26,
-                 "bandwidth_efficiency = 0.6\nmemory_ops_bytes = [100000, 10000000]\n"
-                 "memory_ops_efficiency_at_bytes = [2.0, 0.5]");
+    const std::string text = cpu_cluster_with_lines_after(
+        "bandwidth_efficiency = 0.6",
+        "memory_ops_bytes = [100000, 10000000]\nmemory_ops_efficiency_at_bytes = [2.0, 0.5]");
     const ClusterSpec c = parse_cluster_spec(text, "cpu.toml", "/nonexistent");
     const EfficiencyParams& e = c.efficiency;
     EXPECT_DOUBLE_EQ(memory_ops_efficiency(e, 1e4), 2.0);
