@@ -48,8 +48,6 @@ struct AttentionPoint {
     double fwd_gflops = 0, bwd_gflops = 0;  // the sim's FLOP convention (causal; bwd = 2.5 fwd)
 };
 
-// One collective size: bytes per rank (all_reduce: the buffer; all_to_all_v: what one rank
-// sends in all, split evenly over the ranks) and the time (the mean of the ranks' medians).
 // One measurement of the engine's memory-bound kernels, forward and backward: rmsnorm over
 // (rows, dim) and SwiGLU over (rows, 2 ffn) -> (rows, ffn).
 struct MemoryKernelsPoint {
@@ -60,6 +58,8 @@ struct MemoryKernelsPoint {
     double bytes_per_call() const { return bytes() / 4; }
 };
 
+// One collective size: bytes per rank (all_reduce: the buffer; all_to_all_v: what one rank
+// sends in all, split evenly over the ranks) and the time (the mean of the ranks' medians).
 struct CollectivePoint {
     double bytes = 0;
     double time_s = 0;

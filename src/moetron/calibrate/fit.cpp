@@ -380,16 +380,21 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line("exp_efficiency = 1.0");
     line(
         "# The measured shapes, by work per query S (Dqk + Dv): the sim interpolates in log work.");
-    auto array = [&f](auto field) {
+    // One field of every point of a measured curve, as a TOML array.
+    auto array = [](const auto& points, auto field) {
         std::string out;
-        for (const auto& p : f.attention_by_work) {
+        for (const auto& p : points) {
             out += fmt::format("{}{:.6g}", out.empty() ? "" : ", ", field(p));
         }
         return "[" + out + "]";
     };
-    line("work_per_query = " + array([](const AttentionFitPoint& p) { return p.work_per_query; }));
-    line("fwd_efficiency_at_work = " + array([](const AttentionFitPoint& p) { return p.fwd; }));
-    line("bwd_efficiency_at_work = " + array([](const AttentionFitPoint& p) { return p.bwd; }));
+    const auto& attn = f.attention_by_work;
+    line("work_per_query = " +
+         array(attn, [](const AttentionFitPoint& p) { return p.work_per_query; }));
+    line("fwd_efficiency_at_work = " +
+         array(attn, [](const AttentionFitPoint& p) { return p.fwd; }));
+    line("bwd_efficiency_at_work = " +
+         array(attn, [](const AttentionFitPoint& p) { return p.bwd; }));
     line("");
     line("[efficiency.memory]");
     line(fmt::format("bandwidth_efficiency = {:.4g}", f.memory_bw_efficiency));
@@ -398,14 +403,12 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
                          f.memory_ops_bw_efficiency));
         line("# The measured sizes, by bytes one kernel call moves: the sim interpolates in log");
         line("# bytes (above 1: the call stays in a cache the stream rate does not measure).");
-        std::string bytes, eff;
-        for (const auto& p : f.memory_ops_by_bytes) {
-            const char* sep = bytes.empty() ? "" : ", ";
-            bytes += fmt::format("{}{:.6g}", sep, p.bytes_per_call);
-            eff += fmt::format("{}{:.4g}", sep, p.efficiency);
-        }
-        line(fmt::format("memory_ops_bytes = [{}]", bytes));
-        line(fmt::format("memory_ops_efficiency_at_bytes = [{}]", eff));
+        using MemoryPoint = CalibrationFit::MemoryOpsFitPoint;
+        const auto& mem = f.memory_ops_by_bytes;
+        line("memory_ops_bytes = " +
+             array(mem, [](const MemoryPoint& p) { return p.bytes_per_call; }));
+        line("memory_ops_efficiency_at_bytes = " +
+             array(mem, [](const MemoryPoint& p) { return p.efficiency; }));
     }
     line("");
     line("[efficiency.kernel]");
