@@ -28,7 +28,8 @@ double s(double x, double h) {
 }
 
 // Synthetic measurements from known curves: peak 80 GFLOP/s, half dim 40; grouped ratio 0.7,
-// half 30 tokens per expert; a ring all_reduce and an all_to_all over 4 ranks.
+// half 30 tokens per expert; a ring all_reduce, an all_to_all, and the gradient sync's ring
+// reduce-scatter and all-gather (each at its own rate) over 4 ranks.
 ComputeMeasurements synthetic_compute() {
     ComputeMeasurements c;
     c.threads = 1;
@@ -54,11 +55,16 @@ CollectiveMeasurements synthetic_collectives(int n) {
     CollectiveMeasurements r;
     r.ranks = n;
     if (n > 1) r.slowest_rank = {{0.004, 40, 0.06}, {0.064, 8, 0.015}};  // exponent 1/2
-    const double alpha = 5e-6, ar_bw = 4e9, a2a_bw = 2e9;
+    const double alpha = 5e-6, ar_bw = 4e9, a2a_bw = 2e9, rs_bw = 3e9, ag_bw = 8e9;
     for (double bytes : {16384.0, 262144.0, 2097152.0, 16777216.0}) {
         r.all_reduce.push_back({bytes, 2.0 * (n - 1) * alpha + 2.0 * (n - 1) / n * bytes / ar_bw});
         r.all_to_all.push_back(
             {bytes, 3 * alpha + static_cast<double>(n - 1) / n * bytes / a2a_bw});
+    }
+    for (double bytes : {16384.0, 262144.0, 1048576.0, 4194304.0}) {
+        const double pass = static_cast<double>(n - 1) / n * bytes;
+        r.reduce_scatter.push_back({bytes, (n - 1) * alpha + pass / rs_bw});
+        r.all_gather.push_back({bytes, (n - 1) * alpha + pass / ag_bw});
     }
     return r;
 }
@@ -75,6 +81,9 @@ TEST(Calibrate, FitsRecoverKnownCurves) {
     EXPECT_NEAR(fit.all_to_all_gbytes_per_s, 2.0, 0.02);
     EXPECT_NEAR(fit.latency_us, 5.0, 0.05);
     EXPECT_NEAR(fit.all_to_all_latency_us, 15.0, 0.15);
+    EXPECT_NEAR(fit.reduce_scatter_gbytes_per_s, 3.0, 0.03);
+    EXPECT_NEAR(fit.all_gather_gbytes_per_s, 8.0, 0.08);
+    EXPECT_NEAR(fit.link_gbytes_per_s, 8.0, 0.08);  // the fastest fit: the others relative to it
     EXPECT_NEAR(fit.attention_fwd, 20.0 / fit.peak_gflops, 1e-9);
 }
 
@@ -359,6 +368,9 @@ TEST(Calibrate, MultiRankFileSimulatesDataParallel) {
     EXPECT_EQ(cluster.scale_up.domain_gpus, 4);
     EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.scale_up_bw, 4e9, 4e7);
     EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.all_to_all_bw, 2e9, 2e7);
+    // The gradient sync's collectives at their own measured rates.
+    EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.reduce_scatter_bw, 3e9, 3e7);
+    EXPECT_NEAR(cluster.scale_up.bytes_per_s * cluster.efficiency.all_gather_bw, 8e9, 8e7);
 
     // The measured spread of the ranks: the model's slowest of 4 lands where it was measured,
     // over each block's duration.

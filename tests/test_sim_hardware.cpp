@@ -3,6 +3,7 @@
 // collective formulas behave as alpha-beta models should.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -361,6 +362,42 @@ TEST(SimCollectives, AlphaBetaShapes) {
     const CommCost a2a = all_to_all_flat(c, across, bytes);
     EXPECT_NEAR(a2a.scale_out_bytes, bytes * 56.0 / 64, 1);
     EXPECT_NEAR(a2a.scale_up_bytes, bytes * 7.0 / 64, 1);
+}
+
+// A calibrated CPU's MPI runs the gradient sync's reduce-scatter and all-gather by other
+// algorithms than its all-reduce (the 2-core machine: a 2 MB all-gather 3-8x faster than an
+// all-reduce), so calibrate measures each and the file gives each its own efficiency, on both
+// tiers; without the keys (the GPU sets) both ride the tier's figure, as the test above checks.
+TEST(SimCollectives, ReduceScatterAndAllGatherAtTheirOwnMeasuredRates) {
+    const ClusterSpec plain = parse_cluster_spec(kCpuCluster, "cpu.toml", "/nonexistent");
+    const ClusterSpec measured =
+        parse_cluster_spec(cpu_cluster_with_lines_after("all_to_all_bw_efficiency",
+                                                        "reduce_scatter_bw_efficiency = 0.25\n"
+                                                        "all_gather_bw_efficiency = 0.8"),
+                           "cpu.toml", "/nonexistent");
+    EXPECT_DOUBLE_EQ(measured.efficiency.reduce_scatter_bw, 0.25);
+    EXPECT_DOUBLE_EQ(measured.efficiency.all_gather_bw, 0.8);
+    const double bytes = 4e6, alpha = 2e-6, link = 10e9;  // kCpuCluster's scale-up
+    const GroupPlacement pair{2, 1, 2};
+    EXPECT_NEAR(reduce_scatter_cost(plain, pair, bytes).time_s, alpha + bytes / 2 / (link * 0.5),
+                1e-12);
+    EXPECT_NEAR(reduce_scatter_cost(measured, pair, bytes).time_s,
+                alpha + bytes / 2 / (link * 0.25), 1e-12);
+    EXPECT_NEAR(all_gather_cost(measured, pair, bytes).time_s, alpha + bytes / 2 / (link * 0.8),
+                1e-12);
+    // The all-reduce keeps the tier's figure.
+    EXPECT_DOUBLE_EQ(all_reduce_ring(measured, pair, bytes).time_s,
+                     all_reduce_ring(plain, pair, bytes).time_s);
+    // Across domains the figure applies to the NICs too (kCpuCluster's scale-out: 1 GB/s).
+    const GroupPlacement across{4, 2, 2};
+    EXPECT_NEAR(all_gather_cost(measured, across, bytes).time_s,
+                3 * 30e-6 + 0.75 * bytes / std::min(link * 0.8, 2 * 1e9 * 0.8), 1e-12);
+    // An efficiency outside (0, 1] names its key.
+    const std::string bad =
+        cpu_cluster_with_lines_after("all_to_all_bw_efficiency", "all_gather_bw_efficiency = 1.5");
+    EXPECT_NE(
+        error_of([&] { parse_cluster_spec(bad, "x.toml", "/"); }).find("all_gather_bw_efficiency"),
+        std::string::npos);
 }
 
 TEST(SimCollectives, TwoTierDispatchCrossesTheNicLess) {

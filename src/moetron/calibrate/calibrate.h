@@ -83,6 +83,8 @@ struct ComputeMeasurements {
 struct CollectiveMeasurements {
     int ranks = 1;
     std::vector<CollectivePoint> all_reduce;
+    std::vector<CollectivePoint> reduce_scatter;  // bytes: the input (the whole buffer)
+    std::vector<CollectivePoint> all_gather;      // bytes: the output (the whole buffer)
     std::vector<CollectivePoint> all_to_all;
     // The same fixed block of compute (linear layers' forward and backward), started together on
     // every rank, `repetitions` times: how far the slowest rank ran behind the ranks' mean, as a
@@ -136,6 +138,9 @@ struct CalibrationFit {
     double all_reduce_gbytes_per_s = 0;
     double all_to_all_gbytes_per_s = 0;
     double all_to_all_latency_us = 0;
+    // The gradient sync's collectives, each its own ring fit (0: not measured, one rank).
+    double reduce_scatter_gbytes_per_s = 0;
+    double all_gather_gbytes_per_s = 0;
 };
 
 // The fixed facts of the machine and the run that the file header records.

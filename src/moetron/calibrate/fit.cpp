@@ -209,6 +209,18 @@ CalibrationFit fit_calibration(const ComputeMeasurements& c, const CollectiveMea
     f.all_reduce_gbytes_per_s = rate(ar_b, coll.all_reduce, ar_factor) / 1e9;
     f.all_to_all_gbytes_per_s = rate(a2a_b, coll.all_to_all, a2a_factor) / 1e9;
     f.link_gbytes_per_s = std::max(f.all_reduce_gbytes_per_s, f.all_to_all_gbytes_per_s);
+    // reduce-scatter and all-gather (ring, one pass): t = (n-1) alpha + (n-1)/n S / B.
+    if (n > 1 && coll.reduce_scatter.size() >= 2 && coll.all_gather.size() >= 2) {
+        const double pass_factor = static_cast<double>(n - 1) / n;
+        f.reduce_scatter_gbytes_per_s = rate(linear_fit(coll.reduce_scatter, pass_factor).second,
+                                             coll.reduce_scatter, pass_factor) /
+                                        1e9;
+        f.all_gather_gbytes_per_s =
+            rate(linear_fit(coll.all_gather, pass_factor).second, coll.all_gather, pass_factor) /
+            1e9;
+        f.link_gbytes_per_s = std::max(
+            {f.link_gbytes_per_s, f.reduce_scatter_gbytes_per_s, f.all_gather_gbytes_per_s});
+    }
     f.latency_us = std::max(ar_a, 0.0) / (n > 1 ? 2.0 * (n - 1) : 1.0) * 1e6;
     f.all_to_all_latency_us = std::max(a2a_a, 0.0) * 1e6;
     return f;
@@ -311,16 +323,27 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
         for (const auto& p : coll.all_reduce)
             row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
         line(row);
+        line("#   reduce_scatter (input bytes: s):");
+        row = "#    ";
+        for (const auto& p : coll.reduce_scatter)
+            row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
+        line(row);
+        line("#   all_gather (output bytes: s):");
+        row = "#    ";
+        for (const auto& p : coll.all_gather)
+            row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
+        line(row);
         line("#   all_to_all_v (bytes sent per rank: s):");
         row = "#    ";
         for (const auto& p : coll.all_to_all)
             row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
         line(row);
-        line(
-            fmt::format("#   alpha-beta fits: all_reduce (ring) {:.2f} GB/s, {:.1f} us per step; "
-                        "all_to_all {:.2f} GB/s, {:.1f} us",
-                        f.all_reduce_gbytes_per_s, f.latency_us, f.all_to_all_gbytes_per_s,
-                        f.all_to_all_latency_us));
+        line(fmt::format(
+            "#   alpha-beta fits: all_reduce (ring) {:.2f} GB/s, {:.1f} us per step; "
+            "all_to_all {:.2f} GB/s, {:.1f} us; reduce_scatter {:.2f} GB/s; "
+            "all_gather {:.2f} GB/s",
+            f.all_reduce_gbytes_per_s, f.latency_us, f.all_to_all_gbytes_per_s,
+            f.all_to_all_latency_us, f.reduce_scatter_gbytes_per_s, f.all_gather_gbytes_per_s));
     } else {
         line("#   One rank: no collective was measured. The link figures below are memcpy self");
         line(fmt::format("#   copies ({:.2f} GB/s, {:.1f} us); a 1-GPU simulation never uses them.",
@@ -420,6 +443,12 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(fmt::format("scale_up_bw_efficiency = {:.4g}", ar_eff));
     line(fmt::format("scale_out_bw_efficiency = {:.4g}", ar_eff));
     line(fmt::format("all_to_all_bw_efficiency = {:.4g}", a2a_eff));
+    if (f.reduce_scatter_gbytes_per_s > 0) {
+        line(fmt::format("reduce_scatter_bw_efficiency = {:.4g}",
+                         clamp_fraction(f.reduce_scatter_gbytes_per_s / link)));
+        line(fmt::format("all_gather_bw_efficiency = {:.4g}",
+                         clamp_fraction(f.all_gather_gbytes_per_s / link)));
+    }
     line("comm_sm_fraction = 1  # the cores copy the collectives' bytes: nothing overlaps");
     if (!coll.slowest_rank.empty()) {
         line("");

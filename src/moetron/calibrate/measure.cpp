@@ -16,6 +16,7 @@
 #include "moetron/core/timer.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/parallel/communicator.h"
+#include "moetron/parallel/grad_sync.h"
 
 namespace moetron::calibrate {
 
@@ -395,6 +396,25 @@ CollectiveMeasurements measure_collectives(parallel::Communicator& world,
         const double s =
             timed([&] { world.all_reduce_sum(buf.data(), buf.size(), DType::f32, kHostStream); });
         r.all_reduce.push_back({static_cast<double>(bytes), s});
+    }
+    // The gradient sync's own collectives (ZeRO-1: reduce-scatter, then all-gather), at the
+    // sizes of its buckets, up to the engine's bucket (GradSyncOptions::bucket_bytes): bytes are
+    // the reduce-scatter's input and the all-gather's output, the whole bucket.
+    const int64_t bucket_bytes = parallel::GradSyncOptions{}.bucket_bytes;
+    const std::vector<int64_t> bucket_sizes =
+        o.quick ? std::vector<int64_t>{4096, 65536}
+                : std::vector<int64_t>{16384, 262144, bucket_bytes / 4, bucket_bytes};
+    for (int64_t bytes : bucket_sizes) {
+        const size_t shard = static_cast<size_t>(std::max<int64_t>(1, bytes / 4 / n));
+        std::vector<float> whole(shard * static_cast<size_t>(n), 1.0f), part(shard, 1.0f);
+        r.reduce_scatter.push_back({static_cast<double>(whole.size() * 4), timed([&] {
+                                        world.reduce_scatter_sum(part.data(), whole.data(), shard,
+                                                                 DType::f32, kHostStream);
+                                    })});
+        r.all_gather.push_back({static_cast<double>(whole.size() * 4), timed([&] {
+                                    world.all_gather(whole.data(), part.data(), shard, DType::f32,
+                                                     kHostStream);
+                                })});
     }
     for (int64_t bytes : sizes) {
         const int per_peer = static_cast<int>(std::max<int64_t>(1, bytes / 4 / n));

@@ -17,13 +17,35 @@ double n_of(const GroupPlacement& g) {
 // (channels), each leaving a domain through a different NIC, so a group with r members in a
 // domain can use r NICs at once: nccl-tests reach ~370 GB/s all-reduce bus bandwidth across
 // DGX H100 nodes (8 x 50 GB/s NICs), not one NIC's 50 GB/s. NVLink bounds it from above.
-double ring_bandwidth(const ClusterSpec& c, const GroupPlacement& g) {
-    if (g.domains <= 1) return scale_up_bandwidth(c);
+// kind_efficiency, when above 0, replaces both tiers' efficiency (a collective measured on its
+// own: EfficiencyParams::reduce_scatter_bw, all_gather_bw).
+double ring_bandwidth(const ClusterSpec& c, const GroupPlacement& g, double kind_efficiency = 0) {
+    const double up =
+        kind_efficiency > 0 ? c.scale_up.bytes_per_s * kind_efficiency : scale_up_bandwidth(c);
+    if (g.domains <= 1) return up;
     const double nics = static_cast<double>(g.ranks_per_domain);
-    return std::min(scale_up_bandwidth(c), nics * scale_out_bandwidth(c, g));
+    const double out = kind_efficiency > 0
+                           ? c.scale_out.bytes_per_s * kind_efficiency * spine_congestion(c, g)
+                           : scale_out_bandwidth(c, g);
+    return std::min(up, nics * out);
 }
+
 double ring_alpha(const ClusterSpec& c, const GroupPlacement& g) {
     return g.domains > 1 ? c.scale_out.latency_s : c.scale_up.latency_s;
+}
+
+// One pass around the ring (reduce-scatter, all-gather): n - 1 steps, each rank moving
+// (n - 1) / n of the buffer.
+CommCost ring_pass(const ClusterSpec& c, const GroupPlacement& g, double bytes,
+                   double kind_efficiency) {
+    CommCost r;
+    r.algorithm = "ring";
+    if (g.size <= 1) return r;
+    const double n = n_of(g);
+    const double moved = (n - 1) / n * bytes;
+    r.time_s = (n - 1) * ring_alpha(c, g) + moved / ring_bandwidth(c, g, kind_efficiency);
+    (g.domains > 1 ? r.scale_out_bytes : r.scale_up_bytes) = moved;
+    return r;
 }
 
 }  // namespace
@@ -99,18 +121,12 @@ CommCost all_reduce_cost(const ClusterSpec& c, const GroupPlacement& g, double b
 }
 
 CommCost reduce_scatter_cost(const ClusterSpec& c, const GroupPlacement& g, double bytes) {
-    CommCost r;
-    r.algorithm = "ring";
-    if (g.size <= 1) return r;
-    const double n = n_of(g);
-    const double moved = (n - 1) / n * bytes;
-    r.time_s = (n - 1) * ring_alpha(c, g) + moved / ring_bandwidth(c, g);
-    (g.domains > 1 ? r.scale_out_bytes : r.scale_up_bytes) = moved;
-    return r;
+    return ring_pass(c, g, bytes, c.efficiency.reduce_scatter_bw);
 }
 
 CommCost all_gather_cost(const ClusterSpec& c, const GroupPlacement& g, double bytes) {
-    return reduce_scatter_cost(c, g, bytes);  // the same ring, data flowing the other way
+    // The same ring, data flowing the other way.
+    return ring_pass(c, g, bytes, c.efficiency.all_gather_bw);
 }
 
 CommCost all_to_all_flat(const ClusterSpec& c, const GroupPlacement& g, double bytes) {

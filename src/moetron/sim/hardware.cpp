@@ -291,10 +291,14 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
     const auto& coll = need_table(t, "collectives", where);
     check_keys(coll, fmt::format("{} [collectives]", where),
                {"scale_up_bw_efficiency", "scale_out_bw_efficiency", "all_to_all_bw_efficiency",
-                "comm_sm_fraction"});
+                "reduce_scatter_bw_efficiency", "all_gather_bw_efficiency", "comm_sm_fraction"});
     e.scale_up_bw = need_fraction(coll, "scale_up_bw_efficiency", where);
     e.scale_out_bw = need_fraction(coll, "scale_out_bw_efficiency", where);
     e.all_to_all_bw = need_fraction(coll, "all_to_all_bw_efficiency", where);
+    if (coll.contains("reduce_scatter_bw_efficiency"))
+        e.reduce_scatter_bw = need_fraction(coll, "reduce_scatter_bw_efficiency", where);
+    if (coll.contains("all_gather_bw_efficiency"))
+        e.all_gather_bw = need_fraction(coll, "all_gather_bw_efficiency", where);
     e.comm_sm_fraction = need_number(coll, "comm_sm_fraction", where);
     MT_CHECK(e.comm_sm_fraction <= 1, "[sim] {}: comm_sm_fraction must be at most 1", where);
     if (const toml::table* var = t["variability"].as_table()) {

@@ -142,6 +142,13 @@ struct EfficiencyParams {
     double scale_up_bw = 0.8;
     double scale_out_bw = 0.85;
     double all_to_all_bw = 0.75;
+    // The gradient sync's reduce-scatter and all-gather, each on both tiers in place of the
+    // tier's figure; 0: the tier's. NCCL's rings reach about the all-reduce's bus bandwidth for
+    // all three, so the GPU sets leave them out; a calibrated CPU measures them, since its MPI
+    // runs them by other algorithms (the 2-core machine: a 2 MB all-gather 3-8x faster than an
+    // all-reduce, a reduce-scatter 1.5-3x).
+    double reduce_scatter_bw = 0;
+    double all_gather_bw = 0;
     // Fraction of SMs a communication kernel occupies while it overlaps compute; 1 on a
     // calibrated CPU, whose cores move a collective's bytes themselves (nothing overlaps).
     double comm_sm_fraction = 0.1;
