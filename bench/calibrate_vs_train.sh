@@ -12,7 +12,8 @@
 # The machine is calibrated under the same mpirun as the runs it predicts (so the compute kernels
 # are measured with the same number of ranks competing for the cores) and each model is
 # simulated on that file with the same global batch, micro-batch (batch / N per rank), sequence
-# length, precision fp32 and the engine's AdamW state (fp32 moments). Each case trains RUNS
+# length, precision fp32, the engine's AdamW state (fp32 moments) and its parameter all-gather
+# (waited for before the next forward: --no-overlap-dp-param). Each case trains RUNS
 # times with the default distributed layout (all data parallel, dpN), interleaved (run 1 of
 # every case, then run 2, ...), so that a change of the machine's load falls on every case alike
 # rather than on one. Paired, every run is
@@ -113,9 +114,12 @@ calibrate_and_predict() {  # calibrate_and_predict n threads tag
             continue
         fi
         sim_json="$out/$model-np$n.$tag.sim.json"
+        # The engine waits for every parameter all-gather at the end of the step (its optimizer
+        # posts them bucket by bucket), where Megatron-LM, the sim's default, overlaps them with
+        # the next forward: --no-overlap-dp-param simulates the engine's order.
         "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$n" --layout tp1 \
             --gbs "$batch" --mbs $(( batch / n )) --seq-len "$seq" --precision fp32 \
-            --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --json > "$sim_json"
+            --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --no-overlap-dp-param --json > "$sim_json"
         predicted=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.3f}')" "$sim_json")
         predicted_runs[$model-np$n]+="$predicted "
         echo "   $model dp$n batch $batch seq $seq: predicted $predicted ms"
