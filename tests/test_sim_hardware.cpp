@@ -365,9 +365,10 @@ TEST(SimCollectives, AlphaBetaShapes) {
 }
 
 // A calibrated CPU's MPI runs the gradient sync's reduce-scatter and all-gather by other
-// algorithms than its all-reduce (the 2-core machine: a 2 MB all-gather 3-8x faster than an
-// all-reduce), so calibrate measures each and the file gives each its own efficiency, on both
-// tiers; without the keys (the GPU sets) both ride the tier's figure, as the test above checks.
+// algorithms than its all-reduce (the 2-core machine, 2 ranks: a 2 MB all-gather 3-5x faster
+// than a 2 MB all-reduce), so calibrate measures each and the file gives each its own
+// efficiency, on both tiers; without the keys (the GPU sets) both ride the tier's figure, as the
+// test above checks.
 TEST(SimCollectives, ReduceScatterAndAllGatherAtTheirOwnMeasuredRates) {
     const ClusterSpec plain = parse_cluster_spec(kCpuCluster, "cpu.toml", "/nonexistent");
     const ClusterSpec measured =

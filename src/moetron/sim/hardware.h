@@ -145,8 +145,8 @@ struct EfficiencyParams {
     // The gradient sync's reduce-scatter and all-gather, each on both tiers in place of the
     // tier's figure; 0: the tier's. NCCL's rings reach about the all-reduce's bus bandwidth for
     // all three, so the GPU sets leave them out; a calibrated CPU measures them, since its MPI
-    // runs them by other algorithms (the 2-core machine: a 2 MB all-gather 3-8x faster than an
-    // all-reduce, a reduce-scatter 1.5-3x).
+    // runs them by other algorithms (the 2-core machine, 2 ranks: a 2 MB all-gather 3-5x faster
+    // than a 2 MB all-reduce, a reduce-scatter 1.5-3.5x).
     double reduce_scatter_bw = 0;
     double all_gather_bw = 0;
     // Fraction of SMs a communication kernel occupies while it overlaps compute; 1 on a
