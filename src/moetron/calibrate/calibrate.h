@@ -58,8 +58,9 @@ struct MemoryKernelsPoint {
     double bytes_per_call() const { return bytes() / 4; }
 };
 
-// One collective size: bytes per rank (all_reduce: the buffer; all_to_all_v: what one rank
-// sends in all, split evenly over the ranks) and the time (the mean of the ranks' medians).
+// One collective size: bytes per rank (all_reduce: the buffer; reduce_scatter: its input;
+// all_gather: its output; all_to_all_v: what one rank sends in all, split evenly over the
+// ranks) and the time (the mean of the ranks' medians).
 struct CollectivePoint {
     double bytes = 0;
     double time_s = 0;
@@ -83,8 +84,8 @@ struct ComputeMeasurements {
 struct CollectiveMeasurements {
     int ranks = 1;
     std::vector<CollectivePoint> all_reduce;
-    std::vector<CollectivePoint> reduce_scatter;  // bytes: the input (the whole buffer)
-    std::vector<CollectivePoint> all_gather;      // bytes: the output (the whole buffer)
+    std::vector<CollectivePoint> reduce_scatter;  // the gradient sync's, at bucket sizes
+    std::vector<CollectivePoint> all_gather;
     std::vector<CollectivePoint> all_to_all;
     // The same fixed block of compute (linear layers' forward and backward), started together on
     // every rank, `repetitions` times: how far the slowest rank ran behind the ranks' mean, as a
