@@ -318,26 +318,18 @@ std::string format_cluster_toml(const std::string& name, const MachineInfo& m,
     line(fmt::format("#   stream triad {:.1f} GB/s; exp {:.3g}/s; one parallel region {:.2f} us",
                      c.stream_gbytes_per_s, c.exp_per_s, c.call_overhead_s * 1e6));
     if (f.collectives_measured) {
-        line(fmt::format("#   MPI over {} ranks, all_reduce (bytes: s):", coll.ranks));
-        row = "#    ";
-        for (const auto& p : coll.all_reduce)
-            row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
-        line(row);
-        line("#   reduce_scatter (input bytes: s):");
-        row = "#    ";
-        for (const auto& p : coll.reduce_scatter)
-            row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
-        line(row);
-        line("#   all_gather (output bytes: s):");
-        row = "#    ";
-        for (const auto& p : coll.all_gather)
-            row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
-        line(row);
-        line("#   all_to_all_v (bytes sent per rank: s):");
-        row = "#    ";
-        for (const auto& p : coll.all_to_all)
-            row += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
-        line(row);
+        // A title line, then each measured size and its time.
+        auto points = [&](const std::string& title, const std::vector<CollectivePoint>& pts) {
+            line(title);
+            std::string sizes = "#    ";
+            for (const auto& p : pts) sizes += fmt::format(" {:.0f}: {:.3g}", p.bytes, p.time_s);
+            line(sizes);
+        };
+        points(fmt::format("#   MPI over {} ranks, all_reduce (bytes: s):", coll.ranks),
+               coll.all_reduce);
+        points("#   reduce_scatter (input bytes: s):", coll.reduce_scatter);
+        points("#   all_gather (output bytes: s):", coll.all_gather);
+        points("#   all_to_all_v (bytes sent per rank: s):", coll.all_to_all);
         line(fmt::format(
             "#   alpha-beta fits: all_reduce (ring) {:.2f} GB/s, {:.1f} us per step; "
             "all_to_all {:.2f} GB/s, {:.1f} us; reduce_scatter {:.2f} GB/s; "
