@@ -1,7 +1,8 @@
 // moetron calibrate's multi-rank measurements under mpirun: the spread of the ranks (how far the
-// slowest runs behind their mean) is a finite, bounded fraction at each block length, blocks
-// longer one after the other, the same on every rank (the
-// cluster file and the model's use of it: test_calibrate.cpp, test_sim_hardware.cpp).
+// slowest runs behind their mean) is a finite, bounded fraction at each block length; blocks grow
+// longer one after the other (a block's duration is its fastest run, so 8 layers never undercut
+// 2, whatever preempts a run); every rank reports the same (the cluster file and the model's use
+// of it: test_calibrate.cpp, test_sim_hardware.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -94,7 +94,7 @@ struct CollectiveMeasurements {
     // shared machine the excess is noise that averages out over a longer interval between two
     // synchronizations, where a GPU's slower clock would not. Empty on one rank.
     struct SlowestRankPoint {
-        double block_s = 0;  // the block's mean duration
+        double block_s = 0;  // the block's duration: its fastest run on any rank
         int repetitions = 0;
         double excess = 0;
     };
