@@ -82,7 +82,11 @@ TEST(MpiStepProfile, StepRecordSaysWhereTimeAndBytesWent) {
             << "the sync's wait is part of the data-parallel time";
     }
     EXPECT_EQ(r.tp_comm_s, 0.0);  // no tensor parallelism in this layout
-    EXPECT_GT(r.compute_only_s, 0.0);
+    // Every wait lies inside the timed step, the expert rebalance's gathers of the loads too
+    // (untimed, they made this negative on 4 ranks: 15.1 ms of waits in a 14.3 ms step).
+    EXPECT_GT(r.compute_only_s, 0.0)
+        << "step " << r.step_s << " s, blocked: expert " << r.expert_comm_s << " dp " << r.dp_comm_s
+        << " tp " << r.tp_comm_s;
     EXPECT_NEAR(r.compute_only_s + r.expert_comm_s + r.tp_comm_s + r.dp_comm_s, r.step_s,
                 1e-9 + 1e-6 * r.step_s);
 }

@@ -316,9 +316,10 @@ StepRecord Trainer::step() {
         const TraceScope scope(&trace_, "parameter all-gather wait");
         optimizer_->finish_param_gathers();
     }
-    compute_s += timer.elapsed_s();
     if (balancer_) {
-        // After the gathers: a rebalance rewrites expert slots' weights and moments.
+        // After the gathers: a rebalance rewrites expert slots' weights and moments. Timed with
+        // the step: its gathers of the loads are blocked time of the step (comm_wait_), and a
+        // step record whose waits outran its time read negative compute (CI, 4 ranks).
         const TraceScope scope(&trace_, "expert rebalance");
         BalanceRecord b = balancer_->after_step(steps_done_, load, expert_compute_s);
         r.rank_load_max_over_mean = b.rank_load_max_over_mean;
@@ -331,6 +332,7 @@ StepRecord Trainer::step() {
         r.rebalance_after = b.average_max_over_mean_after;
         r.average_expert_load = std::move(b.average_expert_load);
     }
+    compute_s += timer.elapsed_s();
 
     // Where the step's time went on this rank (blocked time from the traced groups).
     using parallel::TrafficClass;
