@@ -118,6 +118,33 @@ void expect_identical_replicas(const Model& model, const std::string& what) {
     }
 }
 
+// The balancer's per-step figures, gathered over the EP group in one collective (the rows of
+// each MoE layer, then the expert compute time's bits): a rank's rows are at most all of them and
+// at least none, so max / mean lies in [1, ep]; the experts' compute time is a real duration (their
+// GEMMs over a step's rows take more than 100 ns, where a row count's bits read as a double are a
+// denormal) and the slowest rank's is at least the mean; and every rank of an EP group (consecutive
+// ranks) computed the same figures from the same gathered record.
+void expect_gathered_step_figures(const StepRecord& r, int ep, const std::string& what) {
+    const int world = mpi_world().size();
+    EXPECT_GE(r.rank_load_max_over_mean, 1.0) << what << " step " << r.step;
+    EXPECT_LE(r.rank_load_max_over_mean, static_cast<double>(ep)) << what << " step " << r.step;
+    EXPECT_GT(r.expert_compute_mean_s, 1e-7) << what << " step " << r.step;
+    EXPECT_GE(r.expert_compute_max_s, r.expert_compute_mean_s) << what << " step " << r.step;
+    EXPECT_LT(r.expert_compute_max_s, 60.0) << what << " step " << r.step;
+    const std::vector<double> mine = {r.rank_load_max_over_mean, r.expert_compute_max_s,
+                                      r.expert_compute_mean_s};
+    std::vector<double> all(mine.size() * static_cast<size_t>(world));
+    mpi_world().all_gather(all.data(), mine.data(), mine.size(), DType::f64, kHostStream);
+    for (int rank = 0; rank < world; ++rank) {
+        const int first = rank / ep * ep;
+        for (size_t i = 0; i < mine.size(); ++i)
+            EXPECT_EQ(all[static_cast<size_t>(rank) * mine.size() + i],
+                      all[static_cast<size_t>(first) * mine.size() + i])
+                << what << " step " << r.step << ": figure " << i << " of rank " << rank
+                << " differs from rank " << first << "'s, the first of its EP group";
+    }
+}
+
 std::vector<RunSetup> setups(int world) {
     const std::string ep = fmt::format("ep{}", world);
     std::vector<RunSetup> out = {{ep, 0, parallel::DispatchKind::flat, world, 2}};
@@ -154,6 +181,8 @@ TEST(MpiRedundantExperts, TrainLikeTheRunWithoutThemWithIdenticalReplicas) {
             expect_identical_replicas(eplb->model(),
                                       fmt::format("{} after step {}", with.str(), s + 1));
             EXPECT_EQ(got.rebalanced, with.rebalance_every > 0 && (s + 1) % 2 == 0) << with.str();
+            expect_gathered_step_figures(got, static_cast<int>(placement->shape.ep_size),
+                                         with.str());
             migrated_slots += got.rebalance_migrated_slots;
         }
         // The rebalances moved slots (so the equality above covers a migration).

@@ -1,6 +1,8 @@
 #include "moetron/train/expert_balance.h"
 
 #include <algorithm>
+#include <bit>
+#include <span>
 
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
@@ -51,9 +53,8 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
       rebalance_every_(rebalance_every),
       moments_sharded_(optimizer.grad_sync().options().zero1 && edp.size() > 1) {
     const int64_t E = model.config().n_routed_experts;
-    compute_of_rank_.resize(static_cast<size_t>(ep.size()));
-    rows_.resize(static_cast<size_t>(model.num_moe_layers()));
-    rows_of_rank_.resize(rows_.size() * static_cast<size_t>(ep.size()));
+    step_record_.resize(static_cast<size_t>(model.num_moe_layers()) + 1);
+    record_of_rank_.resize(step_record_.size() * static_cast<size_t>(ep.size()));
     const parallel::ExpertPlacement* placement = model.expert_placement(0);
     MT_USER_CHECK(rebalance_every == 0 || placement != nullptr,
                   "--rebalance-every {} moves redundant expert slots: give --redundant-experts R "
@@ -112,25 +113,31 @@ ExpertBalancer::ExpertBalancer(Model& model, AdamW& optimizer, parallel::Communi
 BalanceRecord ExpertBalancer::after_step(int64_t step, const ExpertLoadStats& load,
                                          double expert_compute_s) {
     BalanceRecord r;
-    ep_.all_gather(compute_of_rank_.data(), &expert_compute_s, 1, DType::f64, kHostStream);
-    for (double s : compute_of_rank_) {
+    // One gather per step, not one per figure: the rows of every MoE layer, then the expert
+    // compute time's bits (a host collective's latency is the whole cost of so few bytes).
+    const size_t layers = step_record_.size() - 1;
+    model_.take_expert_rows(std::span(step_record_).first(layers));
+    step_record_[layers] = std::bit_cast<int64_t>(expert_compute_s);
+    ep_.all_gather(record_of_rank_.data(), step_record_.data(), step_record_.size(), DType::i64,
+                   kHostStream);
+    const size_t ranks = static_cast<size_t>(ep_.size());
+    for (size_t rank = 0; rank < ranks; ++rank) {
+        const double s =
+            std::bit_cast<double>(record_of_rank_[rank * step_record_.size() + layers]);
         r.expert_compute_max_s = std::max(r.expert_compute_max_s, s);
-        r.expert_compute_mean_s += s / static_cast<double>(compute_of_rank_.size());
+        r.expert_compute_mean_s += s / static_cast<double>(ranks);
     }
-    model_.take_expert_rows(rows_);
-    ep_.all_gather(rows_of_rank_.data(), rows_.data(), rows_.size(), DType::i64, kHostStream);
-    for (size_t l = 0; l < rows_.size(); ++l) {
+    for (size_t l = 0; l < layers; ++l) {
         int64_t max_rows = 0, total_rows = 0;
-        for (size_t rank = 0; rank < compute_of_rank_.size(); ++rank) {
-            const int64_t rows = rows_of_rank_[rank * rows_.size() + l];
+        for (size_t rank = 0; rank < ranks; ++rank) {
+            const int64_t rows = record_of_rank_[rank * step_record_.size() + l];
             max_rows = std::max(max_rows, rows);
             total_rows += rows;
         }
         if (total_rows == 0) continue;  // a layer of another pipeline stage
-        r.rank_load_max_over_mean =
-            std::max(r.rank_load_max_over_mean, static_cast<double>(max_rows) *
-                                                    static_cast<double>(compute_of_rank_.size()) /
-                                                    static_cast<double>(total_rows));
+        r.rank_load_max_over_mean = std::max(
+            r.rank_load_max_over_mean, static_cast<double>(max_rows) * static_cast<double>(ranks) /
+                                           static_cast<double>(total_rows));
     }
     for (size_t l = 0; l < load.tokens_per_expert.size(); ++l) {
         if (l >= average_.size()) continue;  // no rebalancing

@@ -53,8 +53,8 @@ class ExpertBalancer {
 
     // After step `step` (1-based) with its loads summed over the ranks (Model::expert_load after
     // sum_expert_load_over_ranks): updates the average, and on every rebalance_every-th step
-    // installs the placement for it and migrates. A collective over the EP group (it gathers
-    // the step's expert rows and time, Model::take_expert_rows).
+    // installs the placement for it and migrates. A collective over the EP group (one all-gather
+    // of the step's expert rows and time, Model::take_expert_rows).
     // expert_compute_s: this rank's (Model::take_expert_compute_s); gathered over the EP group.
     BalanceRecord after_step(int64_t step, const ExpertLoadStats& load, double expert_compute_s);
 
@@ -113,10 +113,11 @@ class ExpertBalancer {
     // (slots per rank * slot_floats_): the rank's slots, what it receives; send_ (ep - 1) times
     std::vector<float> staging_, send_, recv_;
     std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
-    std::vector<int64_t> next_from_;       // (ep) slots unpacked so far from each source rank
-    std::vector<double> compute_of_rank_;  // (ep) the step's expert compute time of each rank
-    std::vector<int64_t> rows_;            // (MoE layers) this rank's expert rows in the step
-    std::vector<int64_t> rows_of_rank_;    // (ep, MoE layers) every EP rank's
+    std::vector<int64_t> next_from_;  // (ep) slots unpacked so far from each source rank
+    // (MoE layers + 1) this rank's expert rows in the step per MoE layer, then the bits of its
+    // expert compute time (a double): gathered over the EP group in one collective per step.
+    std::vector<int64_t> step_record_;
+    std::vector<int64_t> record_of_rank_;  // (ep, MoE layers + 1) every EP rank's step_record_
 };
 
 }  // namespace moetron
