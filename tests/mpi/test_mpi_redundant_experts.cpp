@@ -129,7 +129,9 @@ void expect_gathered_step_figures(const StepRecord& r, int ep, const std::string
     EXPECT_GE(r.rank_load_max_over_mean, 1.0) << what << " step " << r.step;
     EXPECT_LE(r.rank_load_max_over_mean, static_cast<double>(ep)) << what << " step " << r.step;
     EXPECT_GT(r.expert_compute_mean_s, 1e-7) << what << " step " << r.step;
-    EXPECT_GE(r.expert_compute_max_s, r.expert_compute_mean_s) << what << " step " << r.step;
+    // (the mean's divisions and sum may round it an ulp above an equal maximum)
+    EXPECT_GE(r.expert_compute_max_s, r.expert_compute_mean_s * (1 - 1e-12))
+        << what << " step " << r.step;
     EXPECT_LT(r.expert_compute_max_s, 60.0) << what << " step " << r.step;
     const std::vector<double> mine = {r.rank_load_max_over_mean, r.expert_compute_max_s,
                                       r.expert_compute_mean_s};
