@@ -1,4 +1,5 @@
-// core/: dtype conversion, tensor views, arenas, the counter-based RNG, errors.
+// core/: dtype conversion, tensor views, arenas, the counter-based RNG, errors, the least-squares
+// line.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "moetron/core/arena.h"
 #include "moetron/core/dtype.h"
 #include "moetron/core/error.h"
+#include "moetron/core/least_squares.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/tensor.h"
 #include "moetron/core/timer.h"
@@ -166,6 +168,46 @@ TEST(Timer, IsMonotonic) {
     const double b = t.elapsed_us();
     EXPECT_GE(b, a);
     EXPECT_GE(a, 0.0);
+}
+
+TEST(FitLine, RecoversAnExactLineWhateverTheWeights) {
+    // y = 3 - 2 x, with x far from 0 as collective sizes in bytes are: the centered sums stay
+    // exact.
+    const std::vector<double> x = {1e6, 2e6, 4e6, 8e6};
+    std::vector<double> y;
+    for (double v : x) y.push_back(3 - 2 * v);
+    for (const std::vector<double>& w :
+         {std::vector<double>{}, std::vector<double>{1, 5, 0.1, 2}}) {
+        const LineFit f = fit_line(x, y, w);
+        EXPECT_NEAR(f.slope, -2.0, 1e-12);
+        EXPECT_NEAR(f.intercept, 3.0, 1e-3);  // 3 against y of -2e7: ulps of the means
+        EXPECT_NEAR(f.intercept + f.slope * f.mean_x, f.mean_y, 1e-6);
+    }
+}
+
+TEST(FitLine, AWeightCountsAsThatManyCopiesOfItsPoint) {
+    // Weights {1, 2, 1} fit as the points with the middle one twice; the unweighted fit differs.
+    const std::vector<double> x = {0, 1, 3}, y = {0, 2, 1};
+    const LineFit weighted = fit_line(x, y, std::vector<double>{1, 2, 1});
+    const LineFit copies =
+        fit_line(std::vector<double>{0, 1, 1, 3}, std::vector<double>{0, 2, 2, 1});
+    EXPECT_NEAR(weighted.slope, copies.slope, 1e-12);
+    EXPECT_NEAR(weighted.intercept, copies.intercept, 1e-12);
+    EXPECT_NEAR(weighted.mean_x, 1.25, 1e-12);
+    EXPECT_NEAR(weighted.mean_y, 1.25, 1e-12);
+    // By hand: sxx = 1.5625 + 2 (0.0625) + 3.0625 = 4.75, sxy = 1.5625 - 2 (0.1875) - 0.4375 =
+    // 0.75.
+    EXPECT_NEAR(weighted.slope, 0.75 / 4.75, 1e-12);
+    EXPECT_GT(std::abs(fit_line(x, y).slope - weighted.slope), 0.01);
+}
+
+TEST(FitLine, RefusesWhatHasNoSlope) {
+    const std::vector<double> two = {1, 2};
+    EXPECT_THROW(fit_line(two, std::vector<double>{1, 2, 3}), Error);             // sizes differ
+    EXPECT_THROW(fit_line(two, two, std::vector<double>{1}), Error);              // one weight
+    EXPECT_THROW(fit_line(two, two, std::vector<double>{1, 0}), Error);           // a zero weight
+    EXPECT_THROW(fit_line(std::vector<double>{5, 5}, two), Error);                // one distinct x
+    EXPECT_THROW(fit_line(std::vector<double>{}, std::vector<double>{}), Error);  // no point
 }
 
 }  // namespace

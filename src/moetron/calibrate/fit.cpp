@@ -10,6 +10,7 @@
 
 #include "moetron/calibrate/calibrate.h"
 #include "moetron/core/error.h"
+#include "moetron/core/least_squares.h"
 
 namespace moetron::calibrate {
 
@@ -29,22 +30,16 @@ std::vector<double> half_candidates() {
 // Least squares of t = a + b x in relative error (weights 1 / t^2), so that the small sizes
 // (latency) count as much as the large ones (bandwidth). Returns {a, b}.
 std::pair<double, double> linear_fit(const std::vector<CollectivePoint>& pts, double bytes_factor) {
-    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    MT_CHECK(pts.size() >= 2, "[calibrate] collective fit needs two distinct sizes");
+    std::vector<double> x, time_s, weight;
     for (const auto& p : pts) {
         MT_CHECK(p.time_s > 0, "[calibrate] a collective took no time ({} bytes)", p.bytes);
-        const double w = 1.0 / (p.time_s * p.time_s);
-        const double x = p.bytes * bytes_factor;
-        sw += w;
-        sx += w * x;
-        sy += w * p.time_s;
-        sxx += w * x * x;
-        sxy += w * x * p.time_s;
+        x.push_back(p.bytes * bytes_factor);
+        time_s.push_back(p.time_s);
+        weight.push_back(1.0 / (p.time_s * p.time_s));
     }
-    const double den = sw * sxx - sx * sx;
-    MT_CHECK(pts.size() >= 2 && den > 0, "[calibrate] collective fit needs two distinct sizes");
-    const double b = (sw * sxy - sx * sy) / den;
-    const double a = (sy - b * sx) / sw;
-    return {a, b};
+    const LineFit line = fit_line(x, time_s, weight);
+    return {line.intercept, line.slope};
 }
 
 double clamp_fraction(double f) {

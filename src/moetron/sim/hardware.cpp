@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/core/least_squares.h"
 #include "moetron/core/user_error.h"
 
 namespace moetron::sim {
@@ -195,24 +196,17 @@ void read_slowest_rank_excess(const toml::table& t, const std::string& where, Va
         return;
     }
     // A block with no measured excess counts as a tenth of a percent (the log needs a number).
-    auto log_excess = [&](size_t i) { return std::log(std::max(excess[i], 1e-3)); };
-    const double n = static_cast<double>(excess.size());
-    double mean_x = 0, mean_y = 0;
+    std::vector<double> log_block_s, log_excess;
     for (size_t i = 0; i < excess.size(); ++i) {
-        mean_x += std::log(block_s[i]) / n;
-        mean_y += log_excess(i) / n;
+        log_block_s.push_back(std::log(block_s[i]));
+        log_excess.push_back(std::log(std::max(excess[i], 1e-3)));
     }
-    double sxy = 0, sxx = 0;
-    for (size_t i = 0; i < excess.size(); ++i) {
-        const double dx = std::log(block_s[i]) - mean_x;
-        sxy += dx * (log_excess(i) - mean_y);
-        sxx += dx * dx;
-    }
-    v.sigma_exponent = std::clamp(-sxy / sxx, 0.0, 0.5);
+    const LineFit line = fit_line(log_block_s, log_excess);
+    v.sigma_exponent = std::clamp(-line.slope, 0.0, 0.5);
     v.sigma_interval_s = block_s.front();
     // The line with the clamped slope through the points' mean.
     const double at_shortest =
-        std::exp(mean_y - v.sigma_exponent * (std::log(block_s.front()) - mean_x));
+        std::exp(line.mean_y - v.sigma_exponent * (log_block_s.front() - line.mean_x));
     v.gpu_speed_sigma = std::min(at_shortest, 0.99) / slowest_of_n_sigmas(ranks);
 }
 
