@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -33,9 +34,9 @@
 #include "moetron/kernels/cpu/attention.h"
 #include "moetron/kernels/cpu/bf16_gemm.h"
 #include "moetron/kernels/cpu/blas_info.h"
+#include "moetron/kernels/cpu/cpu_backend.h"
 #include "moetron/kernels/cpu/matmul.h"
 #include "moetron/kernels/cpu/norm_kernels_isa.h"
-#include "moetron/kernels/low_precision_backend.h"
 #include "ratio_spread.h"
 
 namespace moetron {
@@ -431,32 +432,34 @@ void BM_Bf16Gemm(benchmark::State& state) {
         dinp(static_cast<size_t>(total_rows * in_dim)), dweight(weight.size(), 0.0f);
     std::vector<int64_t> offsets(static_cast<size_t>(experts + 1));
     for (int64_t e = 0; e <= experts; ++e) offsets[e] = e * rows;
-    LowPrecisionBackend native(cpu_backend(), Precision::bf16, Bf16Gemm::native);
-    LowPrecisionBackend emulated(cpu_backend(), Precision::bf16, Bf16Gemm::emulated);
-    auto forward_backward = [&](Backend& ops) {
+    const std::unique_ptr<Backend> native = make_cpu_backend({cpu::Bf16Gemm::native});
+    const std::unique_ptr<Backend> emulated = make_cpu_backend({cpu::Bf16Gemm::emulated});
+    auto forward_backward = [&](Backend& ops, Precision format) {
+        const GemmPrecision gemm{format};
         if (experts > 0) {
             ops.grouped_linear_forward(out.data(), inp.data(), weight.data(), offsets.data(),
-                                       experts, in_dim, out_dim);
+                                       experts, in_dim, out_dim, gemm);
             ops.grouped_linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(),
-                                        weight.data(), offsets.data(), experts, in_dim, out_dim);
+                                        weight.data(), offsets.data(), experts, in_dim, out_dim,
+                                        gemm);
         } else {
-            ops.linear_forward(out.data(), inp.data(), weight.data(), rows, in_dim, out_dim);
+            ops.linear_forward(out.data(), inp.data(), weight.data(), rows, in_dim, out_dim, gemm);
             ops.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(),
-                                rows, in_dim, out_dim);
+                                rows, in_dim, out_dim, gemm);
         }
         benchmark::DoNotOptimize(dweight.data());
     };
     std::vector<double> vs_emulated, vs_fp32;
     for (auto _ : state) {
         Timer timer;
-        forward_backward(native);
+        forward_backward(*native, Precision::bf16);
         const double native_s = timer.elapsed_s();
         state.PauseTiming();
         timer.reset();
-        forward_backward(emulated);
+        forward_backward(*emulated, Precision::bf16);
         const double emulated_s = timer.elapsed_s();
         timer.reset();
-        forward_backward(cpu_backend());
+        forward_backward(cpu_backend(), Precision::fp32);
         const double fp32_s = timer.elapsed_s();
         vs_emulated.push_back(emulated_s / native_s);
         vs_fp32.push_back(fp32_s / native_s);

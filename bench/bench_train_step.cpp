@@ -12,8 +12,8 @@
 // prints, after them, where a step's time goes: per category and per op, ms per step, % of the
 // step and calls per step.
 // --precision runs the linear layers' and experts' GEMMs (and under bf16 the output head's) in
-// that format, as `moetron train --precision` does (kernels/low_precision_backend.h; bf16 is
-// native on CPUs with AVX512_BF16). MFU counts a bf16 GEMM's FLOPs as model FLOPs against the
+// that format, as `moetron train --precision` does (model/compute.h; bf16 is native on CPUs with
+// AVX512_BF16). MFU counts a bf16 GEMM's FLOPs as model FLOPs against the
 // float32 sgemm peak, so it can pass 1.
 // --no-mtp drops the MTP module and --no-balance the balance loss and the router bias update, to
 // match Hugging Face's DeepseekV3ForCausalLM, which has neither.
@@ -33,7 +33,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
-#include "moetron/kernels/low_precision_backend.h"
+#include "moetron/kernels/cpu/cpu_backend.h"
 #include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/train/data_loader.h"
@@ -122,16 +122,15 @@ int run(int argc, char** argv) {
     RngStream rng(c.seed, /*stream_id=*/0xBE7C);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_below(model.vocab_size));
     DataLoader loader(std::move(tokens), "random", model.vocab_size, c.seq_len, 0.1, c.seed);
-    // The same recipe as `moetron train`, under the profiler (outermost here, so that
-    // --profile-ops times the native bf16 GEMMs, which call no inner op); the GEMMs the recipe
-    // keeps in float32 (high_precision: the router's, the head's under FP8) then run beside it.
-    const Precision precision = parse_precision(o.precision);
-    std::optional<LowPrecisionBackend> low_precision;
-    if (precision != Precision::fp32) low_precision.emplace(cpu_backend(), precision);
-    Backend& compute = low_precision ? static_cast<Backend&>(*low_precision) : cpu_backend();
-    ProfilingBackend profiling(compute);
-    Trainer trainer(model, c, std::move(loader), TrainParallel{},
-                    o.profile_ops ? static_cast<Backend&>(profiling) : compute);
+    // The same compute stack as `moetron train`: the profiler over a CPU backend of the run's own,
+    // the recipe on each GEMM call.
+    TrainParallel parallel;
+    parallel.precision = parse_precision(o.precision);
+    parallel.moe.token_format = parallel.precision;
+    const std::unique_ptr<Backend> cpu = make_cpu_backend();
+    ProfilingBackend profiling(*cpu);
+    Trainer trainer(model, c, std::move(loader), parallel,
+                    o.profile_ops ? static_cast<Backend&>(profiling) : *cpu);
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
     const int threads = omp_get_max_threads();

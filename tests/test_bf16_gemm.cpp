@@ -1,5 +1,5 @@
-// The native bf16 GEMM (kernels/cpu/bf16_gemm.h) and its use by the bf16 recipe
-// (kernels/low_precision_backend.h).
+// The native bf16 GEMM (kernels/cpu/bf16_gemm.h) and its use by the bf16 recipe's GEMMs
+// (kernels/cpu/recipe_gemms.h).
 //
 // The kernel rounds both inputs to bfloat16 and sums their exact products in float32, so against
 // the float64 sum of the rounded inputs' products each element is within float32 summation's
@@ -22,11 +22,14 @@
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/kernels/cpu/bf16_gemm.h"
+#include "moetron/kernels/cpu/cpu_backend.h"
 #include "moetron/kernels/cpu/number_formats.h"
-#include "moetron/kernels/low_precision_backend.h"
+#include "moetron/kernels/cpu/recipe_gemms.h"
 
 namespace moetron {
 namespace {
+
+constexpr GemmPrecision kBf16{Precision::bf16};
 
 std::vector<float> random_matrix(int64_t count, uint64_t seed, float scale) {
     ParamRng rng(seed, "bf16_gemm");
@@ -171,8 +174,8 @@ std::vector<double> magnitudes(int64_t m, int64_t n, int64_t k, GetA a, GetB b) 
 
 TEST(Bf16Recipe, NativeEqualsEmulationUpToSummationOrder) {
     SKIP_WITHOUT_AVX512_BF16();
-    LowPrecisionBackend native(cpu_backend(), Precision::bf16, Bf16Gemm::native);
-    LowPrecisionBackend emulated(cpu_backend(), Precision::bf16, Bf16Gemm::emulated);
+    cpu::RecipeGemms native(cpu::Bf16Gemm::native);
+    cpu::RecipeGemms emulated(cpu::Bf16Gemm::emulated);
     ASSERT_TRUE(native.native_bf16());
     ASSERT_FALSE(emulated.native_bf16());
     const int64_t rows = 45, in = 70, out = 36;
@@ -184,13 +187,13 @@ TEST(Bf16Recipe, NativeEqualsEmulationUpToSummationOrder) {
 
     std::vector<float> y[2], dx[2], dw[2];
     for (int which = 0; which < 2; ++which) {
-        LowPrecisionBackend& ops = which == 0 ? native : emulated;
+        cpu::RecipeGemms& ops = which == 0 ? native : emulated;
         y[which].resize(rows * out);
         dx[which].resize(rows * in);
         dw[which] = dw0;
-        ops.linear_forward(y[which].data(), x.data(), w.data(), rows, in, out);
+        ops.linear_forward(y[which].data(), x.data(), w.data(), rows, in, out, kBf16);
         ops.linear_backward(dx[which].data(), dw[which].data(), dout.data(), x.data(), w.data(),
-                            rows, in, out);
+                            rows, in, out, kBf16);
     }
     expect_same_up_to_summation(
         y[0], y[1],
@@ -210,8 +213,8 @@ TEST(Bf16Recipe, NativeEqualsEmulationUpToSummationOrder) {
 
 TEST(Bf16Recipe, GroupedNativeEqualsEmulationUpToSummationOrder) {
     SKIP_WITHOUT_AVX512_BF16();
-    LowPrecisionBackend native(cpu_backend(), Precision::bf16, Bf16Gemm::native);
-    LowPrecisionBackend emulated(cpu_backend(), Precision::bf16, Bf16Gemm::emulated);
+    cpu::RecipeGemms native(cpu::Bf16Gemm::native);
+    cpu::RecipeGemms emulated(cpu::Bf16Gemm::emulated);
     const int64_t experts = 3, in = 50, out = 24;
     const std::vector<int64_t> offsets = {0, 13, 13, 40};  // one expert without tokens
     const int64_t rows = offsets.back();
@@ -220,14 +223,14 @@ TEST(Bf16Recipe, GroupedNativeEqualsEmulationUpToSummationOrder) {
     const auto dout = random_matrix(rows * out, 12, 1e-2f);
     std::vector<float> y[2], dx[2], dw[2];
     for (int which = 0; which < 2; ++which) {
-        LowPrecisionBackend& ops = which == 0 ? native : emulated;
+        cpu::RecipeGemms& ops = which == 0 ? native : emulated;
         y[which].resize(rows * out);
         dx[which].resize(rows * in);
         dw[which].assign(experts * out * in, 0.0f);
         ops.grouped_linear_forward(y[which].data(), x.data(), w.data(), offsets.data(), experts, in,
-                                   out);
+                                   out, kBf16);
         ops.grouped_linear_backward(dx[which].data(), dw[which].data(), dout.data(), x.data(),
-                                    w.data(), offsets.data(), experts, in, out);
+                                    w.data(), offsets.data(), experts, in, out, kBf16);
     }
     std::vector<double> y_magnitude(rows * out), dx_magnitude(rows * in),
         dw_magnitude(experts * out * in);
@@ -281,27 +284,28 @@ TEST(Bf16Recipe, ReportsHowItRuns) {
     const bool cpu_native = cpu::cpu_has_avx512_bf16();
     {
         ScopedEnvironment unset("MOETRON_BF16_GEMM", "");
-        LowPrecisionBackend automatic(cpu_backend(), Precision::bf16);
+        const cpu::RecipeGemms automatic;
         EXPECT_EQ(automatic.native_bf16(), cpu_native);
         const std::string expected =
             cpu_native ? "bf16: native AVX512_BF16" : "bf16: emulated (no AVX512_BF16)";
-        EXPECT_NE(automatic.describe().find(expected), std::string::npos) << automatic.describe();
+        const std::string line = make_cpu_backend()->describe_gemms(Precision::bf16);
+        EXPECT_NE(line.find(expected), std::string::npos) << line;
     }
     {
         ScopedEnvironment forced("MOETRON_BF16_GEMM", "emulated");
-        LowPrecisionBackend automatic(cpu_backend(), Precision::bf16);
+        const cpu::RecipeGemms automatic;
         EXPECT_FALSE(automatic.native_bf16());
-        EXPECT_NE(automatic.describe().find("bf16: emulated (MOETRON_BF16_GEMM=emulated)"),
-                  std::string::npos)
-            << automatic.describe();
+        const std::string line = automatic.describe(Precision::bf16);
+        EXPECT_NE(line.find("bf16: emulated (MOETRON_BF16_GEMM=emulated)"), std::string::npos)
+            << line;
     }
     {
         ScopedEnvironment wrong("MOETRON_BF16_GEMM", "fast");
-        EXPECT_THROW(LowPrecisionBackend(cpu_backend(), Precision::bf16), UserError);
+        EXPECT_THROW(cpu::RecipeGemms{}, UserError);
+        EXPECT_THROW(make_cpu_backend(), UserError);
     }
     if (!cpu_native) {
-        EXPECT_THROW(LowPrecisionBackend(cpu_backend(), Precision::bf16, Bf16Gemm::native),
-                     UserError);
+        EXPECT_THROW(cpu::RecipeGemms{cpu::Bf16Gemm::native}, UserError);
     }
 }
 

@@ -94,13 +94,14 @@ TEST_F(CudaBackendOnDevice, GroupedLinearTakesOffsetsInDeviceOrHostMemory) {
                             offsets.size() * sizeof(int64_t));
 
     std::vector<float> from_device(rows * out), from_host(rows * out);
-    backend->grouped_linear_forward(arena.view("out").f32(), arena.view("inp").f32(),
-                                    arena.view("weight").f32(),
-                                    arena.view("offsets").ptr<int64_t>(), experts, in, out);
+    backend->grouped_linear_forward(
+        arena.view("out").f32(), arena.view("inp").f32(), arena.view("weight").f32(),
+        arena.view("offsets").ptr<int64_t>(), experts, in, out, kFp32Gemm);
     backend->copy_to_host(from_device.data(), arena.view("out").data, rows * out * sizeof(float));
     backend->zero(arena.view("out").data, rows * out * sizeof(float));
     backend->grouped_linear_forward(arena.view("out").f32(), arena.view("inp").f32(),
-                                    arena.view("weight").f32(), offsets.data(), experts, in, out);
+                                    arena.view("weight").f32(), offsets.data(), experts, in, out,
+                                    kFp32Gemm);
     backend->copy_to_host(from_host.data(), arena.view("out").data, rows * out * sizeof(float));
     EXPECT_EQ(from_device, from_host);
 

@@ -7,11 +7,12 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/low_precision_backend.h"
-#include "moetron/kernels/profiling_backend.h"
+#include "moetron/kernels/cpu/cpu_backend.h"
 #include "moetron/parallel/dispatch_payload.h"
 #include "moetron/parallel/dispatch_traffic.h"
 #include "testing.h"
@@ -19,38 +20,31 @@
 namespace moetron {
 namespace {
 
-using parallel::PayloadFormat;
-
-struct Recipe {
-    Precision precision;
-    PayloadFormat payload;
-};
-constexpr Recipe kRecipes[] = {{Precision::bf16, PayloadFormat::bf16},
-                               {Precision::mxfp8, PayloadFormat::mxfp8},
-                               {Precision::fp8_blockwise, PayloadFormat::fp8_blockwise}};
+// The recipes' formats: each recipe's tokens travel in its own format.
+constexpr Precision kRecipes[] = {Precision::bf16, Precision::mxfp8, Precision::fp8_blockwise};
 
 TEST(DispatchPayload, RowBytesAreTheSimsBytesPerElementForWholeBlocks) {
-    for (const PayloadFormat f : {PayloadFormat::fp32, PayloadFormat::bf16, PayloadFormat::mxfp8,
-                                  PayloadFormat::fp8_blockwise}) {
+    for (const Precision f :
+         {Precision::fp32, Precision::bf16, Precision::mxfp8, Precision::fp8_blockwise}) {
         EXPECT_EQ(static_cast<double>(parallel::payload_row_bytes(f, 7168)),
                   parallel::payload_bytes_per_element(f) * 7168)
-            << parallel::payload_format_name(f);
+            << precision_name(f);
     }
     // A partial block carries a whole scale.
-    EXPECT_EQ(parallel::payload_row_bytes(PayloadFormat::mxfp8, 40), 40 + 2);
-    EXPECT_EQ(parallel::payload_row_bytes(PayloadFormat::fp8_blockwise, 64), 64 + 4);
+    EXPECT_EQ(parallel::payload_row_bytes(Precision::mxfp8, 40), 40 + 2);
+    EXPECT_EQ(parallel::payload_row_bytes(Precision::fp8_blockwise, 64), 64 + 4);
 }
 
 TEST(DispatchPayload, EncodeWritesRowBytesAndNothingElse) {
     const int64_t rows = 3, D = 40;
     const std::vector<float> x = testing::random_floats(static_cast<size_t>(rows * D), 3);
-    for (const Recipe& r : kRecipes) {
-        parallel::TokenRowCodec codec(r.payload, D, cpu_backend());
+    for (const Precision r : kRecipes) {
+        parallel::TokenRowCodec codec(r, D, cpu_backend());
         const auto row_bytes = static_cast<size_t>(codec.row_bytes());
         std::vector<uint8_t> packed(rows * row_bytes + 16, 0xA5);
         codec.encode(packed.data(), x.data(), rows);
         for (size_t i = rows * row_bytes; i < packed.size(); ++i)
-            EXPECT_EQ(packed[i], 0xA5) << parallel::payload_format_name(r.payload);
+            EXPECT_EQ(packed[i], 0xA5) << precision_name(r);
         std::vector<float> decoded(x.size()), tripped = x;
         codec.decode(decoded.data(), packed.data(), rows);
         codec.round_trip(tripped.data(), rows);
@@ -67,42 +61,50 @@ TEST(DispatchPayload, ExpertsGemmOnDecodedRowsEqualsTheRecipesGemm) {
     const int64_t R = offsets[E];
     const std::vector<float> x = testing::random_floats(static_cast<size_t>(R * D), 11);
     const std::vector<float> w = testing::random_floats(static_cast<size_t>(E * O * D), 12);
-    for (const Recipe& r : kRecipes) {
-        SCOPED_TRACE(parallel::payload_format_name(r.payload));
-        LowPrecisionBackend low(cpu_backend(), r.precision);
+    const std::unique_ptr<Backend> emulated = make_cpu_backend({cpu::Bf16Gemm::emulated});
+    Backend& ops = *emulated;  // the bf16 kernel would round float32 rows as it packs them
+    for (const Precision r : kRecipes) {
+        SCOPED_TRACE(std::string(precision_name(r)));
         std::vector<float> want(static_cast<size_t>(R * O)), got(want.size());
-        low.grouped_linear_forward(want.data(), x.data(), w.data(), offsets, E, D, O);
-        parallel::TokenRowCodec codec(r.payload, D, cpu_backend());
+        ops.grouped_linear_forward(want.data(), x.data(), w.data(), offsets, E, D, O, {r});
+        parallel::TokenRowCodec codec(r, D, ops);
         std::vector<float> arrived = x;
         codec.round_trip(arrived.data(), R);
-        low.grouped_linear_forward_quantized_input(got.data(), arrived.data(), w.data(), offsets, E,
-                                                   D, O);
+        const GemmPrecision as_arrived{r, /*input_quantized=*/true};
+        ops.grouped_linear_forward(got.data(), arrived.data(), w.data(), offsets, E, D, O,
+                                   as_arrived);
         EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
-        // Not a vacuous match: float32 rows give another result (except on the native bf16
-        // kernel, which rounds whatever it is given as it packs it).
-        if (low.native_bf16() && r.precision == Precision::bf16) continue;
+        // Not a vacuous match: float32 rows taken as they are give another result.
         std::vector<float> unquantized(want.size());
-        low.grouped_linear_forward_quantized_input(unquantized.data(), x.data(), w.data(), offsets,
-                                                   E, D, O);
+        ops.grouped_linear_forward(unquantized.data(), x.data(), w.data(), offsets, E, D, O,
+                                   as_arrived);
         EXPECT_NE(unquantized, want);
     }
 }
 
-// What arrived is not quantized again: the GEMM quantizes the experts' weights only (one call per
-// expert), where the recipe's own GEMM also quantizes its input (one call more).
+// What arrived is not quantized again: with input_quantized the GEMM quantizes the experts'
+// weights only, so float32 rows given as arrived multiply the quantized weights exactly as the
+// float32 GEMM multiplies them.
 TEST(DispatchPayload, ExpertsGemmOnArrivedRowsQuantizesOnlyTheWeights) {
     const int64_t D = 64, O = 32, E = 3;
     const int64_t offsets[] = {0, 2, 2, 5};
     const std::vector<float> x = testing::random_floats(static_cast<size_t>(5 * D), 21);
     const std::vector<float> w = testing::random_floats(static_cast<size_t>(E * O * D), 22);
-    std::vector<float> out(static_cast<size_t>(5 * O));
-    ProfilingBackend counted(cpu_backend());
-    LowPrecisionBackend low(counted, Precision::mxfp8);
-    low.grouped_linear_forward(out.data(), x.data(), w.data(), offsets, E, D, O);
-    EXPECT_EQ(counted.calls("quantize_mxfp8"), 1 + E);
-    counted.reset();
-    low.grouped_linear_forward_quantized_input(out.data(), x.data(), w.data(), offsets, E, D, O);
-    EXPECT_EQ(counted.calls("quantize_mxfp8"), E);
+    Backend& ops = cpu_backend();
+    // The weights as the recipe quantizes them: (O, D) per expert, 1 x 32 blocks along D.
+    std::vector<float> w_quantized(w.size());
+    std::vector<uint8_t> codes(w.size()), scales(w.size() / 32);
+    ops.quantize_mxfp8(codes.data(), scales.data(), w.data(), E * O, D, /*down_columns=*/false);
+    ops.dequantize_mxfp8(w_quantized.data(), codes.data(), scales.data(), E * O, D, false);
+    std::vector<float> want(static_cast<size_t>(5 * O)), got(want.size());
+    ops.grouped_linear_forward(want.data(), x.data(), w_quantized.data(), offsets, E, D, O,
+                               kFp32Gemm);
+    ops.grouped_linear_forward(got.data(), x.data(), w.data(), offsets, E, D, O,
+                               {Precision::mxfp8, /*input_quantized=*/true});
+    EXPECT_EQ(got, want);
+    ops.grouped_linear_forward(got.data(), x.data(), w.data(), offsets, E, D, O,
+                               {Precision::mxfp8});
+    EXPECT_NE(got, want) << "the input was not quantized without input_quantized";
 }
 
 }  // namespace

@@ -68,10 +68,10 @@ TEST(DispatchTraffic, PayloadBytesAreTheQuantizersOutput) {
                                                                hidden, cpu::kMxfp8BlockSize));
     const double fp8_row = static_cast<double>(hidden) +
                            static_cast<double>(cpu::blocks_covering(hidden, 128) * sizeof(float));
-    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::mxfp8) * hidden, mxfp8_row);
-    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::fp8_blockwise) * hidden, fp8_row);
-    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::bf16), 2.0);
-    EXPECT_DOUBLE_EQ(payload_bytes_per_element(PayloadFormat::fp32), 4.0);
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(Precision::mxfp8) * hidden, mxfp8_row);
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(Precision::fp8_blockwise) * hidden, fp8_row);
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(Precision::bf16), 2.0);
+    EXPECT_DOUBLE_EQ(payload_bytes_per_element(Precision::fp32), 4.0);
 }
 
 }  // namespace

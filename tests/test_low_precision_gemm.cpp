@@ -1,7 +1,7 @@
-// Each recipe's GEMMs (kernels/low_precision_backend.h) against the float64 product of the
-// unquantized inputs, per shape and per GEMM of a linear layer (forward, input gradient, weight
-// gradient, and the experts' grouped forms): every output element within the bound its formats
-// imply, and not exact (so that a recipe that quantized nothing would fail).
+// Each recipe's GEMMs (GemmPrecision on the call; kernels/cpu/recipe_gemms.h) against the float64
+// product of the unquantized inputs, per shape and per GEMM of a linear layer (forward, input
+// gradient, weight gradient, and the experts' grouped forms): every output element within the bound
+// its formats imply, and not exact (so that a recipe that quantized nothing would fail).
 //
 // The bound of one element c = sum_k a_k b_k: each quantized input is within u |x| + d of x (u
 // the element format's relative half-spacing: 2^-4 for E4M3, 2^-8 for bfloat16; d the absolute
@@ -20,7 +20,6 @@
 #include "moetron/core/rng.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/low_precision_backend.h"
 
 namespace moetron {
 namespace {
@@ -92,7 +91,8 @@ class LowPrecisionGemm : public ::testing::TestWithParam<Precision> {};
 
 TEST_P(LowPrecisionGemm, LinearWithinFormatBound) {
     const Precision p = GetParam();
-    LowPrecisionBackend ops(cpu_backend(), p);
+    Backend& ops = cpu_backend();
+    const GemmPrecision gemm{p};
     for (const Shape s : {Shape{64, 256, 96}, {17, 100, 33}, {130, 64, 140}}) {
         const std::string shape = std::string(precision_name(p)) + " M=" + std::to_string(s.m) +
                                   " K=" + std::to_string(s.k) + " N=" + std::to_string(s.n);
@@ -101,13 +101,14 @@ TEST_P(LowPrecisionGemm, LinearWithinFormatBound) {
         const auto w = random_matrix(s.n * s.k, 2, 0.02f);
         const auto dout = random_matrix(s.m * s.n, 3, 1e-3f);
         std::vector<float> y(s.m * s.n), dx(s.m * s.k), dw(s.n * s.k, 0.0f);
-        ops.linear_forward(y.data(), x.data(), w.data(), s.m, s.k, s.n);
+        ops.linear_forward(y.data(), x.data(), w.data(), s.m, s.k, s.n, gemm);
         expect_within(
             check_product(
                 y, s.m, s.n, s.k, [&](int64_t i, int64_t t) { return x[i * s.k + t]; },
                 [&](int64_t t, int64_t j) { return w[j * s.k + t]; }, p, max_abs(x), max_abs(w)),
             shape + " forward");
-        ops.linear_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), s.m, s.k, s.n);
+        ops.linear_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), s.m, s.k, s.n,
+                            gemm);
         expect_within(
             check_product(
                 dx, s.m, s.k, s.n, [&](int64_t i, int64_t t) { return dout[i * s.n + t]; },
@@ -123,7 +124,8 @@ TEST_P(LowPrecisionGemm, LinearWithinFormatBound) {
 
 TEST_P(LowPrecisionGemm, GroupedWithinFormatBound) {
     const Precision p = GetParam();
-    LowPrecisionBackend ops(cpu_backend(), p);
+    Backend& ops = cpu_backend();
+    const GemmPrecision gemm{p};
     const int64_t experts = 3, in = 96, out = 40;
     const std::vector<int64_t> offsets = {0, 37, 37, 90};  // one expert without tokens
     const int64_t rows = offsets.back();
@@ -131,9 +133,10 @@ TEST_P(LowPrecisionGemm, GroupedWithinFormatBound) {
     const auto w = random_matrix(experts * out * in, 5, 0.05f);
     const auto dout = random_matrix(rows * out, 6, 1e-2f);
     std::vector<float> y(rows * out), dx(rows * in), dw(experts * out * in, 0.0f);
-    ops.grouped_linear_forward(y.data(), x.data(), w.data(), offsets.data(), experts, in, out);
+    ops.grouped_linear_forward(y.data(), x.data(), w.data(), offsets.data(), experts, in, out,
+                               gemm);
     ops.grouped_linear_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(),
-                                offsets.data(), experts, in, out);
+                                offsets.data(), experts, in, out, gemm);
     for (int64_t e = 0; e < experts; ++e) {
         const int64_t r0 = offsets[e], m = offsets[e + 1] - offsets[e];
         if (m == 0) continue;

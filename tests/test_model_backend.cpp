@@ -55,8 +55,8 @@ TEST(ModelBackend, EveryOpOfAStepGoesThroughTheModelsBackend) {
 
     // The ops a one-process step of the tiny model uses, its expert dispatcher's included (tensor
     // parallelism adds zero and the vocabulary-parallel ones).
-    for (const char* op : {"memory",
-                           "init_normal",
+    EXPECT_GT(profiling.memory_requests(), 0) << "the arenas come from the backend's memory";
+    for (const char* op : {"init_normal",
                            "fill",
                            "rope_tables",
                            "embedding_forward",

@@ -1,13 +1,12 @@
-// ProfilingBackend (kernels/profiling_backend.h): it knows every op of Backend, once, with a
-// category; it counts and times what it forwards; and a training step through it computes exactly
-// what one without it does, the optimizer's ops included.
+// ProfilingBackend (kernels/profiling_backend.h): its table is the op list, each op once with a
+// category; it counts and times what it forwards, GEMMs by the format of the call; and a
+// training step through it computes exactly what one without it does, the optimizer's ops and
+// every recipe's GEMMs included.
 #include <gtest/gtest.h>
 
-#include <cctype>
-#include <fstream>
-#include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "moetron/kernels/profiling_backend.h"
@@ -19,51 +18,43 @@
 namespace moetron {
 namespace {
 
-// Every "virtual <type> <name>(" of kernels/backend.h, read from the source, so that an op added
-// to Backend without a category fails here.
-std::vector<std::string> backend_members_declared() {
-    const std::string path = std::string(MOETRON_SOURCE_DIR) + "/src/moetron/kernels/backend.h";
-    std::ifstream file(path);
-    EXPECT_TRUE(file) << "cannot read " << path;
-    std::vector<std::string> members;
-    for (std::string line; std::getline(file, line);) {
-        const size_t virtual_at = line.find("virtual ");
-        const size_t paren = line.find('(');
-        if (virtual_at == std::string::npos || paren == std::string::npos) continue;
-        size_t begin = paren;
-        while (begin > 0 && (std::isalnum(static_cast<unsigned char>(line[begin - 1])) ||
-                             line[begin - 1] == '_'))
-            --begin;
-        if (begin == 0 || line[begin - 1] == '~') continue;  // the destructor
-        members.push_back(line.substr(begin, paren - begin));
+// The op list (kernels/backend_ops.inc) names each op once; the profiler's table is that list.
+TEST(ProfilingBackend, EveryOpOfTheListIsProfiledOnceByName) {
+    std::set<std::string_view> names;
+    for (size_t i = 0; i < backend_op_list().size(); ++i) {
+        const BackendOpInfo& op = backend_op_list()[i];
+        EXPECT_TRUE(names.insert(op.name).second) << op.name << " is listed twice";
+        EXPECT_EQ(static_cast<size_t>(backend_op_named(op.name)), i) << op.name;
     }
-    return members;
+    EXPECT_EQ(names.size(), kNumBackendOps);
+    EXPECT_GE(names.size(), 70u) << "the op list lost ops";
+    for (const char* gemm : {"matmul", "linear_forward", "linear_backward",
+                             "grouped_linear_forward", "grouped_linear_backward"})
+        EXPECT_TRUE(backend_op(backend_op_named(gemm)).gemm) << gemm;
+    EXPECT_FALSE(backend_op(backend_op_named("add")).gemm);
 }
 
-TEST(ProfilingBackend, EveryBackendOpHasExactlyOneCategory) {
-    const std::set<std::string> identity = {"name", "device", "describe", "stream"};
-    std::map<std::string, int> listed;
-    for (const ProfiledOp& op : profiled_ops()) listed[std::string(op.name)] += 1;
-    const std::vector<std::string> declared = backend_members_declared();
-    EXPECT_GE(declared.size(), 60u) << "kernels/backend.h no longer parses as expected";
-    std::set<std::string> ops;
-    for (const std::string& member : declared) {
-        if (identity.count(member)) continue;
-        ops.insert(member);
-        EXPECT_EQ(listed[member], 1)
-            << "Backend::" << member
-            << " is not in kProfiledOps exactly once (kernels/profiling_backend.cpp)";
-    }
-    for (const auto& [name, times] : listed) {
-        EXPECT_TRUE(ops.count(name)) << name << " is in kProfiledOps but not in Backend";
-    }
+// A GEMM's calls are kept apart by the format of the call, and each format gets its own row.
+TEST(ProfilingBackend, GemmsAreCountedByTheirFormat) {
+    ProfilingBackend profiling;
+    std::vector<float> a(64, 1.0f), b(64, 2.0f), c(64, 0.0f);
+    profiling.matmul(c.data(), a.data(), b.data(), 8, 8, 8, false, false, 0.0f, kFp32Gemm);
+    for (int i = 0; i < 2; ++i)
+        profiling.matmul(c.data(), a.data(), b.data(), 8, 8, 8, false, false, 0.0f,
+                         {Precision::mxfp8});
+    EXPECT_EQ(profiling.calls("matmul"), 3);
+    EXPECT_EQ(profiling.totals(BackendOp::matmul, Precision::fp32).calls, 1);
+    EXPECT_EQ(profiling.totals(BackendOp::matmul, Precision::mxfp8).calls, 2);
+    const std::string table = format_op_profile(profiling, /*steps=*/1, /*step_seconds=*/1.0);
+    EXPECT_NE(table.find("  matmul [mxfp8]"), std::string::npos) << table;
+    EXPECT_NE(table.find("  matmul "), std::string::npos) << table;
 }
 
 TEST(ProfilingBackend, CountsAndTimesEachOpUnderItsCategory) {
     ProfilingBackend profiling;
     std::vector<float> a(64, 1.0f), b(64, 2.0f), c(64, 0.0f);
     for (int i = 0; i < 3; ++i)
-        profiling.matmul(c.data(), a.data(), b.data(), 8, 8, 8, false, false, 0.0f);
+        profiling.matmul(c.data(), a.data(), b.data(), 8, 8, 8, false, false, 0.0f, kFp32Gemm);
     profiling.add(c.data(), a.data(), b.data(), 64);
     EXPECT_EQ(profiling.calls("matmul"), 3);
     EXPECT_EQ(profiling.calls("add"), 1);
@@ -87,8 +78,11 @@ TEST(ProfilingBackend, CountsAndTimesEachOpUnderItsCategory) {
 }
 
 // The trainer routes its model and its optimizer through the backend it is given, and the
-// decorator changes no number.
-TEST(ProfilingBackend, ATrainingStepThroughItIsBitIdentical) {
+// decorator changes no number, under every recipe; it sees each GEMM in its role's format.
+class ProfilingARecipe : public ::testing::TestWithParam<Precision> {};
+
+TEST_P(ProfilingARecipe, ATrainingStepThroughItIsBitIdentical) {
+    const Precision precision = GetParam();
     const ModelConfig model = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
     TrainConfig config;
     config.batch_size = 2;
@@ -102,9 +96,12 @@ TEST(ProfilingBackend, ATrainingStepThroughItIsBitIdentical) {
         return DataLoader(std::move(data.tokens), data.source, model.vocab_size, config.seq_len,
                           config.val_fraction, config.seed);
     };
+    TrainParallel recipe;
+    recipe.precision = precision;
+    recipe.moe.token_format = precision;
     ProfilingBackend profiling;
-    Trainer profiled(model, config, make_loader(), TrainParallel{}, profiling);
-    Trainer plain(model, config, make_loader());
+    Trainer profiled(model, config, make_loader(), recipe, profiling);
+    Trainer plain(model, config, make_loader(), recipe);
     for (int step = 0; step < 2; ++step) {
         const StepRecord got = profiled.step();
         const StepRecord want = plain.step();
@@ -117,7 +114,21 @@ TEST(ProfilingBackend, ATrainingStepThroughItIsBitIdentical) {
     EXPECT_GT(profiling.calls("grouped_linear_backward"), 0);
     EXPECT_GT(profiling.calls("adamw_update"), 0);  // the optimizer's math, too
     EXPECT_GT(profiling.calls("sum_squares"), 0);
+    // The layers' and experts' GEMMs in the recipe's format; the router's in float32 always.
+    const BackendOp linear = BackendOp::linear_forward;
+    EXPECT_GT(profiling.totals(linear, precision).calls, 0);
+    EXPECT_GT(profiling.totals(BackendOp::grouped_linear_forward, precision).calls, 0);
+    EXPECT_GT(profiling.totals(linear, Precision::fp32).calls, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryRecipe, ProfilingARecipe,
+                         ::testing::Values(Precision::fp32, Precision::bf16, Precision::mxfp8,
+                                           Precision::fp8_blockwise),
+                         [](const ::testing::TestParamInfo<Precision>& info) {
+                             return std::string(info.param == Precision::fp8_blockwise
+                                                    ? "fp8_blockwise"
+                                                    : precision_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace moetron

@@ -1,13 +1,12 @@
 // kernels/split_backward_backend: while deferring, the GEMM backwards compute their input
 // gradient at once and their weight gradient only when the slot is replayed, from copies of the
 // operands (the caller may overwrite its buffers in between), accumulating exactly what the
-// unsplit backward would; the precision-sensitive GEMMs (high_precision) stay whole.
+// unsplit backward would, in the number format of the call.
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/kernels/split_backward_backend.h"
 
 namespace moetron {
@@ -25,7 +24,7 @@ TEST(SplitBackwardBackend, LinearWeightGradientWaitsForItsSlotAndMatchesTheWhole
                        weight = ramp(out_dim * in_dim, 0.125f);
     std::vector<float> want_dinp(rows * in_dim), want_dweight(out_dim * in_dim, 1.0f);
     cpu_backend().linear_backward(want_dinp.data(), want_dweight.data(), dout.data(), inp.data(),
-                                  weight.data(), rows, in_dim, out_dim);
+                                  weight.data(), rows, in_dim, out_dim, kFp32Gemm);
 
     SplitBackwardBackend split(cpu_backend());
     split.plan_stash(/*slots=*/2, rows * (in_dim + out_dim), /*offsets_per_slot=*/0,
@@ -33,7 +32,7 @@ TEST(SplitBackwardBackend, LinearWeightGradientWaitsForItsSlotAndMatchesTheWhole
     std::vector<float> dinp(rows * in_dim), dweight(out_dim * in_dim, 1.0f);
     split.defer_into(1);
     split.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rows,
-                          in_dim, out_dim);
+                          in_dim, out_dim, kFp32Gemm);
     split.stop_deferring();
     EXPECT_EQ(dinp, want_dinp);  // B: the input gradient now
     EXPECT_EQ(dweight, std::vector<float>(out_dim * in_dim, 1.0f)) << "W ran in B";
@@ -63,10 +62,10 @@ TEST(SplitBackwardBackend, NoticesComeAfterTheWeightGradientsQueuedBeforeThem) {
     split.plan_stash(1, 2 * rows * 2 * dim, 0, 3);
     split.defer_into(0);
     split.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rows,
-                          dim, dim);
+                          dim, dim, kFp32Gemm);
     split.defer_notice(0, 4);
     split.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rows,
-                          dim, dim);
+                          dim, dim, kFp32Gemm);
     split.stop_deferring();
     std::vector<std::vector<float>> seen;  // dweight as each notice arrives
     split.run_deferred(0, [&](int64_t begin, int64_t end) {
@@ -76,10 +75,10 @@ TEST(SplitBackwardBackend, NoticesComeAfterTheWeightGradientsQueuedBeforeThem) {
     });
     std::vector<float> once(dim * dim, 0.0f), twice(dim * dim, 0.0f);
     cpu_backend().linear_backward(nullptr, once.data(), dout.data(), inp.data(), weight.data(),
-                                  rows, dim, dim);
+                                  rows, dim, dim, kFp32Gemm);
     twice = once;
     cpu_backend().linear_backward(nullptr, twice.data(), dout.data(), inp.data(), weight.data(),
-                                  rows, dim, dim);
+                                  rows, dim, dim, kFp32Gemm);
     ASSERT_EQ(seen.size(), 1u);
     EXPECT_EQ(seen[0], once) << "the notice came before or after the first weight gradient only";
     EXPECT_EQ(dweight, twice);
@@ -94,15 +93,15 @@ TEST(SplitBackwardBackend, WeightGradientsOutsideTheGradientBufferRunInB) {
     std::vector<float> gradients(dim * dim, 0.0f), partial(dim * dim, 0.0f), dinp(rows * dim);
     std::vector<float> want(dim * dim, 0.0f);
     cpu_backend().linear_backward(nullptr, want.data(), dout.data(), inp.data(), weight.data(),
-                                  rows, dim, dim);
+                                  rows, dim, dim, kFp32Gemm);
     SplitBackwardBackend split(cpu_backend());
     split.plan_stash(1, 2 * rows * 2 * dim, 0, 2);
     split.set_deferrable_gradients(gradients.data(), dim * dim);
     split.defer_into(0);
     split.linear_backward(dinp.data(), partial.data(), dout.data(), inp.data(), weight.data(), rows,
-                          dim, dim);
+                          dim, dim, kFp32Gemm);
     split.linear_backward(dinp.data(), gradients.data(), dout.data(), inp.data(), weight.data(),
-                          rows, dim, dim);
+                          rows, dim, dim, kFp32Gemm);
     split.stop_deferring();
     EXPECT_EQ(partial, want) << "the partial sum waited for W";
     EXPECT_EQ(gradients, std::vector<float>(dim * dim, 0.0f)) << "the model's gradient ran in B";
@@ -118,14 +117,15 @@ TEST(SplitBackwardBackend, GroupedWeightGradientKeepsItsOwnOffsets) {
     std::vector<float> want_dinp(rows * in_dim), want_dweight(experts * out_dim * in_dim, 0.0f);
     cpu_backend().grouped_linear_backward(want_dinp.data(), want_dweight.data(), dout.data(),
                                           inp.data(), weight.data(), offsets.data(), experts,
-                                          in_dim, out_dim);
+                                          in_dim, out_dim, kFp32Gemm);
 
     SplitBackwardBackend split(cpu_backend());
     split.plan_stash(1, rows * (in_dim + out_dim), experts + 1, 1);
     std::vector<float> dinp(rows * in_dim), dweight(experts * out_dim * in_dim, 0.0f);
     split.defer_into(0);
     split.grouped_linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(),
-                                  weight.data(), offsets.data(), experts, in_dim, out_dim);
+                                  weight.data(), offsets.data(), experts, in_dim, out_dim,
+                                  kFp32Gemm);
     split.stop_deferring();
     EXPECT_EQ(dinp, want_dinp);
     EXPECT_EQ(dweight, std::vector<float>(experts * out_dim * in_dim, 0.0f));
@@ -134,12 +134,27 @@ TEST(SplitBackwardBackend, GroupedWeightGradientKeepsItsOwnOffsets) {
     EXPECT_EQ(dweight, want_dweight);
 }
 
-TEST(SplitBackwardBackend, HighPrecisionGemmsSeeTheInnerBackendAndStayWhole) {
+// The weight gradient replays in W in the number format its call gave in B.
+TEST(SplitBackwardBackend, AWeightGradientReplaysInTheFormatOfItsCall) {
+    constexpr int64_t rows = 40, in_dim = 64, out_dim = 48;
+    const std::vector<float> dout = ramp(rows * out_dim, 0.37f), inp = ramp(rows * in_dim, 0.29f),
+                             weight = ramp(out_dim * in_dim, 0.013f);
+    const GemmPrecision mxfp8{Precision::mxfp8};
+    std::vector<float> want(out_dim * in_dim, 0.0f), float32(out_dim * in_dim, 0.0f);
+    cpu_backend().linear_backward(nullptr, want.data(), dout.data(), inp.data(), weight.data(),
+                                  rows, in_dim, out_dim, mxfp8);
+    cpu_backend().linear_backward(nullptr, float32.data(), dout.data(), inp.data(), weight.data(),
+                                  rows, in_dim, out_dim, kFp32Gemm);
+    ASSERT_NE(want, float32) << "the format rounded nothing";
     SplitBackwardBackend split(cpu_backend());
-    EXPECT_EQ(&high_precision(split), &cpu_backend());
-    LowPrecisionBackend low(cpu_backend(), Precision::mxfp8);
-    SplitBackwardBackend split_low(low);
-    EXPECT_EQ(&high_precision(split_low), &cpu_backend());
+    split.plan_stash(1, rows * (in_dim + out_dim), 0, 1);
+    std::vector<float> dinp(rows * in_dim), dweight(out_dim * in_dim, 0.0f);
+    split.defer_into(0);
+    split.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rows,
+                          in_dim, out_dim, mxfp8);
+    split.stop_deferring();
+    split.run_deferred(0);
+    EXPECT_EQ(dweight, want);
 }
 
 TEST(SplitBackwardBackend, WithoutDeferringEveryOpIsTheInnerOnes) {
@@ -148,11 +163,11 @@ TEST(SplitBackwardBackend, WithoutDeferringEveryOpIsTheInnerOnes) {
                              weight = ramp(out_dim * in_dim, 0.125f);
     std::vector<float> want_dinp(rows * in_dim), want_dweight(out_dim * in_dim, 0.0f);
     cpu_backend().linear_backward(want_dinp.data(), want_dweight.data(), dout.data(), inp.data(),
-                                  weight.data(), rows, in_dim, out_dim);
+                                  weight.data(), rows, in_dim, out_dim, kFp32Gemm);
     SplitBackwardBackend split(cpu_backend());  // no stash: nothing is ever queued
     std::vector<float> dinp(rows * in_dim), dweight(out_dim * in_dim, 0.0f);
     split.linear_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rows,
-                          in_dim, out_dim);
+                          in_dim, out_dim, kFp32Gemm);
     EXPECT_EQ(dinp, want_dinp);
     EXPECT_EQ(dweight, want_dweight);
 }

@@ -143,7 +143,7 @@ TEST(AdamW, KeepsItsStateInOneArenaFromTheBackendsMemory) {
         AdamWConfig cfg;
         cfg.grad_sync.zero1 = zero1;
         AdamW opt(spans(), 12, p.grads.data(), {p.world, p.dp, p.edp}, cfg, backend);
-        EXPECT_EQ(backend.calls("memory"), 2) << "one arena for GradSync, one for AdamW";
+        EXPECT_EQ(backend.memory_requests(), 2) << "one arena for GradSync, one for AdamW";
         const Arena& arena = opt.state_arena();
         EXPECT_EQ(arena.plan().name(), "optimizer_state");
         const auto* begin = static_cast<const char*>(arena.base());

@@ -44,7 +44,7 @@ struct DispatchCase {
     uint64_t seed = 1;
     int64_t domain_size = 0;  // EP ranks per domain (0: one domain)
     // The format the token rows travel to the experts in (dispatch_payload.h).
-    parallel::PayloadFormat payload = parallel::PayloadFormat::fp32;
+    Precision payload = Precision::fp32;
 
     int64_t tokens_of(int rank) const {
         return tokens_per_rank[static_cast<size_t>(rank) % tokens_per_rank.size()];
@@ -367,7 +367,7 @@ inline parallel::DispatchConfig config_for(const DispatchCase& c) {
     cfg.hidden = c.hidden;
     cfg.max_tokens = c.max_tokens();
     cfg.domain_size = c.domain_size;
-    cfg.token_payload = c.payload;
+    cfg.token_format = c.payload;
     return cfg;
 }
 

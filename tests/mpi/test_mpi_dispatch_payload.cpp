@@ -17,16 +17,14 @@ namespace moetron::testing {
 namespace {
 
 using parallel::Communicator;
-using parallel::PayloadFormat;
 
-constexpr PayloadFormat kLowPrecision[] = {PayloadFormat::bf16, PayloadFormat::mxfp8,
-                                           PayloadFormat::fp8_blockwise};
+constexpr Precision kLowPrecision[] = {Precision::bf16, Precision::mxfp8, Precision::fp8_blockwise};
 
 // Whole blocks of both FP8 formats (32 and 128): the bytes per row are exactly
 // payload_bytes_per_element * D.
-DispatchCase payload_case(PayloadFormat payload) {
+DispatchCase payload_case(Precision payload) {
     DispatchCase c;
-    c.name = std::string("random/") + parallel::payload_format_name(payload);
+    c.name = "random/" + std::string(precision_name(payload));
     c.hidden = 256;
     c.tokens_per_rank = {13, 5, 9, 1};
     c.payload = payload;
@@ -35,7 +33,7 @@ DispatchCase payload_case(PayloadFormat payload) {
 
 TEST(MpiDispatchPayload, FlatCarriesTheDecodedRowsInThePayloadsBytes) {
     Communicator& ep = mpi_world();
-    for (const PayloadFormat payload : kLowPrecision) {
+    for (const Precision payload : kLowPrecision) {
         const DispatchCase c = payload_case(payload);
         const parallel::DispatchConfig cfg = config_for(c);
         parallel::DispatchBuffer buffer(cfg, ep.size(), cpu_backend());
@@ -54,7 +52,7 @@ TEST(MpiDispatchPayload, TwoTierCarriesTheDecodedRowsInThePayloadsBytesOnBothTie
         const int r = ep.rank(), l = static_cast<int>(L);
         const std::unique_ptr<Communicator> rail = ep.split(r % l, r / l, "ep_rail");
         const std::unique_ptr<Communicator> domain = ep.split(r / l, r % l, "ep_domain");
-        for (const PayloadFormat payload : kLowPrecision) {
+        for (const Precision payload : kLowPrecision) {
             DispatchCase c = payload_case(payload);
             c.domain_size = L;
             c.name += "/domain_size_" + std::to_string(L);
@@ -73,8 +71,8 @@ TEST(MpiDispatchPayload, TwoTierCarriesTheDecodedRowsInThePayloadsBytesOnBothTie
 TEST(MpiDispatchPayload, Mxfp8SendsOneAndAThirtySecondBytePerElement) {
     Communicator& ep = mpi_world();
     if (ep.size() < 2) GTEST_SKIP() << "nothing crosses with one rank";
-    DispatchCase mx = payload_case(PayloadFormat::mxfp8), fp32 = mx;
-    fp32.payload = PayloadFormat::fp32;
+    DispatchCase mx = payload_case(Precision::mxfp8), fp32 = mx;
+    fp32.payload = Precision::fp32;
     auto dispatch_bytes = [&](const DispatchCase& c) {
         const parallel::DispatchConfig cfg = config_for(c);
         parallel::DispatchBuffer buffer(cfg, ep.size(), cpu_backend());

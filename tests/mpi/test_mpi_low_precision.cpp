@@ -15,11 +15,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
@@ -62,10 +60,9 @@ Losses run(Precision precision, const std::string& layout, bool distributed,
         p.layout = layout;
         p.pp_schedule = pp_schedule;
     }
-    std::optional<LowPrecisionBackend> low;
-    if (precision != Precision::fp32) low.emplace(cpu_backend(), precision);
-    Trainer trainer(model, c, std::move(loader), p,
-                    low ? static_cast<Backend&>(*low) : cpu_backend());
+    p.precision = precision;
+    p.moe.token_format = precision;
+    Trainer trainer(model, c, std::move(loader), p);
     Losses out;
     for (int s = 0; s < kSteps; ++s) out.train.push_back(trainer.step().loss);
     out.val = trainer.evaluate();

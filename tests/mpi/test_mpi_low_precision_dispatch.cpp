@@ -20,11 +20,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <optional>
 #include <string>
 #include <vector>
 
-#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/moe.h"
 #include "moetron/train/data_loader.h"
@@ -77,12 +75,11 @@ Result train(const TrainingRun& run) {
         p.moe.dispatch = run.dispatch;
         p.moe.overlap = run.overlap;
     }
-    p.moe.token_payload =
-        run.fp32_dispatch ? parallel::PayloadFormat::fp32 : recipe_token_payload(run.precision);
-    LowPrecisionBackend low(cpu_backend(), run.precision);
-    Trainer trainer(model, c, std::move(loader), p, low);
+    p.precision = run.precision;
+    p.moe.token_format = run.fp32_dispatch ? Precision::fp32 : run.precision;
+    Trainer trainer(model, c, std::move(loader), p);
     Result r;
-    r.payload = parallel::payload_format_name(trainer.model().expert_dispatcher()->token_payload());
+    r.payload = precision_name(trainer.model().expert_dispatcher()->planned_token_format());
     for (int s = 0; s < kSteps; ++s) r.steps.push_back(trainer.step());
     return r;
 }

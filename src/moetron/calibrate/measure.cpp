@@ -71,10 +71,10 @@ GemmPoint measure_gemm(int64_t m, int64_t n, int64_t k, int threads, int64_t l2_
         [&] {
             c = (c + 1) % copies;
             cpu_backend().linear_forward(out.data() + c * m * n, inp.data() + c * m * k,
-                                         w.data() + c * n * k, m, k, n);
+                                         w.data() + c * n * k, m, k, n, kFp32Gemm);
             cpu_backend().linear_backward(dinp.data() + c * m * k, dw.data() + c * n * k,
                                           dout.data() + c * m * n, inp.data() + c * m * k,
-                                          w.data() + c * n * k, m, k, n);
+                                          w.data() + c * n * k, m, k, n, kFp32Gemm);
         },
         seconds);
     const double flops =
@@ -98,10 +98,10 @@ GroupedPoint measure_grouped(int64_t tokens_per_expert, int64_t experts, int64_t
             c = (c + 1) % copies;
             const int64_t a = c * rows * k, o = c * rows * n, wo = c * experts * n * k;
             cpu_backend().grouped_linear_forward(out.data() + o, inp.data() + a, w.data() + wo,
-                                                 offsets.data(), experts, k, n);
+                                                 offsets.data(), experts, k, n, kFp32Gemm);
             cpu_backend().grouped_linear_backward(dinp.data() + a, dw.data() + wo, dout.data() + o,
                                                   inp.data() + a, w.data() + wo, offsets.data(),
-                                                  experts, k, n);
+                                                  experts, k, n, kFp32Gemm);
         },
         seconds);
     const double flops =
@@ -324,9 +324,10 @@ CollectiveMeasurements::SlowestRankPoint measure_slowest_rank(parallel::Communic
     auto out = filled(dim * dim, 0), dinp = filled(dim * dim, 0), dw = filled(dim * dim, 0);
     auto block = [&] {
         for (int64_t l = 0; l < layers; ++l) {
-            cpu_backend().linear_forward(out.data(), inp.data(), w.data(), dim, dim, dim);
+            cpu_backend().linear_forward(out.data(), inp.data(), w.data(), dim, dim, dim,
+                                         kFp32Gemm);
             cpu_backend().linear_backward(dinp.data(), dw.data(), out.data(), inp.data(), w.data(),
-                                          dim, dim, dim);
+                                          dim, dim, dim, kFp32Gemm);
         }
     };
     block();  // warm-up

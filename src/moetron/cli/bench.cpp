@@ -171,7 +171,7 @@ Figures measure(const BenchA2aOptions& o, parallel::DispatchKind kind, const Rou
         if (i == o.warmup) d->reset_stats();
         world.barrier();
         t.reset();
-        d->dispatch_forward(0, expert_rows.data(), x.data());
+        d->dispatch_forward(0, expert_rows.data(), x.data(), d->planned_token_format());
         d->combine_forward(0, out.data(), expert_rows.data(), routing.weights.data());
         const double s_iter = slowest_s(world, t.elapsed_s());
         if (i >= o.warmup) total_s += s_iter;

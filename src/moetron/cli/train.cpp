@@ -26,7 +26,7 @@
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/low_precision_backend.h"
+#include "moetron/kernels/cpu/cpu_backend.h"
 #include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
@@ -251,20 +251,17 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
     parallel.moe.redundant_experts = o.redundant_experts;
     parallel.moe.rebalance_every = o.rebalance_every;
     const Precision precision = parse_precision(o.precision);
-    parallel.moe.token_payload = o.dispatch_payload == "fp32" ? parallel::PayloadFormat::fp32
-                                                              : recipe_token_payload(precision);
+    parallel.precision = precision;
+    parallel.moe.token_format = o.dispatch_payload == "fp32" ? Precision::fp32 : precision;
     parallel.bucket_mb = o.bucket_mb;
     parallel.zero1 = !o.no_zero1;
     parallel.overlap = !o.no_overlap_dp_grad;
     parallel.pp_schedule = o.pp_schedule;
     parallel.pp_layout = o.pp_layout;
-    ProfilingBackend profiling(cpu_backend());  // used with --profile-ops
-    Backend& compute = o.profile_ops ? static_cast<Backend&>(profiling) : cpu_backend();
-    // Outermost, so that --profile-ops times the quantization and the GEMMs apart.
-    std::optional<LowPrecisionBackend> low_precision;
-    if (precision != Precision::fp32) low_precision.emplace(compute, precision);
+    const std::unique_ptr<Backend> cpu = make_cpu_backend();
+    ProfilingBackend profiling(*cpu);  // used with --profile-ops
     Trainer trainer(model_config, config, std::move(loader), parallel,
-                    low_precision ? static_cast<Backend&>(*low_precision) : compute);
+                    o.profile_ops ? static_cast<Backend&>(profiling) : *cpu);
     trainer.set_max_skipped_steps(o.max_skipped_steps);
     if (o.router_skew != 0) skew_router_bias(trainer.model(), static_cast<float>(o.router_skew));
     if (!o.trace_path.empty())
@@ -377,7 +374,7 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                          "        experts: %s; tokens travel as %s; MoE overlap %s; expert-side "
                          "buffers of %lld rows per layer (capacity factor %g)\n",
                          d->description().c_str(),
-                         parallel::payload_format_name(d->token_payload()),
+                         std::string(precision_name(d->planned_token_format())).c_str(),
                          std::string(moe_overlap_name(parallel.moe.overlap)).c_str(),
                          static_cast<long long>(d->capacity_rows()), parallel.moe.capacity_factor);
     }
@@ -395,7 +392,11 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  "GFLOP/step\n",
                  threads.num_threads, threads.reason, peak_gflops,
                  trainer.model_flops_per_step() / 1e9);
-    std::fprintf(out, "backend %s\n", trainer.model().backend().describe().c_str());
+    std::string backend_line = cpu->describe();
+    if (precision != Precision::fp32)
+        backend_line += fmt::format("; precision {}: {}", precision_name(precision),
+                                    cpu->describe_gemms(precision));
+    std::fprintf(out, "backend %s\n", backend_line.c_str());
     const double initial_val = trainer.evaluate();
     std::fprintf(out, "step %lld | val %.4f (uniform guess: ln %lld = %.4f)\n",
                  static_cast<long long>(trainer.steps_done()), initial_val,

@@ -5,7 +5,23 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "moetron/core/precision.h"
+
 namespace moetron {
+
+// How one GEMM runs: the number format its operands are rounded to before the multiply (the
+// products accumulate in float32 at least), chosen by the caller for the GEMM's role under the
+// run's recipe (model/gemm_roles.h). Blocks run along each GEMM's reduction dimension (the
+// recipes' row-wise copies for the forward and the input gradient, column-wise for the weight
+// gradient); weights take 128 x 128 blocks under fp8-blockwise.
+struct GemmPrecision {
+    Precision format = Precision::fp32;
+    // The input (the forward's activation operand) already holds format's row-wise quantized
+    // values, as the expert dispatch delivers tokens in the recipe's format
+    // (parallel/dispatch_payload.h): only the weight is quantized. Forward GEMMs only.
+    bool input_quantized = false;
+};
+inline constexpr GemmPrecision kFp32Gemm{};
 
 // The router's shape and DeepSeek-V3 config keys (kernels/cpu/router.h has the math).
 struct RouterShape {

@@ -75,10 +75,10 @@ void SplitBackwardBackend::run_deferred(
             if (notify) notify(g.notice_begin, g.notice_end);
         } else if (g.offsets == nullptr)
             inner().linear_backward(nullptr, g.dweight, g.dout, g.inp, nullptr, g.num_rows,
-                                    g.in_dim, g.out_dim);
+                                    g.in_dim, g.out_dim, g.precision);
         else
             inner().grouped_linear_backward(nullptr, g.dweight, g.dout, g.inp, nullptr, g.offsets,
-                                            g.num_experts, g.in_dim, g.out_dim);
+                                            g.num_experts, g.in_dim, g.out_dim, g.precision);
     }
     s.gemms.clear();
     s.offsets.clear();
@@ -98,9 +98,11 @@ const float* SplitBackwardBackend::stash_floats(const float* src, int64_t n) {
 
 void SplitBackwardBackend::linear_backward(float* dinp, float* dweight, const float* dout,
                                            const float* inp, const float* weight, int64_t num_rows,
-                                           int64_t in_dim, int64_t out_dim) {
+                                           int64_t in_dim, int64_t out_dim,
+                                           GemmPrecision precision) {
     if (!defers(dweight)) {
-        inner().linear_backward(dinp, dweight, dout, inp, weight, num_rows, in_dim, out_dim);
+        inner().linear_backward(dinp, dweight, dout, inp, weight, num_rows, in_dim, out_dim,
+                                precision);
         return;
     }
     MT_CHECK(static_cast<int64_t>(deferring_->gemms.size()) < gemms_per_slot_,
@@ -113,18 +115,21 @@ void SplitBackwardBackend::linear_backward(float* dinp, float* dweight, const fl
                                  .inp = inp_copy,
                                  .num_rows = num_rows,
                                  .in_dim = in_dim,
-                                 .out_dim = out_dim});
+                                 .out_dim = out_dim,
+                                 .precision = precision});
     if (dinp != nullptr)
-        inner().linear_backward(dinp, nullptr, dout, inp, weight, num_rows, in_dim, out_dim);
+        inner().linear_backward(dinp, nullptr, dout, inp, weight, num_rows, in_dim, out_dim,
+                                precision);
 }
 
 void SplitBackwardBackend::grouped_linear_backward(float* dinp, float* dweight, const float* dout,
                                                    const float* inp, const float* weight,
                                                    const int64_t* offsets, int64_t num_experts,
-                                                   int64_t in_dim, int64_t out_dim) {
+                                                   int64_t in_dim, int64_t out_dim,
+                                                   GemmPrecision precision) {
     if (!defers(dweight)) {
         inner().grouped_linear_backward(dinp, dweight, dout, inp, weight, offsets, num_experts,
-                                        in_dim, out_dim);
+                                        in_dim, out_dim, precision);
         return;
     }
     MT_CHECK(static_cast<int64_t>(deferring_->gemms.size()) < gemms_per_slot_,
@@ -147,10 +152,11 @@ void SplitBackwardBackend::grouped_linear_backward(float* dinp, float* dweight, 
                                  .num_rows = num_rows,
                                  .num_experts = num_experts,
                                  .in_dim = in_dim,
-                                 .out_dim = out_dim});
+                                 .out_dim = out_dim,
+                                 .precision = precision});
     if (dinp != nullptr)
         inner().grouped_linear_backward(dinp, nullptr, dout, inp, weight, offsets, num_experts,
-                                        in_dim, out_dim);
+                                        in_dim, out_dim, precision);
 }
 
 }  // namespace moetron

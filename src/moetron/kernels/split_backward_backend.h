@@ -7,8 +7,8 @@
 // gradient accumulates exactly what the unsplit backward would have.
 //
 // What stays in B: every other op's weight gradient (RMSNorm weights, the embedding) and the
-// GEMMs that go through high_precision() (the router and the output head), which see this
-// backend's inner one. Those are cheap next to the layers' GEMMs (the head is one GEMM per
+// GEMMs the model runs on the backend below this one (ModelRuntime::whole_backward: the router
+// and the output head). Those are cheap next to the layers' GEMMs (the head is one GEMM per
 // micro-batch), and keeping them in B keeps the queue to the layers' weights.
 //
 // The stash is planned once (plan_stash): a ring of slots, one per micro-batch whose W is
@@ -54,11 +54,11 @@ class SplitBackwardBackend : public ForwardingBackend {
     size_t stash_bytes() const { return stash_.size_bytes(); }
 
     void linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                         const float* weight, int64_t num_rows, int64_t in_dim,
-                         int64_t out_dim) override;
+                         const float* weight, int64_t num_rows, int64_t in_dim, int64_t out_dim,
+                         GemmPrecision precision) override;
     void grouped_linear_backward(float* dinp, float* dweight, const float* dout, const float* inp,
                                  const float* weight, const int64_t* offsets, int64_t num_experts,
-                                 int64_t in_dim, int64_t out_dim) override;
+                                 int64_t in_dim, int64_t out_dim, GemmPrecision precision) override;
 
   private:
     // One queued item: a weight gradient, dweight += dout^T inp (per expert segment when
@@ -70,6 +70,8 @@ class SplitBackwardBackend : public ForwardingBackend {
         const float* inp = nullptr;
         const int64_t* offsets = nullptr;  // the slot's copy; null for a plain linear
         int64_t num_rows = 0, num_experts = 0, in_dim = 0, out_dim = 0;
+        GemmPrecision precision =
+            kFp32Gemm;  // the call's: W runs the weight gradient as B would have
         int64_t notice_begin = 0, notice_end = 0;
     };
     struct Slot {

@@ -80,29 +80,34 @@ void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
     b(s.d_latent, prefix + "d_latent", {n, d.kv_rank});
 }
 
-void mla_forward(Backend& ops, float* out, const MlaActivations& saved, const float* inp,
-                 const MlaParams& w, const MlaScratch& scratch, const RopeTables& rope,
-                 const ModelConfig& c, const parallel::TensorParallel& tp, int64_t batch,
-                 int64_t seq_len) {
+void mla_forward(const ModelCompute& compute, float* out, const MlaActivations& saved,
+                 const float* inp, const MlaParams& w, const MlaScratch& scratch,
+                 const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                 int64_t batch, int64_t seq_len) {
+    Backend& ops = compute.ops;
+    const GemmPrecision layer = compute.gemm(GemmRole::layer);
     const MlaDims d(c, tp.size());
     const int64_t n = batch * seq_len;
 
     // Queries (DeepSeek-V3 eq. 6-8): low-rank through a normed latent, or one projection.
     if (d.q_rank > 0) {
-        ops.linear_forward(saved.q_a, inp, w.q_a_proj, n, d.dim, d.q_rank);
+        ops.linear_forward(saved.q_a, inp, w.q_a_proj, n, d.dim, d.q_rank, layer);
         ops.rmsnorm_forward(saved.q_a_normed, saved.q_a_rstd, saved.q_a, w.q_a_norm, n, d.q_rank,
                             kMlaLatentNormEps);
-        ops.linear_forward(saved.q, saved.q_a_normed, w.q_b_proj, n, d.q_rank, d.heads * d.qk);
+        ops.linear_forward(saved.q, saved.q_a_normed, w.q_b_proj, n, d.q_rank, d.heads * d.qk,
+                           layer);
     } else {
-        ops.linear_forward(saved.q, inp, w.q_proj, n, d.dim, d.heads * d.qk);
+        ops.linear_forward(saved.q, inp, w.q_proj, n, d.dim, d.heads * d.qk, layer);
     }
     // Keys and values (eq. 1-5). kv_a_proj_with_mqa's rows split into the latent and the rope key;
     // two GEMMs over the row blocks give both contiguous without a copy.
-    ops.linear_forward(saved.latent, inp, w.kv_a_proj, n, d.dim, d.kv_rank);
-    ops.linear_forward(scratch.k_rope, inp, w.kv_a_proj + d.kv_rank * d.dim, n, d.dim, d.rope);
+    ops.linear_forward(saved.latent, inp, w.kv_a_proj, n, d.dim, d.kv_rank, layer);
+    ops.linear_forward(scratch.k_rope, inp, w.kv_a_proj + d.kv_rank * d.dim, n, d.dim, d.rope,
+                       layer);
     ops.rmsnorm_forward(saved.latent_normed, saved.latent_rstd, saved.latent, w.kv_a_norm, n,
                         d.kv_rank, kMlaLatentNormEps);
-    ops.linear_forward(scratch.kv, saved.latent_normed, w.kv_b_proj, n, d.kv_rank, d.kv_b_out());
+    ops.linear_forward(scratch.kv, saved.latent_normed, w.kv_b_proj, n, d.kv_rank, d.kv_b_out(),
+                       layer);
 
     // Decoupled RoPE (eq. 3 and 8) on each query head's rope slice and on the shared rope key.
     ops.rope_forward(saved.q, rope.cos, rope.sin, n, seq_len, d.heads, d.qk, d.nope, d.rope);
@@ -114,18 +119,21 @@ void mla_forward(Backend& ops, float* out, const MlaActivations& saved, const fl
 
     ops.attention_forward(saved.attn, saved.lse, saved.q, saved.k, saved.v, batch, seq_len, d.heads,
                           d.qk, d.v, d.softmax_scale());
-    ops.linear_forward(out, saved.attn, w.o_proj, n, d.heads * d.v, d.dim);
+    ops.linear_forward(out, saved.attn, w.o_proj, n, d.heads * d.v, d.dim, layer);
 }
 
-void mla_backward(Backend& ops, float* dinp, const MlaParams& grads, const float* dout,
-                  const float* inp, const MlaActivations& saved, const MlaParams& w,
-                  const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
-                  const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len) {
+void mla_backward(const ModelCompute& compute, float* dinp, const MlaParams& grads,
+                  const float* dout, const float* inp, const MlaActivations& saved,
+                  const MlaParams& w, const MlaScratch& scratch, const RopeTables& rope,
+                  const ModelConfig& c, const parallel::TensorParallel& tp, int64_t batch,
+                  int64_t seq_len) {
+    Backend& ops = compute.ops;
+    const GemmPrecision layer = compute.gemm(GemmRole::layer);
     const MlaDims d(c, tp.size());
     const int64_t n = batch * seq_len;
 
     ops.linear_backward(scratch.d_attn, grads.o_proj, dout, saved.attn, w.o_proj, n, d.heads * d.v,
-                        d.dim);
+                        d.dim, layer);
     ops.attention_backward(scratch.dq, scratch.dk, scratch.dv, scratch.d_attn, saved.q, saved.k,
                            saved.v, saved.attn, saved.lse, batch, seq_len, d.heads, d.qk, d.v,
                            d.softmax_scale());
@@ -140,7 +148,7 @@ void mla_backward(Backend& ops, float* dinp, const MlaParams& grads, const float
     ops.rope_backward(d_k_rope, rope.cos, rope.sin, n, seq_len, 1, d.rope, 0, d.rope);
 
     ops.linear_backward(scratch.d_latent_normed, grads.kv_b_proj, d_kv, saved.latent_normed,
-                        w.kv_b_proj, n, d.kv_rank, d.kv_b_out());
+                        w.kv_b_proj, n, d.kv_rank, d.kv_b_out(), layer);
     tp.sum_partial_input_grads(scratch.d_latent_normed, n * d.kv_rank);  // f: kv_b is split
     ops.rmsnorm_backward(scratch.d_latent, grads.kv_a_norm, scratch.d_latent_normed, saved.latent,
                          w.kv_a_norm, saved.latent_rstd, n, d.kv_rank);
@@ -148,24 +156,24 @@ void mla_backward(Backend& ops, float* dinp, const MlaParams& grads, const float
     // The query path writes dinp; the two kv_a_proj row blocks then add to it.
     if (d.q_rank > 0) {
         ops.linear_backward(scratch.d_q_a_normed, grads.q_b_proj, scratch.dq, saved.q_a_normed,
-                            w.q_b_proj, n, d.q_rank, d.heads * d.qk);
+                            w.q_b_proj, n, d.q_rank, d.heads * d.qk, layer);
         tp.sum_partial_input_grads(scratch.d_q_a_normed, n * d.q_rank);  // f: q_b is split
         ops.rmsnorm_backward(scratch.d_q_a, grads.q_a_norm, scratch.d_q_a_normed, saved.q_a,
                              w.q_a_norm, saved.q_a_rstd, n, d.q_rank);
         ops.linear_backward(dinp, grads.q_a_proj, scratch.d_q_a, inp, w.q_a_proj, n, d.dim,
-                            d.q_rank);
+                            d.q_rank, layer);
     } else {
-        ops.linear_backward(dinp, grads.q_proj, scratch.dq, inp, w.q_proj, n, d.dim,
-                            d.heads * d.qk);
+        ops.linear_backward(dinp, grads.q_proj, scratch.dq, inp, w.q_proj, n, d.dim, d.heads * d.qk,
+                            layer);
         tp.sum_partial_input_grads(dinp, n * d.dim);  // f: q_proj is split
     }
     const float* w_rope_key = w.kv_a_proj + d.kv_rank * d.dim;
     ops.linear_backward(nullptr, grads.kv_a_proj, scratch.d_latent, inp, w.kv_a_proj, n, d.dim,
-                        d.kv_rank);
-    ops.matmul(dinp, scratch.d_latent, w.kv_a_proj, n, d.dim, d.kv_rank, false, false, 1.0f);
+                        d.kv_rank, layer);
+    ops.matmul(dinp, scratch.d_latent, w.kv_a_proj, n, d.dim, d.kv_rank, false, false, 1.0f, layer);
     ops.linear_backward(nullptr, grads.kv_a_proj + d.kv_rank * d.dim, d_k_rope, inp, w_rope_key, n,
-                        d.dim, d.rope);
-    ops.matmul(dinp, d_k_rope, w_rope_key, n, d.dim, d.rope, false, false, 1.0f);
+                        d.dim, d.rope, layer);
+    ops.matmul(dinp, d_k_rope, w_rope_key, n, d.dim, d.rope, false, false, 1.0f, layer);
 }
 
 }  // namespace moetron

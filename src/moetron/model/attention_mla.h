@@ -21,6 +21,7 @@
 #include <string>
 
 #include "moetron/kernels/backend.h"
+#include "moetron/model/compute.h"
 #include "moetron/model/params.h"
 #include "moetron/parallel/tensor_parallel.h"
 
@@ -86,14 +87,15 @@ void bind_mla_scratch(BufferBinder& b, MlaScratch& s, const std::string& prefix,
 
 // out (N, D) written: this rank's partial sum (the whole output with tp = 1); inp (N, D) is the
 // normed residual stream, the same on every TP rank, kept by the caller.
-void mla_forward(Backend& ops, float* out, const MlaActivations& saved, const float* inp,
-                 const MlaParams& w, const MlaScratch& scratch, const RopeTables& rope,
-                 const ModelConfig& c, const parallel::TensorParallel& tp, int64_t batch,
-                 int64_t seq_len);
+void mla_forward(const ModelCompute& compute, float* out, const MlaActivations& saved,
+                 const float* inp, const MlaParams& w, const MlaScratch& scratch,
+                 const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
+                 int64_t batch, int64_t seq_len);
 // dinp (N, D) written (the full gradient on every TP rank); grads accumulate.
-void mla_backward(Backend& ops, float* dinp, const MlaParams& grads, const float* dout,
-                  const float* inp, const MlaActivations& saved, const MlaParams& w,
-                  const MlaScratch& scratch, const RopeTables& rope, const ModelConfig& c,
-                  const parallel::TensorParallel& tp, int64_t batch, int64_t seq_len);
+void mla_backward(const ModelCompute& compute, float* dinp, const MlaParams& grads,
+                  const float* dout, const float* inp, const MlaActivations& saved,
+                  const MlaParams& w, const MlaScratch& scratch, const RopeTables& rope,
+                  const ModelConfig& c, const parallel::TensorParallel& tp, int64_t batch,
+                  int64_t seq_len);
 
 }  // namespace moetron

@@ -69,10 +69,12 @@ void sequence_parallel_rmsnorm_backward(Backend& ops, float* dinp, float* dweigh
     ops.add_inplace(dweight, dweight_scratch, dim);
 }
 
-double block_forward(Backend& ops, float* x_out, const BlockActivations& saved, const float* x_in,
-                     const BlockParams& w, const BlockScratch& scratch, const RopeTables& rope,
-                     const ModelConfig& c, const parallel::TensorParallel& tp,
-                     const BlockMoeOptions& moe, int64_t batch, int64_t seq_len) {
+double block_forward(const ModelCompute& compute, float* x_out, const BlockActivations& saved,
+                     const float* x_in, const BlockParams& w, const BlockScratch& scratch,
+                     const RopeTables& rope, const ModelConfig& c,
+                     const parallel::TensorParallel& tp, const BlockMoeOptions& moe, int64_t batch,
+                     int64_t seq_len) {
+    Backend& ops = compute.ops;
     const int64_t n = batch * seq_len, D = c.hidden_size, rows = tp.local_rows(n);
     const float eps = static_cast<float>(c.rms_norm_eps);
     // The split GEMMs' partial outputs over all N rows (the rows themselves with tp = 1).
@@ -80,7 +82,7 @@ double block_forward(Backend& ops, float* x_out, const BlockActivations& saved, 
 
     ops.rmsnorm_forward(saved.attn_norm_out, saved.attn_norm_rstd, x_in, w.attn_norm, rows, D, eps);
     const float* attn_in = tp.gather_rows(saved.attn_in, saved.attn_norm_out, rows * D);
-    mla_forward(ops, partial, saved.attn, attn_in, w.attn, scratch.attn, rope, c, tp, batch,
+    mla_forward(compute, partial, saved.attn, attn_in, w.attn, scratch.attn, rope, c, tp, batch,
                 seq_len);
     tp.reduce_scatter_rows(scratch.branch, partial, rows * D);  // o_proj is row-parallel
     ops.add(saved.x_mid, x_in, scratch.branch, rows * D);
@@ -90,22 +92,23 @@ double block_forward(Backend& ops, float* x_out, const BlockActivations& saved, 
     const float* ffn_in = tp.gather_rows(saved.mlp_in, saved.mlp_norm_out, rows * D);
     double balance_loss = 0.0;
     if (w.is_moe) {
-        balance_loss = moe_forward(ops, partial, saved.moe, moe.load_counts, ffn_in, w.moe,
+        balance_loss = moe_forward(compute, partial, saved.moe, moe.load_counts, ffn_in, w.moe,
                                    scratch.moe, c, tp, moe.balance_alpha, batch, seq_len);
     } else {
-        mlp_forward(ops, partial, saved.mlp, ffn_in, w.mlp, n, D, c.intermediate_size / tp.size(),
-                    false);
+        mlp_forward(compute, partial, saved.mlp, ffn_in, w.mlp, n, D,
+                    c.intermediate_size / tp.size(), false);
     }
     tp.reduce_scatter_rows(scratch.branch, partial, rows * D);  // down is row-parallel
     ops.add(x_out, saved.x_mid, scratch.branch, rows * D);
     return balance_loss;
 }
 
-void block_backward(Backend& ops, float* dx, const BlockParams& grads, const float* x_in,
-                    const BlockActivations& saved, const BlockParams& w,
+void block_backward(const ModelCompute& compute, float* dx, const BlockParams& grads,
+                    const float* x_in, const BlockActivations& saved, const BlockParams& w,
                     const BlockScratch& scratch, const RopeTables& rope, const ModelConfig& c,
                     const parallel::TensorParallel& tp, const BlockMoeOptions& moe, int64_t batch,
                     int64_t seq_len) {
+    Backend& ops = compute.ops;
     const int64_t n = batch * seq_len, D = c.hidden_size, rows = tp.local_rows(n);
     const parallel::RowRange own = tp.row_share(n, "tokens of the micro-batch");
     const float* attn_in = tp.enabled() ? saved.attn_in : saved.attn_norm_out;
@@ -117,10 +120,10 @@ void block_backward(Backend& ops, float* dx, const BlockParams& grads, const flo
     // gradient is partial over TP (column-parallel gate_up, each routed row from one rank).
     const float* dout = tp.gather_rows(scratch.full, dx, rows * D);
     if (w.is_moe) {
-        moe_backward(ops, d_in, grads.moe, dout, ffn_in, saved.moe, w.moe, scratch.moe, scratch.mlp,
-                     c, tp, moe.balance_grad, batch, seq_len);
+        moe_backward(compute, d_in, grads.moe, dout, ffn_in, saved.moe, w.moe, scratch.moe,
+                     scratch.mlp, c, tp, moe.balance_grad, batch, seq_len);
     } else {
-        mlp_backward(ops, d_in, grads.mlp, dout, ffn_in, saved.mlp, w.mlp, scratch.mlp, n, D,
+        mlp_backward(compute, d_in, grads.mlp, dout, ffn_in, saved.mlp, w.mlp, scratch.mlp, n, D,
                      c.intermediate_size / tp.size(), false);
     }
     tp.reduce_scatter_rows(scratch.branch, d_in, rows * D);
@@ -132,8 +135,8 @@ void block_backward(Backend& ops, float* dx, const BlockParams& grads, const flo
     // Attention branch: dx is now d x_mid. MLA's input gradient is whole on every TP rank
     // (attention_mla.h), so the rank's rows are a slice of it.
     dout = tp.gather_rows(scratch.full, dx, rows * D);
-    mla_backward(ops, d_in, grads.attn, dout, attn_in, saved.attn, w.attn, scratch.attn, rope, c,
-                 tp, batch, seq_len);
+    mla_backward(compute, d_in, grads.attn, dout, attn_in, saved.attn, w.attn, scratch.attn, rope,
+                 c, tp, batch, seq_len);
     const float* d_rows = tp.enabled() ? d_in + own.first * D : d_in;
     sequence_parallel_rmsnorm_backward(ops, scratch.d_normed, grads.attn_norm, d_rows, x_in,
                                        w.attn_norm, saved.attn_norm_rstd, scratch.d_norm_weight,

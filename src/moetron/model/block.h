@@ -16,6 +16,7 @@
 #include <string>
 
 #include "moetron/model/attention_mla.h"
+#include "moetron/model/compute.h"
 #include "moetron/model/mlp.h"
 #include "moetron/model/moe.h"
 
@@ -74,14 +75,15 @@ void bind_block_scratch(BufferBinder& b, BlockScratch& s, const std::string& pre
 // x_out (Nr, D) written from x_in (Nr, D), which the caller keeps for the backward: this rank's
 // rows of the stream (all N with tp = 1). Returns the block's balance loss (alpha-weighted; 0 for
 // a dense block), the same on every TP rank.
-double block_forward(Backend& ops, float* x_out, const BlockActivations& saved, const float* x_in,
-                     const BlockParams& w, const BlockScratch& scratch, const RopeTables& rope,
-                     const ModelConfig& c, const parallel::TensorParallel& tp,
-                     const BlockMoeOptions& moe, int64_t batch, int64_t seq_len);
+double block_forward(const ModelCompute& compute, float* x_out, const BlockActivations& saved,
+                     const float* x_in, const BlockParams& w, const BlockScratch& scratch,
+                     const RopeTables& rope, const ModelConfig& c,
+                     const parallel::TensorParallel& tp, const BlockMoeOptions& moe, int64_t batch,
+                     int64_t seq_len);
 // dx (Nr, D): on entry the gradient on x_out, on return the gradient on x_in (the residual
 // stream's gradient, updated in place). grads accumulate.
-void block_backward(Backend& ops, float* dx, const BlockParams& grads, const float* x_in,
-                    const BlockActivations& saved, const BlockParams& w,
+void block_backward(const ModelCompute& compute, float* dx, const BlockParams& grads,
+                    const float* x_in, const BlockActivations& saved, const BlockParams& w,
                     const BlockScratch& scratch, const RopeTables& rope, const ModelConfig& c,
                     const parallel::TensorParallel& tp, const BlockMoeOptions& moe, int64_t batch,
                     int64_t seq_len);

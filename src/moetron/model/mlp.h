@@ -13,6 +13,7 @@
 #include <string>
 
 #include "moetron/kernels/backend.h"
+#include "moetron/model/compute.h"
 #include "moetron/model/params.h"
 
 namespace moetron {
@@ -42,13 +43,13 @@ void bind_mlp_scratch(BufferBinder& b, MlpScratch& s, const std::string& prefix,
                       int64_t max_ffn_dim);
 
 // out (N, D) written, or added to when accumulate (the MoE adds its shared experts this way).
-void mlp_forward(Backend& ops, float* out, const MlpActivations& saved, const float* inp,
-                 const MlpParams& w, int64_t num_tokens, int64_t dim, int64_t ffn_dim,
-                 bool accumulate);
+void mlp_forward(const ModelCompute& compute, float* out, const MlpActivations& saved,
+                 const float* inp, const MlpParams& w, int64_t num_tokens, int64_t dim,
+                 int64_t ffn_dim, bool accumulate);
 // dinp (N, D) written, or added to when accumulate; grads accumulate.
-void mlp_backward(Backend& ops, float* dinp, const MlpParams& grads, const float* dout,
-                  const float* inp, const MlpActivations& saved, const MlpParams& w,
-                  const MlpScratch& scratch, int64_t num_tokens, int64_t dim, int64_t ffn_dim,
-                  bool accumulate);
+void mlp_backward(const ModelCompute& compute, float* dinp, const MlpParams& grads,
+                  const float* dout, const float* inp, const MlpActivations& saved,
+                  const MlpParams& w, const MlpScratch& scratch, int64_t num_tokens, int64_t dim,
+                  int64_t ffn_dim, bool accumulate);
 
 }  // namespace moetron

@@ -40,7 +40,6 @@
 #include "moetron/parallel/tensor_parallel.h"
 
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/model/block.h"
 #include "moetron/model/layout_fit.h"
 #include "moetron/model/mtp.h"
@@ -252,7 +251,7 @@ parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int6
     dc.routing.hidden = c.hidden_size;
     dc.routing.max_tokens = max_tokens;
     dc.routing.domain_size = ep_ranks_per_domain;
-    dc.routing.token_payload = moe.token_payload;
+    dc.routing.token_format = moe.token_format;
     dc.capacity_factor = moe.capacity_factor;
     dc.kind = moe.dispatch;
     // Dual overlap runs two half micro-batches, each with its own routing and buffers.
@@ -302,18 +301,20 @@ void bind_head_scratch(BufferBinder& b, HeadScratch& s, const ModelConfig& c, in
 // count (its mean): d_hidden written; the norm's and head's gradients accumulate. hidden and
 // d_hidden are this rank's (Nr, D) rows; with tensor parallelism the normed rows are all-gathered
 // for the head, and the head and the cross-entropy are vocabulary-parallel (vocab_parallel.h).
-CrossEntropyResult head_loss(Backend& ops, float* d_hidden, const float* hidden,
+CrossEntropyResult head_loss(const ModelCompute& compute, float* d_hidden, const float* hidden,
                              const int32_t* targets, const float* norm_w, float* norm_g,
                              const float* head_w, float* head_g, const HeadScratch& s,
                              const ModelConfig& c, const parallel::TensorParallel& tp, int64_t n,
                              float loss_grad, int64_t denominator) {
+    Backend& ops = compute.ops;
+    const GemmPrecision head = compute.gemm(GemmRole::head);
     const int64_t D = c.hidden_size, V = c.vocab_size, Vp = V / tp.size();
     const int64_t rows = tp.local_rows(n);
     ops.rmsnorm_forward(s.normed, s.rstd, hidden, norm_w, rows, D,
                         static_cast<float>(c.rms_norm_eps));
     const float* normed = tp.gather_rows(s.normed_full, s.normed, rows * D);
-    // bfloat16 under the bf16 recipe, float32 under the FP8 ones (low_precision_backend.h).
-    output_head_backend(ops).linear_forward(s.logits, normed, head_w, n, D, Vp);
+    // bfloat16 under the bf16 recipe, float32 under the FP8 ones (compute.h).
+    ops.linear_forward(s.logits, normed, head_w, n, D, Vp, head);
     const CrossEntropyResult ce = vocab_parallel_cross_entropy_forward(
         ops, s.losses, s.lse, s.logits, targets, s.vocab, n, V, kIgnoreIndex, tp);
     if (d_hidden == nullptr) return ce;
@@ -324,7 +325,9 @@ CrossEntropyResult head_loss(Backend& ops, float* d_hidden, const float* hidden,
                                           kIgnoreIndex, per_token, tp);
     // The head is column-parallel over the vocabulary: its input gradient is partial over TP.
     float* d_normed = tp.enabled() ? s.d_normed_full : s.d_normed;
-    output_head_backend(ops).linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp);
+    // Whole under a split backward (compute.h).
+    compute.whole_backward.linear_backward(d_normed, head_g, s.logits, normed, head_w, n, D, Vp,
+                                           head);
     tp.reduce_scatter_rows(s.d_normed, d_normed, rows * D);
     sequence_parallel_rmsnorm_backward(ops, d_hidden, norm_g, s.d_normed, hidden, norm_w, s.rstd,
                                        s.d_norm_weight, rows, D, tp);
@@ -566,7 +569,8 @@ std::vector<size_t> sets_by_chunk(const ModelParallel& par, size_t num_chunks) {
 }
 
 struct Model::Impl {
-    Backend& ops;  // runs every op; owns the arenas' memory
+    Backend& ops;          // runs every op; owns the arenas' memory
+    ModelCompute compute;  // ops, and the format of each GEMM (compute.h)
     ModelConfig config;
     ModelRuntime runtime;
     LossWeights loss_weights;
@@ -620,6 +624,7 @@ struct Model::Impl {
     Impl(const ModelConfig& c, const ModelRuntime& r, const LossWeights& lw,
          const ModelParallel& par)
         : ops(r.backend != nullptr ? *r.backend : cpu_backend()),
+          compute{ops, r.whole_backward != nullptr ? *r.whole_backward : ops, r.precision},
           config(c),
           runtime(r),
           loss_weights(lw),
@@ -733,6 +738,7 @@ struct Model::Impl {
             ba.moe.expert_compute_s = &expert_compute_s;
             ba.moe.expert_rows_computed = &expert_rows[static_cast<size_t>(slot)];
             ba.moe.overlap = parallel.moe.overlap;
+            ba.moe.token_format = parallel.moe.token_format;
             ba.moe.dispatch_slot = base + (dual ? 2 * slot : slot);
             ba.moe.dispatch_slot_b = dual ? base + 2 * slot + 1 : -1;
         }
@@ -906,9 +912,9 @@ struct Model::Impl {
             vocab_parallel_embedding_forward(ops, a.residual[0], a.input_tokens, w.embed,
                                              a.block_scratch.full, n, c.vocab_size, D, tp);
         for (int64_t l = first; l < last; ++l) {
-            losses.balance_loss += block_forward(ops, a.residual[l + 1], a.layers[l], a.residual[l],
-                                                 w.layers[l], a.block_scratch, rope, c, tp,
-                                                 moe(main_slot[l], backward), batch, seq_len);
+            losses.balance_loss += block_forward(
+                compute, a.residual[l + 1], a.layers[l], a.residual[l], w.layers[l],
+                a.block_scratch, rope, c, tp, moe(main_slot[l], backward), batch, seq_len);
         }
         if (!chunk.loss) return losses;
 
@@ -920,12 +926,12 @@ struct Model::Impl {
         for (int64_t d = 0; d < num_mtp; ++d) {
             const float* h_prev = d == 0 ? a.residual[L] : a.mtp[d - 1].out;
             losses.balance_loss +=
-                mtp_forward(ops, a.mtp[d], h_prev, a.input_tokens, a.input_targets, w.embed,
+                mtp_forward(compute, a.mtp[d], h_prev, a.input_tokens, a.input_targets, w.embed,
                             w.mtp[d], a.mtp_scratch, a.block_scratch, rope, c, tp,
                             moe(mtp_slot[d], backward), d, batch, seq_len);
             const int64_t mtp_den = den == nullptr ? 0 : den->mtp_tokens[d];
             const CrossEntropyResult ce =
-                head_loss(ops, run_mtp_backward ? a.mtp[d].d_out : nullptr, a.mtp[d].out,
+                head_loss(compute, run_mtp_backward ? a.mtp[d].d_out : nullptr, a.mtp[d].out,
                           a.mtp[d].targets, w.mtp[d].final_norm, g.mtp[d].final_norm, w.head,
                           g.head, a.head, c, tp, n, mtp_loss_grad, mtp_den);
             losses.mtp_loss += mean_loss(ce, mtp_den);
@@ -935,7 +941,7 @@ struct Model::Impl {
         // Main head last, so that logits() holds its logits after forward().
         const int64_t lm_den = den == nullptr ? 0 : den->lm_tokens;
         const CrossEntropyResult main_ce = head_loss(
-            ops, backward ? a.d_stream : nullptr, a.residual[L], a.input_targets, w.final_norm,
+            compute, backward ? a.d_stream : nullptr, a.residual[L], a.input_targets, w.final_norm,
             g.final_norm, w.head, g.head, a.head, c, tp, n, grad_scale, lm_den);
         losses.lm_loss = mean_loss(main_ce, lm_den);
         losses.num_tokens = main_ce.num_valid;
@@ -966,7 +972,7 @@ struct Model::Impl {
             for (int64_t d = chunk.num_mtp - 1; d >= 0; --d) {
                 if (run_mtp_backward) {
                     const float* h_prev = d == 0 ? a.residual[L] : a.mtp[d - 1].out;
-                    mtp_backward(ops, a.d_h_prev, g.mtp[d], g.embed, h_prev, a.mtp[d], w.mtp[d],
+                    mtp_backward(compute, a.d_h_prev, g.mtp[d], g.embed, h_prev, a.mtp[d], w.mtp[d],
                                  a.mtp_scratch, a.block_scratch, rope, c, tp, moe(mtp_slot[d]),
                                  batch, seq_len);
                     ops.add_inplace(d == 0 ? a.d_stream : a.mtp[d - 1].d_out, a.d_h_prev,
@@ -977,8 +983,9 @@ struct Model::Impl {
             }
         }
         for (int64_t l = chunk.first_layer + chunk.num_layers - 1; l >= chunk.first_layer; --l) {
-            block_backward(ops, a.d_stream, g.layers[l], a.residual[l], a.layers[l], w.layers[l],
-                           a.block_scratch, rope, c, tp, moe(main_slot[l]), batch, seq_len);
+            block_backward(compute, a.d_stream, g.layers[l], a.residual[l], a.layers[l],
+                           w.layers[l], a.block_scratch, rope, c, tp, moe(main_slot[l]), batch,
+                           seq_len);
             sum_replica_grads(g.layers[l], main_slot[l]);
             notify_grads_ready(layer_range[l]);
         }

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "moetron/core/precision.h"
 #include "moetron/core/tensor.h"
 #include "moetron/model/config.h"
 #include "moetron/model/moe.h"     // ExpertShard
@@ -40,6 +41,11 @@ struct ModelRuntime {
     // The backend that runs every op of the model and owns its arenas (parameters, gradients,
     // activations, expert loads); it must outlive the model. Null: cpu_backend().
     Backend* backend = nullptr;
+    // Under a split backward (zb-h1: backend is a SplitBackwardBackend), the backend below it, for
+    // the GEMMs whose backward stays whole (compute.h). Null: backend.
+    Backend* whole_backward = nullptr;
+    // The recipe (--precision): the format of each GEMM by its role (compute.h).
+    Precision precision = Precision::fp32;
 };
 
 // Loss-side knobs of DeepSeek-V3 training (its report, sec. 2.1-2.2).
@@ -79,10 +85,10 @@ struct MoeSettings {
     // --rebalance-every N: every N steps the trainer places the slots for the measured load and
     // migrates them (train/expert_balance.h); 0: the placement never moves.
     int64_t rebalance_every = 0;
-    // The format the tokens travel to the routed experts in (parallel/dispatch_payload.h):
-    // recipe_token_payload(--precision) by default, so that the experts consume the recipe's
-    // quantized copy as it arrives; fp32 sends float32 and quantizes at the GEMM.
-    parallel::PayloadFormat token_payload = parallel::PayloadFormat::fp32;
+    // The format the tokens travel to the routed experts in (parallel/dispatch_payload.h): the
+    // recipe's (--precision) by default, so that the experts consume the recipe's quantized copy
+    // as it arrives; fp32 sends float32 and quantizes at the GEMM.
+    Precision token_format = Precision::fp32;
 };
 
 struct ModelParallel {

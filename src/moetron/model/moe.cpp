@@ -4,7 +4,6 @@
 
 #include "moetron/core/timer.h"
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/low_precision_backend.h"
 #include "moetron/parallel/expert_dispatcher.h"
 
 namespace moetron {
@@ -79,51 +78,51 @@ void place_halves(TokenHalf* halves, int num_halves, const parallel::ExpertDispa
              row, expert_rows);
 }
 
-// The experts' first GEMM (gate and up projections). When the dispatch delivered the tokens
-// already in the recipe's row-wise quantized format, they are used as they arrived.
-void experts_gate_up_forward(Backend& ops, float* gate_up, const float* expert_inp,
+// The experts' first GEMM (gate and up projections). Token rows that travelled in the GEMM's own
+// format (saved.token_format, the recipe's by default) already hold its row-wise quantized
+// values: the GEMM uses them as they arrived.
+void experts_gate_up_forward(const ModelCompute& compute, float* gate_up, const float* expert_inp,
                              const MoeActivations& saved, const MoeParams& w, const TokenHalf& h,
                              int64_t El, int64_t D, int64_t F) {
-    auto* low = dynamic_cast<LowPrecisionBackend*>(&ops);
-    const parallel::PayloadFormat arrived = saved.dispatcher->token_payload();
-    if (low != nullptr && arrived != parallel::PayloadFormat::fp32 &&
-        arrived == recipe_token_payload(low->precision())) {
-        low->grouped_linear_forward_quantized_input(gate_up, expert_inp, w.experts_gate_up,
-                                                    h.offsets, El, D, 2 * F);
-        return;
-    }
-    ops.grouped_linear_forward(gate_up, expert_inp, w.experts_gate_up, h.offsets, El, D, 2 * F);
+    GemmPrecision gemm = compute.gemm(GemmRole::expert);
+    gemm.input_quantized =
+        saved.token_format != Precision::fp32 && saved.token_format == gemm.format;
+    compute.ops.grouped_linear_forward(gate_up, expert_inp, w.experts_gate_up, h.offsets, El, D,
+                                       2 * F, gemm);
 }
 
 // The routed experts of one half: one grouped SwiGLU over its rows.
-void experts_forward(Backend& ops, const MoeActivations& saved, const MoeParams& w,
+void experts_forward(const ModelCompute& compute, const MoeActivations& saved, const MoeParams& w,
                      const TokenHalf& h, int64_t El, int64_t D, int64_t F) {
     const Timer timer;
+    Backend& ops = compute.ops;
     const int64_t r = h.expert_row;
-    experts_gate_up_forward(ops, saved.expert_gate_up + r * 2 * F, saved.permuted + r * D, saved, w,
-                            h, El, D, F);
+    experts_gate_up_forward(compute, saved.expert_gate_up + r * 2 * F, saved.permuted + r * D,
+                            saved, w, h, El, D, F);
     ops.swiglu_forward(saved.expert_hidden + r * F, saved.expert_gate_up + r * 2 * F, h.num_rows,
                        F);
     ops.grouped_linear_forward(saved.expert_out + r * D, saved.expert_hidden + r * F,
-                               w.experts_down, h.offsets, El, F, D);
+                               w.experts_down, h.offsets, El, F, D, compute.gemm(GemmRole::expert));
     if (saved.expert_compute_s != nullptr) *saved.expert_compute_s += timer.elapsed_s();
 }
 
 // Its backward: scratch.d_expert_out (the half's rows) in, the inputs' gradient written over it
 // (d_expert_out is free again once d_expert_hidden exists).
-void experts_backward(Backend& ops, const MoeParams& grads, const MoeActivations& saved,
-                      const MoeParams& w, const MoeScratch& scratch, const TokenHalf& h, int64_t El,
-                      int64_t D, int64_t F) {
+void experts_backward(const ModelCompute& compute, const MoeParams& grads,
+                      const MoeActivations& saved, const MoeParams& w, const MoeScratch& scratch,
+                      const TokenHalf& h, int64_t El, int64_t D, int64_t F) {
     const Timer timer;
+    Backend& ops = compute.ops;
+    const GemmPrecision expert = compute.gemm(GemmRole::expert);
     const int64_t r = h.expert_row;
     float* d_out = scratch.d_expert_out + r * D;
     float* d_hidden = scratch.d_expert_hidden + r * F;
     float* d_gate_up = scratch.d_expert_gate_up + r * 2 * F;
     ops.grouped_linear_backward(d_hidden, grads.experts_down, d_out, saved.expert_hidden + r * F,
-                                w.experts_down, h.offsets, El, F, D);
+                                w.experts_down, h.offsets, El, F, D, expert);
     ops.swiglu_backward(d_gate_up, d_hidden, saved.expert_gate_up + r * 2 * F, h.num_rows, F);
     ops.grouped_linear_backward(d_out, grads.experts_gate_up, d_gate_up, saved.permuted + r * D,
-                                w.experts_gate_up, h.offsets, El, D, 2 * F);
+                                w.experts_gate_up, h.offsets, El, D, 2 * F, expert);
     if (saved.expert_compute_s != nullptr) *saved.expert_compute_s += timer.elapsed_s();
     if (saved.expert_rows_computed != nullptr) *saved.expert_rows_computed += h.num_rows;
 }
@@ -137,20 +136,6 @@ void zero_other_rows(Backend& ops, float* x, parallel::RowRange own, int64_t num
 }
 
 }  // namespace
-
-parallel::PayloadFormat recipe_token_payload(Precision precision) {
-    switch (precision) {
-        case Precision::fp32:
-            return parallel::PayloadFormat::fp32;
-        case Precision::bf16:
-            return parallel::PayloadFormat::bf16;
-        case Precision::mxfp8:
-            return parallel::PayloadFormat::mxfp8;
-        case Precision::fp8_blockwise:
-            return parallel::PayloadFormat::fp8_blockwise;
-    }
-    MT_THROW("[moe] unknown precision {}", static_cast<int>(precision));
-}
 
 MoeOverlap parse_moe_overlap(std::string_view name) {
     if (name == "off") return MoeOverlap::off;
@@ -232,18 +217,20 @@ void bind_moe_scratch(BufferBinder& b, MoeScratch& s, const std::string& prefix,
     if (tp_size > 1) b(s.d_topk_weights_own, prefix + "d_topk_weights_own", {n / tp_size, K});
 }
 
-double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_t* load_counts,
-                   const float* inp, const MoeParams& w, const MoeScratch& scratch,
-                   const ModelConfig& c, const parallel::TensorParallel& tp, float balance_alpha,
-                   int64_t batch, int64_t seq_len) {
+double moe_forward(const ModelCompute& compute, float* out, const MoeActivations& saved,
+                   int64_t* load_counts, const float* inp, const MoeParams& w,
+                   const MoeScratch& scratch, const ModelConfig& c,
+                   const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,
+                   int64_t seq_len) {
+    Backend& ops = compute.ops;
     const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
     // The tokens this rank sends to the experts: all of them without tensor parallelism.
     const parallel::RowRange own = tp.row_share(n, "tokens of the MoE layer's micro-batch");
 
     // Router (eq. 15-16): the gate GEMM, then sigmoid, biased group-limited top-K and weights.
-    // Every low-precision recipe keeps the router in float32 (README "Low precision").
-    high_precision(ops).linear_forward(scratch.logits, inp, w.gate, n, D, E);
+    // Every low-precision recipe keeps the router in float32 (compute.h).
+    ops.linear_forward(scratch.logits, inp, w.gate, n, D, E, compute.gemm(GemmRole::router));
     ops.router_forward(saved.topk_ids, saved.topk_weights, saved.scores, scratch.logits,
                        w.correction_bias, router_shape(c, n));
     if (load_counts != nullptr)
@@ -259,12 +246,12 @@ double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_
     const bool has_shared = c.n_shared_experts > 0;
     const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
     auto shared_experts = [&](bool accumulate) {
-        mlp_forward(ops, out, saved.shared, inp, w.shared, n, D,
+        mlp_forward(compute, out, saved.shared, inp, w.shared, n, D,
                     shared_expert_ffn_dim(c, tp.size()), accumulate);
     };
     auto begin_dispatch = [&](const TokenHalf& h) {
         dispatch.dispatch_forward_begin(h.slot, saved.permuted + h.expert_row * D,
-                                        inp + h.first * D);
+                                        inp + h.first * D, saved.token_format);
     };
     auto begin_combine = [&](const TokenHalf& h) {
         dispatch.combine_forward_begin(h.slot, out + h.first * D,
@@ -290,7 +277,7 @@ double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_
             place_halves(&h, 1, dispatch, expert_rows);
             begin_dispatch(h);
             dispatch.finish(h.slot);
-            experts_forward(ops, saved, w, h, El, D, F);
+            experts_forward(compute, saved, w, h, El, D, F);
             begin_combine(h);
             dispatch.finish(h.slot);
         }
@@ -303,12 +290,12 @@ double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_
         if (shared_first) shared_experts(/*accumulate=*/false);
         dispatch.finish(halves[0].slot);
         if (num_halves == 2) begin_dispatch(halves[1]);
-        experts_forward(ops, saved, w, halves[0], El, D, F);
+        experts_forward(compute, saved, w, halves[0], El, D, F);
         begin_combine(halves[0]);
         if (num_halves == 2) {
             dispatch.finish(halves[1].slot);
             dispatch.post_next_hop(halves[0].slot);  // two_tier: A's combine crosses the rail now
-            experts_forward(ops, saved, w, halves[1], El, D, F);
+            experts_forward(compute, saved, w, halves[1], El, D, F);
             begin_combine(halves[1]);
         }
         for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
@@ -322,11 +309,12 @@ double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_
     return static_cast<double>(balance_alpha) * loss_sum / static_cast<double>(batch);
 }
 
-void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float* dout,
-                  const float* inp, const MoeActivations& saved, const MoeParams& w,
-                  const MoeScratch& scratch, const MlpScratch& shared_scratch, const ModelConfig& c,
-                  const parallel::TensorParallel& tp, float balance_grad, int64_t batch,
-                  int64_t seq_len) {
+void moe_backward(const ModelCompute& compute, float* dinp, const MoeParams& grads,
+                  const float* dout, const float* inp, const MoeActivations& saved,
+                  const MoeParams& w, const MoeScratch& scratch, const MlpScratch& shared_scratch,
+                  const ModelConfig& c, const parallel::TensorParallel& tp, float balance_grad,
+                  int64_t batch, int64_t seq_len) {
+    Backend& ops = compute.ops;
     const int64_t n = batch * seq_len, E = c.n_routed_experts, K = c.num_experts_per_tok;
     const int64_t D = c.hidden_size, F = c.moe_intermediate_size;
     const parallel::RowRange own = tp.row_share(n, "tokens of the MoE layer's micro-batch");
@@ -340,8 +328,8 @@ void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float
     const bool has_shared = c.n_shared_experts > 0;
     const bool shared_first = has_shared && saved.overlap != MoeOverlap::off;
     auto shared_experts = [&](bool accumulate) {
-        mlp_backward(ops, dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch, n,
-                     D, shared_expert_ffn_dim(c, tp.size()), accumulate);
+        mlp_backward(compute, dinp, grads.shared, dout, inp, saved.shared, w.shared, shared_scratch,
+                     n, D, shared_expert_ffn_dim(c, tp.size()), accumulate);
     };
     auto begin_combine_backward = [&](const TokenHalf& h) {
         const int64_t t = h.first - own.first;  // the half's first row in the rank's share
@@ -365,14 +353,15 @@ void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float
                 dispatch.route(h.slot, saved.topk_ids + h.first * K,
                                saved.topk_weights + h.first * K, h.count, h.first - own.first);
                 place_halves(&h, 1, dispatch, expert_rows);
-                dispatch.dispatch_forward(h.slot, saved.permuted, inp + h.first * D);
-                experts_forward(ops, saved, w, h, El, D, F);
+                dispatch.dispatch_forward(h.slot, saved.permuted, inp + h.first * D,
+                                          saved.token_format);
+                experts_forward(compute, saved, w, h, El, D, F);
             } else {
                 place_halves(&h, 1, dispatch, expert_rows);
             }
             begin_combine_backward(h);
             dispatch.finish(h.slot);
-            experts_backward(ops, grads, saved, w, scratch, h, El, D, F);
+            experts_backward(compute, grads, saved, w, scratch, h, El, D, F);
             begin_dispatch_backward(h);
             dispatch.finish(h.slot);
         }
@@ -384,12 +373,12 @@ void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float
         if (shared_first) shared_experts(/*accumulate=*/false);
         dispatch.finish(halves[0].slot);
         if (num_halves == 2) begin_combine_backward(halves[1]);
-        experts_backward(ops, grads, saved, w, scratch, halves[0], El, D, F);
+        experts_backward(compute, grads, saved, w, scratch, halves[0], El, D, F);
         begin_dispatch_backward(halves[0]);
         if (num_halves == 2) {
             dispatch.finish(halves[1].slot);
             dispatch.post_next_hop(halves[0].slot);  // two_tier: A's gradients cross the rail now
-            experts_backward(ops, grads, saved, w, scratch, halves[1], El, D, F);
+            experts_backward(compute, grads, saved, w, scratch, halves[1], El, D, F);
             begin_dispatch_backward(halves[1]);
         }
         for (int i = 0; i < num_halves; ++i) dispatch.finish(halves[i].slot);
@@ -414,11 +403,14 @@ void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float
     float* d_logits = scratch.logits;
     ops.router_backward(d_logits, scratch.d_topk_weights, d_scores, saved.scores, saved.topk_ids,
                         router_shape(c, n));
-    high_precision(ops).linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E);
+    // Its backward stays whole under a split backward (compute.h).
+    const GemmPrecision router = compute.gemm(GemmRole::router);
+    compute.whole_backward.linear_backward(nullptr, grads.gate, d_logits, inp, w.gate, n, D, E,
+                                           router);
     // The router's input gradient is the same on every TP rank: each adds it to its own rows
     // only, so that the sum over TP counts it once.
-    high_precision(ops).matmul(dinp + own.first * D, d_logits + own.first * E, w.gate, own.count, D,
-                               E, false, false, 1.0f);
+    compute.whole_backward.matmul(dinp + own.first * D, d_logits + own.first * E, w.gate, own.count,
+                                  D, E, false, false, 1.0f, router);
 }
 
 }  // namespace moetron

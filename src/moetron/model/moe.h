@@ -32,7 +32,7 @@
 #include <string_view>
 
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/low_precision_backend.h"
+#include "moetron/model/compute.h"
 #include "moetron/model/mlp.h"
 #include "moetron/model/params.h"
 #include "moetron/parallel/dispatch_traffic.h"
@@ -78,11 +78,6 @@ enum class MoeOverlap { off, shared, dual };
 MoeOverlap parse_moe_overlap(std::string_view name);  // "off" | "shared" | "dual"; throws otherwise
 std::string_view moe_overlap_name(MoeOverlap overlap);
 
-// The format in which a precision's recipe has the routed experts' input: the payload that carries
-// it through the dispatch (parallel/dispatch_payload.h) so that the experts' first GEMM consumes
-// it without quantizing again. fp32 for fp32.
-parallel::PayloadFormat recipe_token_payload(Precision precision);
-
 // Letters: E experts, El local experts (E without expert parallelism), K experts per token,
 // F = moe_intermediate_size, Fs = n_shared_experts * F (this rank's Fs / tp under tensor
 // parallelism), R rows on the expert side (N*K without expert parallelism).
@@ -108,6 +103,10 @@ struct MoeActivations {
     int64_t dispatch_slot = 0;
     MoeOverlap overlap = MoeOverlap::off;
     int64_t dispatch_slot_b = -1;  // dual: the second half's slot (its own exchange buffer)
+    // The format the tokens travel to the routed experts in (MoeSettings::token_format), passed
+    // with each dispatch; when it is the experts' GEMM format, the GEMM takes the rows as they
+    // arrive.
+    Precision token_format = Precision::fp32;
     // When set, the seconds this rank spends in the routed experts' computation (grouped GEMMs
     // and SwiGLU, forward and backward) are added to it: host time, exact on the CPU backend.
     double* expert_compute_s = nullptr;
@@ -161,16 +160,17 @@ int64_t shared_expert_ffn_dim(const ModelConfig& c, int tp_size);
 // through the same buffers, blocking, whatever the overlap; they keep the last round's
 // activations, and moe_backward runs the rounds last to first, recomputing the earlier rounds'
 // experts. Dropless; equal to one round within float rounding.
-double moe_forward(Backend& ops, float* out, const MoeActivations& saved, int64_t* load_counts,
-                   const float* inp, const MoeParams& w, const MoeScratch& scratch,
-                   const ModelConfig& c, const parallel::TensorParallel& tp, float balance_alpha,
-                   int64_t batch, int64_t seq_len);
+double moe_forward(const ModelCompute& compute, float* out, const MoeActivations& saved,
+                   int64_t* load_counts, const float* inp, const MoeParams& w,
+                   const MoeScratch& scratch, const ModelConfig& c,
+                   const parallel::TensorParallel& tp, float balance_alpha, int64_t batch,
+                   int64_t seq_len);
 // dinp (N, D) written (partial over TP, as out); grads accumulate. balance_grad = d(total
 // loss)/d(balance loss) times alpha (alpha * grad_scale); 0 skips the balance term.
-void moe_backward(Backend& ops, float* dinp, const MoeParams& grads, const float* dout,
-                  const float* inp, const MoeActivations& saved, const MoeParams& w,
-                  const MoeScratch& scratch, const MlpScratch& shared_scratch, const ModelConfig& c,
-                  const parallel::TensorParallel& tp, float balance_grad, int64_t batch,
-                  int64_t seq_len);
+void moe_backward(const ModelCompute& compute, float* dinp, const MoeParams& grads,
+                  const float* dout, const float* inp, const MoeActivations& saved,
+                  const MoeParams& w, const MoeScratch& scratch, const MlpScratch& shared_scratch,
+                  const ModelConfig& c, const parallel::TensorParallel& tp, float balance_grad,
+                  int64_t batch, int64_t seq_len);
 
 }  // namespace moetron

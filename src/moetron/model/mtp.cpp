@@ -61,11 +61,13 @@ void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
     if (tp_size > 1) b(s.d_eh_proj, prefix + "d_eh_proj", {D, 2 * D});
 }
 
-double mtp_forward(Backend& ops, const MtpActivations& saved, const float* h_prev,
+double mtp_forward(const ModelCompute& compute, const MtpActivations& saved, const float* h_prev,
                    const int32_t* tokens, const int32_t* targets, const float* embedding,
                    const MtpParams& w, const MtpScratch& scratch, const BlockScratch& block_scratch,
                    const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
                    const BlockMoeOptions& moe, int64_t depth, int64_t batch, int64_t seq_len) {
+    Backend& ops = compute.ops;
+    const GemmPrecision layer = compute.gemm(GemmRole::layer);
     const int64_t n = batch * seq_len, D = c.hidden_size, shift = depth + 1;
     const int64_t rows = tp.local_rows(n);
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -79,26 +81,29 @@ double mtp_forward(Backend& ops, const MtpActivations& saved, const float* h_pre
     copy_into_half(ops, saved.concat, scratch.normed, rows, D, 0);
     ops.rmsnorm_forward(scratch.normed, saved.hidden_rstd, h_prev, w.hidden_norm, rows, D, eps);
     copy_into_half(ops, saved.concat, scratch.normed, rows, D, 1);
-    ops.linear_forward(saved.block_in, saved.concat, w.eh_proj, rows, 2 * D, D);
+    ops.linear_forward(saved.block_in, saved.concat, w.eh_proj, rows, 2 * D, D, layer);
 
-    return block_forward(ops, saved.out, saved.block, saved.block_in, w.block, block_scratch, rope,
-                         c, tp, moe, batch, seq_len);
+    return block_forward(compute, saved.out, saved.block, saved.block_in, w.block, block_scratch,
+                         rope, c, tp, moe, batch, seq_len);
 }
 
-void mtp_backward(Backend& ops, float* d_h_prev, const MtpParams& grads, float* embedding_grad,
-                  const float* h_prev, const MtpActivations& saved, const MtpParams& w,
-                  const MtpScratch& scratch, const BlockScratch& block_scratch,
+void mtp_backward(const ModelCompute& compute, float* d_h_prev, const MtpParams& grads,
+                  float* embedding_grad, const float* h_prev, const MtpActivations& saved,
+                  const MtpParams& w, const MtpScratch& scratch, const BlockScratch& block_scratch,
                   const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
                   const BlockMoeOptions& moe, int64_t batch, int64_t seq_len) {
+    Backend& ops = compute.ops;
+    const GemmPrecision layer = compute.gemm(GemmRole::layer);
     const int64_t n = batch * seq_len, D = c.hidden_size, rows = tp.local_rows(n);
 
     float* dx = saved.d_out;
-    block_backward(ops, dx, grads.block, saved.block_in, saved.block, w.block, block_scratch, rope,
-                   c, tp, moe, batch, seq_len);
+    block_backward(compute, dx, grads.block, saved.block_in, saved.block, w.block, block_scratch,
+                   rope, c, tp, moe, batch, seq_len);
     // eh_proj is replicated but sees only this rank's rows under TP: its gradient is partial.
     float* d_eh_proj = tp.enabled() ? scratch.d_eh_proj : grads.eh_proj;
     if (tp.enabled()) ops.zero(d_eh_proj, static_cast<size_t>(2 * D * D) * sizeof(float));
-    ops.linear_backward(scratch.d_concat, d_eh_proj, dx, saved.concat, w.eh_proj, rows, 2 * D, D);
+    ops.linear_backward(scratch.d_concat, d_eh_proj, dx, saved.concat, w.eh_proj, rows, 2 * D, D,
+                        layer);
     if (tp.enabled()) {
         tp.sum_partial_param_grads(d_eh_proj, 2 * D * D);
         ops.add_inplace(grads.eh_proj, d_eh_proj, 2 * D * D);

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "moetron/model/block.h"
+#include "moetron/model/compute.h"
 
 namespace moetron {
 
@@ -63,16 +64,16 @@ void bind_mtp_scratch(BufferBinder& b, MtpScratch& s, const std::string& prefix,
 // depth is 0-based (shift d = depth + 1). tokens, targets (B, S) are the main model's; h_prev
 // (Nr, D: this rank's rows) is kept by the caller; embedding is the (vocabulary-parallel) table.
 // Fills saved (saved.out = h_d). Returns the block's balance loss.
-double mtp_forward(Backend& ops, const MtpActivations& saved, const float* h_prev,
+double mtp_forward(const ModelCompute& compute, const MtpActivations& saved, const float* h_prev,
                    const int32_t* tokens, const int32_t* targets, const float* embedding,
                    const MtpParams& w, const MtpScratch& scratch, const BlockScratch& block_scratch,
                    const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
                    const BlockMoeOptions& moe, int64_t depth, int64_t batch, int64_t seq_len);
 // Consumes saved.d_out (overwritten as the running residual gradient). d_h_prev (Nr, D) written;
 // grads and embedding_grad (V, D; this rank's V/tp rows under TP) accumulate.
-void mtp_backward(Backend& ops, float* d_h_prev, const MtpParams& grads, float* embedding_grad,
-                  const float* h_prev, const MtpActivations& saved, const MtpParams& w,
-                  const MtpScratch& scratch, const BlockScratch& block_scratch,
+void mtp_backward(const ModelCompute& compute, float* d_h_prev, const MtpParams& grads,
+                  float* embedding_grad, const float* h_prev, const MtpActivations& saved,
+                  const MtpParams& w, const MtpScratch& scratch, const BlockScratch& block_scratch,
                   const RopeTables& rope, const ModelConfig& c, const parallel::TensorParallel& tp,
                   const BlockMoeOptions& moe, int64_t batch, int64_t seq_len);
 

@@ -43,7 +43,8 @@ void dispatch_forward(float* expert_inp, const float* inp, const DispatchLayout&
                       DispatchBuffer& buffer, Communicator& ep) {
     Communicator* groups[] = {&ep};
     layout.check(buffer, groups, "dispatch_forward");
-    layout.to_experts(expert_inp, inp, /*weighted=*/false, buffer, groups);
+    layout.to_experts(expert_inp, inp, /*weighted=*/false, layout.config().token_format, buffer,
+                      groups);
 }
 
 void dispatch_backward(float* dinp, const float* dexpert_inp, const DispatchLayout& layout,

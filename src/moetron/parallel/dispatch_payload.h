@@ -8,8 +8,9 @@
 //                  activation tiles), stored unaligned
 // A row is quantized on its own, with the blocks along the hidden dimension, which is the
 // reduction dimension of the experts' first GEMM: the decoded row is exactly the row-wise
-// quantized copy the recipe's GEMM would have made on the experts' rank (LowPrecisionBackend),
-// so the experts consume the received values as they are (model/moe.cpp). The quantization
+// quantized copy the recipe's GEMM would have made on the experts' rank (kernels/cpu/
+// recipe_gemms.h), so the experts consume the received values as they are (model/moe.cpp passes
+// GemmPrecision::input_quantized). The quantization
 // runs as the backend's ops; the packing around it is host code, so a quantized payload needs
 // a backend that computes on the host (the low-precision recipes do anyway).
 #pragma once
@@ -25,9 +26,9 @@ namespace moetron::parallel {
 class TokenRowCodec {
   public:
     // Scratch sized once here: encode and decode allocate nothing.
-    TokenRowCodec(PayloadFormat format, int64_t hidden, Backend& backend);
+    TokenRowCodec(Precision format, int64_t hidden, Backend& backend);
 
-    PayloadFormat format() const { return format_; }
+    Precision format() const { return format_; }
     int64_t row_bytes() const { return row_bytes_; }
 
     // packed (num_rows, row_bytes) from rows (num_rows, hidden).
@@ -40,7 +41,7 @@ class TokenRowCodec {
     void round_trip(float* rows, int64_t num_rows);
 
   private:
-    PayloadFormat format_;
+    Precision format_;
     int64_t hidden_, row_bytes_;
     Backend* backend_;
     std::vector<float> row_scratch_;    // (hidden) bf16 rounding

@@ -27,6 +27,12 @@ int64_t row_width(const DispatchConfig& c) {
 
 // ---- DispatchConfig ----
 
+void DispatchConfig::check_token_format(Precision format) const {
+    MT_CHECK(format == Precision::fp32 || format == token_format,
+             "[dispatch] tokens sent in {}, but the buffers are planned for {} (or float32)",
+             precision_name(format), precision_name(token_format));
+}
+
 void DispatchConfig::validate(int ep_size) const {
     MT_CHECK(ep_size >= 1, "[dispatch] EP group size must be >= 1, got {}", ep_size);
     MT_CHECK(num_experts >= 1, "[dispatch] num_experts must be >= 1, got {}", num_experts);
@@ -56,7 +62,7 @@ void DispatchConfig::validate(int ep_size) const {
              "use smaller micro-batches",
              ep_size, max_tokens, hidden);
     // Packed token rows are counted in bytes (the same bounds as the floats above).
-    MT_CHECK(token_payload == PayloadFormat::fp32 ||
+    MT_CHECK(token_format == Precision::fp32 ||
                  std::max<int64_t>(top_k, ep_size) * max_tokens * token_row_bytes() <= INT_MAX,
              "[dispatch] max(K, ep)*max_tokens*row_bytes = {}*{}*{} payload bytes exceed MPI's "
              "int count limit; use smaller micro-batches",
@@ -306,7 +312,7 @@ ArenaPlan RouteBuffer::plan(const DispatchConfig& config, std::span<const HopSpe
     }
     p.add("token_records", Shape{config.max_tokens, words}, DType::i32);
     p.add("staging_weights", Shape{hops.back().max_recv, config.top_k});
-    if (config.token_payload != PayloadFormat::fp32) {
+    if (config.token_format != Precision::fp32) {
         p.add("token_packed", Shape{config.max_tokens, config.token_row_bytes()}, DType::u8);
         p.add("staging_decoded", Shape{hops.back().max_recv, config.hidden});
     }
@@ -319,7 +325,7 @@ RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<co
       ep_size_(ep_size),
       backend_(&backend),
       arena_(plan(config, hops), backend.memory()),
-      codec_(config.token_payload, config.hidden, backend) {
+      codec_(config.token_format, config.hidden, backend) {
     for (const HopSpec& h : hops) {
         HopBuffers b;
         b.send = arena_.view(h.name + ".send_rows").f32();
@@ -330,7 +336,7 @@ RouteBuffer::RouteBuffer(const DispatchConfig& config, int ep_size, std::span<co
     }
     token_records_ = arena_.view("token_records").ptr<int32_t>();
     staging_weights_ = arena_.view("staging_weights").f32();
-    if (config.token_payload != PayloadFormat::fp32) {
+    if (config.token_format != Precision::fp32) {
         token_packed_ = arena_.view("token_packed").ptr<uint8_t>();
         staging_decoded_ = arena_.view("staging_decoded").f32();
     }
@@ -361,16 +367,16 @@ void Route::check(const RouteBuffer& buffer, std::span<Communicator* const> grou
     const DispatchConfig& b = buffer.config();
     bool fits = buffer.ep_size() == ep_size_ && buffer.num_hops() == hops_.size() &&
                 b.hidden == config_.hidden && b.top_k == config_.top_k &&
-                b.max_tokens >= config_.max_tokens && b.token_payload == config_.token_payload &&
+                b.max_tokens >= config_.max_tokens && b.token_format == config_.token_format &&
                 b.pair_rows(ep_size_) >= config_.pair_rows(ep_size_);
     MT_CHECK(fits,
              "[{}] the dispatch buffer (D {}, K {}, max_tokens {}, {} rows, ep {}, {} hops, {} "
              "tokens) does not fit the layout (D {}, K {}, max_tokens {}, {} rows, ep {}, {} "
              "hops, {} tokens)",
              op, b.hidden, b.top_k, b.max_tokens, b.capacity_rows(buffer.ep_size()),
-             buffer.ep_size(), buffer.num_hops(), payload_format_name(b.token_payload),
-             config_.hidden, config_.top_k, config_.max_tokens, config_.capacity_rows(ep_size_),
-             ep_size_, hops_.size(), payload_format_name(config_.token_payload));
+             buffer.ep_size(), buffer.num_hops(), precision_name(b.token_format), config_.hidden,
+             config_.top_k, config_.max_tokens, config_.capacity_rows(ep_size_), ep_size_,
+             hops_.size(), precision_name(config_.token_format));
 }
 
 void Route::check_pair_budget() const {
@@ -461,13 +467,14 @@ void Route::sum_return(const RouteTransfer& t, size_t k, float* token_out, const
 }
 
 void Route::begin_to_experts(RouteTransfer& t, float* expert_rows, const float* token_rows,
-                             bool weighted, RouteBuffer& buffer,
+                             bool weighted, Precision token_format, RouteBuffer& buffer,
                              std::span<Communicator* const> groups) const {
+    config_.check_token_format(token_format);
     start(t, RouteTransfer::Movement::to_experts, buffer, groups, "dispatch");
     t.out_ = expert_rows;
     t.in_ = token_rows;
     t.weighted_ = weighted;
-    if (config_.token_payload == PayloadFormat::fp32) {
+    if (token_format == Precision::fp32) {
         t.forward_payload_ = Payload::rows;
         post_forward(t, 0, token_rows);
         return;
@@ -567,9 +574,10 @@ void Route::post_next(RouteTransfer& t) const {
 }
 
 void Route::to_experts(float* expert_rows, const float* token_rows, bool weighted,
-                       RouteBuffer& buffer, std::span<Communicator* const> groups) const {
+                       Precision token_format, RouteBuffer& buffer,
+                       std::span<Communicator* const> groups) const {
     RouteTransfer t;
-    begin_to_experts(t, expert_rows, token_rows, weighted, buffer, groups);
+    begin_to_experts(t, expert_rows, token_rows, weighted, token_format, buffer, groups);
     finish(t);
 }
 

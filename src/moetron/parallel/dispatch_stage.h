@@ -18,7 +18,7 @@
 //   [K+1, 2K] its K weights (the float bits).
 // A row's peers at every hop follow from its ids, so no other metadata (masks) travels.
 // The token rows of a dispatch may travel packed in a low-precision format
-// (DispatchConfig::token_payload, dispatch_payload.h): encoded once before the first hop, passed
+// (DispatchConfig::token_format, dispatch_payload.h): encoded once before the first hop, passed
 // on as bytes by every hop (also by two_tier's forwarding rank), decoded once at the last hop's
 // receiver into the staging rows that expand to the expert rows.
 // Gradient rule (kernels/README.md): every output here is written, none accumulated.
@@ -58,10 +58,13 @@ struct DispatchConfig {
     // Consecutive EP ranks per scale-up domain (0: the whole EP group is one domain). The flat
     // dispatch uses it only to tell intra- from inter-domain bytes; the two-tier one routes by it.
     int64_t domain_size = 0;
-    // The format the token rows travel to the experts in (dispatch_payload.h): the recipe's
-    // row-wise quantized copy, decoded on arrival into the expert rows. Everything else (combine,
-    // the gradients, the route records) travels as float32 or int32.
-    PayloadFormat token_payload = PayloadFormat::fp32;
+    // The format the buffers are planned for the token rows to travel to the experts in
+    // (dispatch_payload.h): the recipe's row-wise quantized copy, decoded on arrival into the
+    // expert rows. Each dispatch names its format: this one, or float32. Everything else
+    // (combine, the gradients, the route records) travels as float32 or int32.
+    Precision token_format = Precision::fp32;
+    // Throws unless a dispatch may send its tokens in `format` through buffers planned by this.
+    void check_token_format(Precision format) const;
 
     // Throws moetron::Error saying which value cannot work with an EP group of ep_size ranks.
     void validate(int ep_size) const;
@@ -78,7 +81,7 @@ struct DispatchConfig {
     int64_t ranks_per_domain(int ep_size) const;
     int64_t num_domains(int ep_size) const { return ep_size / ranks_per_domain(ep_size); }
     int64_t record_words() const { return 2 * top_k + 1; }
-    int64_t token_row_bytes() const { return payload_row_bytes(token_payload, hidden); }
+    int64_t token_row_bytes() const { return payload_row_bytes(token_format, hidden); }
 };
 
 // Splits num_tokens tokens (topk_ids (N, K), global expert ids) into rounds that each send at most
@@ -325,8 +328,10 @@ class Route {
     // topk_ids, topk_weights (N, K) -> every hop planned, the expert side built.
     void plan(const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
               RouteBuffer& buffer, std::span<Communicator* const> groups);
-    // Token rows (N, D) -> expert rows (R, D), scaled by each copy's weight when weighted.
-    void to_experts(float* expert_rows, const float* token_rows, bool weighted, RouteBuffer& buffer,
+    // Token rows (N, D) -> expert rows (R, D), scaled by each copy's weight when weighted; the
+    // rows travel in token_format (DispatchConfig::check_token_format).
+    void to_experts(float* expert_rows, const float* token_rows, bool weighted,
+                    Precision token_format, RouteBuffer& buffer,
                     std::span<Communicator* const> groups) const;
     // Expert rows (R, D) -> token rows (N, D): each token's copies summed (weighted when asked).
     void to_tokens(float* token_rows, const float* expert_rows, bool weighted, RouteBuffer& buffer,
@@ -342,7 +347,7 @@ class Route {
     // pointers given must stay alive and untouched until then; the buffer must have no other
     // movement in flight. to_tokens adds to token_rows instead of writing them when accumulate.
     void begin_to_experts(RouteTransfer& t, float* expert_rows, const float* token_rows,
-                          bool weighted, RouteBuffer& buffer,
+                          bool weighted, Precision token_format, RouteBuffer& buffer,
                           std::span<Communicator* const> groups) const;
     void begin_to_tokens(RouteTransfer& t, float* token_rows, const float* expert_rows,
                          bool weighted, bool accumulate, RouteBuffer& buffer,

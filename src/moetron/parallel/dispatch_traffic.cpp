@@ -8,47 +8,33 @@
 
 namespace moetron::parallel {
 
-double payload_bytes_per_element(PayloadFormat format) {
+double payload_bytes_per_element(Precision format) {
     switch (format) {
-        case PayloadFormat::fp32:
+        case Precision::fp32:
             return 4;
-        case PayloadFormat::bf16:
+        case Precision::bf16:
             return 2;
-        case PayloadFormat::mxfp8:
+        case Precision::mxfp8:
             return 1 + 1.0 / 32;  // E4M3 element + an E8M0 byte per 32
-        case PayloadFormat::fp8_blockwise:
+        case Precision::fp8_blockwise:
             return 1 + 4.0 / 128;  // E4M3 element + a float32 scale per 128
     }
     MT_THROW("[dispatch] unknown payload format {}", static_cast<int>(format));
 }
 
-int64_t payload_row_bytes(PayloadFormat format, int64_t hidden) {
+int64_t payload_row_bytes(Precision format, int64_t hidden) {
     switch (format) {
-        case PayloadFormat::fp32:
+        case Precision::fp32:
             return 4 * hidden;
-        case PayloadFormat::bf16:
+        case Precision::bf16:
             return 2 * hidden;
-        case PayloadFormat::mxfp8:
+        case Precision::mxfp8:
             return hidden + cpu::blocks_covering(hidden, cpu::kMxfp8BlockSize);  // + E8M0 scales
-        case PayloadFormat::fp8_blockwise:
+        case Precision::fp8_blockwise:
             return hidden +
                    4 * cpu::blocks_covering(hidden, cpu::kDeepSeekTileSize);  // + f32 scales
     }
     MT_THROW("[dispatch] unknown payload format {}", static_cast<int>(format));
-}
-
-const char* payload_format_name(PayloadFormat format) {
-    switch (format) {
-        case PayloadFormat::fp32:
-            return "fp32";
-        case PayloadFormat::bf16:
-            return "bf16";
-        case PayloadFormat::mxfp8:
-            return "mxfp8";
-        case PayloadFormat::fp8_blockwise:
-            return "fp8-blockwise";
-    }
-    return "?";
 }
 
 TierRows dispatch_rows(DispatchKind kind, const DispatchFanout& f) {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <span>
 
+#include "moetron/core/precision.h"
+
 namespace moetron::parallel {
 
 // How tokens cross the EP group (--dispatch): once per destination rank (flat), or once per
@@ -44,22 +46,17 @@ DispatchFanout count_dispatch_fanout(std::span<const int32_t> topk_ids, int64_t 
                                      int64_t experts_per_rank, int64_t ranks_per_domain,
                                      int64_t self_rank);
 
-// The number formats a dispatched token's hidden row can travel in.
-enum class PayloadFormat { fp32, bf16, mxfp8, fp8_blockwise };
-
+// A dispatched token's hidden row travels in one of the recipes' formats (core/precision.h).
 // Bytes per hidden element of a dispatched row, scales included: float32 4, bfloat16 2, MXFP8 one
 // E4M3 byte per element plus one E8M0 scale byte per 32 elements, DeepSeek-V3's FP8 one byte per
 // element plus a float32 scale per 1 x 128 tile (both 1 + 1/32). The one definition of the
 // engine's low-precision formats (kernels/cpu/quantize.h) and the cluster model's dispatch bytes.
-double payload_bytes_per_element(PayloadFormat format);
+double payload_bytes_per_element(Precision format);
 
 // Bytes of one hidden row of `hidden` elements as it travels (dispatch_payload.h): the elements,
 // then the scales of its blocks, a partial last block counted whole. Equal to
 // payload_bytes_per_element(format) * hidden when the blocks divide the row (32 for MXFP8, 128
 // for DeepSeek-V3's FP8).
-int64_t payload_row_bytes(PayloadFormat format, int64_t hidden);
-
-// "fp32", "bf16", "mxfp8", "fp8-blockwise" (the --precision names of the recipes).
-const char* payload_format_name(PayloadFormat format);
+int64_t payload_row_bytes(Precision format, int64_t hidden);
 
 }  // namespace moetron::parallel

@@ -78,7 +78,7 @@ void dispatch_two_tier_forward(float* expert_inp, const float* inp, const TwoTie
                                TwoTierBuffer& buffer, TwoTierGroups groups) {
     const auto g = hop_groups(groups);
     layout.check(buffer, g, "dispatch_two_tier_forward");
-    layout.to_experts(expert_inp, inp, /*weighted=*/false, buffer, g);
+    layout.to_experts(expert_inp, inp, /*weighted=*/false, layout.config().token_format, buffer, g);
 }
 
 void dispatch_two_tier_backward(float* dinp, const float* dexpert_inp, const TwoTierLayout& layout,

@@ -64,11 +64,9 @@ void check_slot(int64_t slot, int64_t num_slots) {
 class LocalDispatcher final : public ExpertDispatcher {
   public:
     LocalDispatcher(const ExpertDispatchConfig& c, Backend& backend)
-        : config_(c),
-          backend_(backend),
-          codec_(c.routing.token_payload, c.routing.hidden, backend) {
+        : config_(c), backend_(backend), codec_(c.routing.token_format, c.routing.hidden, backend) {
         check_config(c);
-        token_payload_ = c.routing.token_payload;
+        token_format_ = c.routing.token_format;
         num_local_experts_ = c.routing.num_experts;
         first_local_expert_ = 0;
         description_ = "local (every expert in this process)";
@@ -120,12 +118,15 @@ class LocalDispatcher final : public ExpertDispatcher {
     }
 
     // Nothing travels: each movement is complete when begun.
-    void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) override {
+    void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp,
+                                Precision token_format) override {
+        config_.routing.check_token_format(token_format);
         const Slot& s = at(slot);
         backend_.permute_forward(expert_inp, inp, s.copy_to_row.data(), s.num_tokens,
                                  config_.routing.top_k, config_.routing.hidden);
         // Each row is quantized on its own: the copies get what their token's row would.
-        codec_.round_trip(expert_inp, s.num_tokens * config_.routing.top_k);
+        if (token_format != Precision::fp32)
+            codec_.round_trip(expert_inp, s.num_tokens * config_.routing.top_k);
     }
     void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
                                const float* weights, bool accumulate) override {
@@ -211,7 +212,7 @@ class RoutedDispatcher final : public ExpertDispatcher {
         for (int64_t i = 0; i < c.num_buffers; ++i)
             buffers_.emplace_back(route_config_, ep.size(), backend);
         num_local_experts_ = route_config_.local_experts(ep.size());
-        token_payload_ = route_config_.token_payload;
+        token_format_ = route_config_.token_format;
         first_local_expert_ = static_cast<int64_t>(ep.rank()) * num_local_experts_;
         description_ = std::move(description);
         slots_.reserve(static_cast<size_t>(c.num_slots));
@@ -288,8 +289,9 @@ class RoutedDispatcher final : public ExpertDispatcher {
         return at(slot).experts().expert_offsets();
     }
 
-    void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) override {
-        at(slot).begin_to_experts(transfer(slot), expert_inp, inp, /*weighted=*/false,
+    void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp,
+                                Precision token_format) override {
+        at(slot).begin_to_experts(transfer(slot), expert_inp, inp, /*weighted=*/false, token_format,
                                   buffer_of(slot), groups_);
     }
     void combine_forward_begin(int64_t slot, float* out, const float* expert_out,

@@ -123,10 +123,12 @@ class ExpertDispatcher {
     virtual const char* kind() const = 0;
     // One line for the start-up log: the kind and why (e.g. two_tier asked over one domain).
     const std::string& description() const { return description_; }
-    // The format dispatch_forward's token rows travel in (DispatchConfig::token_payload): the
-    // expert rows hold what it decodes to, the recipe's row-wise quantized copy of the tokens,
-    // also when nothing travels (local), so that the numbers do not depend on the layout.
-    PayloadFormat token_payload() const { return token_payload_; }
+    // The format the buffers are planned for dispatch_forward's token rows to travel in
+    // (DispatchConfig::token_format); each dispatch names its own, this one or float32. In a
+    // format other than float32 the expert rows hold what it decodes to, the recipe's row-wise
+    // quantized copy of the tokens, also when nothing travels (local), so that the numbers do not
+    // depend on the layout.
+    Precision planned_token_format() const { return token_format_; }
     int64_t num_local_experts() const { return num_local_experts_; }  // El
     int64_t first_local_expert() const { return first_local_expert_; }
     // Rows the expert-side buffers (expert_inp, expert_out and their gradients) must hold.
@@ -160,8 +162,9 @@ class ExpertDispatcher {
 
     // The blocking movements. expert_out must stay untouched until combine_backward of the same
     // slot (every dispatcher reads it there for dweights).
-    void dispatch_forward(int64_t slot, float* expert_inp, const float* inp) {
-        dispatch_forward_begin(slot, expert_inp, inp);
+    void dispatch_forward(int64_t slot, float* expert_inp, const float* inp,
+                          Precision token_format) {
+        dispatch_forward_begin(slot, expert_inp, inp, token_format);
         finish(slot);
     }
     void combine_forward(int64_t slot, float* out, const float* expert_out, const float* weights) {
@@ -181,7 +184,10 @@ class ExpertDispatcher {
     // The same, begun: every pointer given must stay alive, and the inputs untouched, until
     // finish(slot); the outputs are ready after it. With accumulate the token rows are added to
     // (out += the combined rows, exactly as adding afterwards), else written.
-    virtual void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp) = 0;
+    // dispatch_forward_begin's token rows travel in token_format (planned_token_format() or
+    // float32).
+    virtual void dispatch_forward_begin(int64_t slot, float* expert_inp, const float* inp,
+                                        Precision token_format) = 0;
     virtual void combine_forward_begin(int64_t slot, float* out, const float* expert_out,
                                        const float* weights, bool accumulate) = 0;
     virtual void combine_backward_begin(int64_t slot, float* dexpert_out, float* dweights,
@@ -201,7 +207,7 @@ class ExpertDispatcher {
   protected:
     int64_t num_local_experts_ = 0;
     int64_t first_local_expert_ = 0;
-    PayloadFormat token_payload_ = PayloadFormat::fp32;
+    Precision token_format_ = Precision::fp32;
     std::string description_;
 };
 

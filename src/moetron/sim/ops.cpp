@@ -415,9 +415,9 @@ void add_mlp(Builder& b, const OpContext& ctx, const Dims& d, const std::string&
 double dispatch_payload_bytes(Precision prec, double low_bytes) {
     switch (prec) {
         case Precision::mxfp8:
-            return parallel::payload_bytes_per_element(parallel::PayloadFormat::mxfp8);
+            return parallel::payload_bytes_per_element(moetron::Precision::mxfp8);
         case Precision::fp8:
-            return parallel::payload_bytes_per_element(parallel::PayloadFormat::fp8_blockwise);
+            return parallel::payload_bytes_per_element(moetron::Precision::fp8_blockwise);
         default:
             return low_bytes * (1 + 1.0 / 32);
     }

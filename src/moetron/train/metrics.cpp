@@ -57,8 +57,8 @@ double measure_gemm_peak_gflops(int64_t n, double seconds) {
     MT_CHECK(n > 0 && seconds > 0, "[metrics] GEMM peak needs n > 0 and seconds > 0");
     const auto count = static_cast<size_t>(n * n);
     std::vector<float> a(count, 0.5f), b(count, 0.25f), c(count, 0.0f);
-    cpu_backend().matmul(c.data(), a.data(), b.data(), n, n, n, false, false,
-                         0.0f);  // warm-up: threads, caches
+    cpu_backend().matmul(c.data(), a.data(), b.data(), n, n, n, false, false, 0.0f,
+                         kFp32Gemm);  // warm-up: threads, caches
     const double flops =
         2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
     double best_s = 1e30;
@@ -66,7 +66,7 @@ double measure_gemm_peak_gflops(int64_t n, double seconds) {
     int runs = 0;
     while (runs < 3 || total.elapsed_s() < seconds) {
         Timer t;
-        cpu_backend().matmul(c.data(), a.data(), b.data(), n, n, n, false, false, 0.0f);
+        cpu_backend().matmul(c.data(), a.data(), b.data(), n, n, n, false, false, 0.0f, kFp32Gemm);
         best_s = std::min(best_s, t.elapsed_s());
         ++runs;
     }

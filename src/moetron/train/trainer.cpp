@@ -64,7 +64,8 @@ ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communi
 
 std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainConfig& config,
                                   int64_t rank_rows, const ModelParallel& parallel,
-                                  Backend& backend) {
+                                  Backend& backend, SplitBackwardBackend* split,
+                                  Precision precision) {
     validate_train_config(config);
     MT_CHECK(config.seq_len <= model_config.max_position_embeddings,
              "[train] seq_len {} is longer than the model's max_position_embeddings {}",
@@ -72,7 +73,10 @@ std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainCo
     ModelRuntime runtime;
     runtime.batch_size = rank_rows;
     runtime.seq_len = config.seq_len;
-    runtime.backend = &backend;
+    // zb-h1: the model's ops split their backwards, but for the GEMMs that stay whole.
+    runtime.backend = split != nullptr ? static_cast<Backend*>(split) : &backend;
+    runtime.whole_backward = &backend;
+    runtime.precision = precision;
     LossWeights weights;
     weights.mtp_lambda = static_cast<float>(config.mtp_lambda);
     weights.balance_alpha = static_cast<float>(config.balance_loss_alpha);
@@ -175,7 +179,7 @@ Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, Dat
       split_backward_(split_backward_for(parallel, topology_, backend)),
       model_(make_model(model_config, config, config.batch_size / topology_.dp,
                         model_parallel(groups_, *world_, parallel, model_config, config, topology_),
-                        split_backward_ ? *split_backward_ : backend)),
+                        backend, split_backward_.get(), parallel.precision)),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {

@@ -78,6 +78,8 @@ struct TrainParallel {
     // layout string (empty: default_pipeline_layout), and the schedule (--pp-schedule).
     std::string pp_layout;
     std::string pp_schedule = "1f1b";
+    // The recipe (--precision): the number format of each GEMM by its role (model/compute.h).
+    Precision precision = Precision::fp32;
 };
 
 class Trainer {

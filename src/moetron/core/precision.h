@@ -1,0 +1,26 @@
+// The training recipes' number formats: the one vocabulary of --precision for every command (train,
+// bench, info, simulate, plan), the format a GEMM runs in (kernels/op_types.h's GemmPrecision) and
+// the format a dispatched token travels in (parallel/dispatch_payload.h).
+//   fp32           single precision throughout
+//   bf16           GEMM inputs rounded to bfloat16 (nearest even), float32 accumulation
+//   mxfp8          E4M3 elements in 1 x 32 blocks along the reduction dimension, E8M0 scales
+//                  (Transformer Engine's MXFP8BlockScaling)
+//   fp8-blockwise  DeepSeek-V3's FP8: E4M3 in 1 x 128 tiles for activations and gradients, 128 x
+//                  128 blocks for weights, float32 scales
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace moetron {
+
+enum class Precision : uint8_t { fp32, bf16, mxfp8, fp8_blockwise };
+inline constexpr size_t kNumPrecisions = static_cast<size_t>(Precision::fp8_blockwise) + 1;
+
+// "fp32", "bf16", "mxfp8", "fp8-blockwise"; anything else is a user error naming the choices (an
+// old spelling names its new one).
+Precision parse_precision(std::string_view name);
+std::string_view precision_name(Precision precision);
+
+}  // namespace moetron
