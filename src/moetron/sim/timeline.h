@@ -3,7 +3,7 @@
 // host has issued it; a device-to-host sync makes the host wait for the GPU; CUDA graphs replace
 // per-kernel host costs with one launch per captured segment. Communication ops are exposed, or
 // hidden behind the neighbouring GEMM (TP) / attention (CP) when overlap is on; EP all-to-all
-// can be kept off the stream for the combined forward-backward rule of step.cpp.
+// can be kept off the stream for the combined forward-backward rule (step_phases.h).
 #pragma once
 
 #include <cstdint>
