@@ -4,7 +4,9 @@
 // without our source locations.
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <string>
+#include <vector>
 
 #include "cli_run.h"
 
@@ -44,6 +46,63 @@ TEST(CliVocabulary, OldSpellingsNameTheNewOnes) {
         EXPECT_EQ(out.exit_code, 1) << c.args << "\n" << out.text;
         EXPECT_CONTAINS(out.text, c.expected);
     }
+}
+
+// The old spellings come from one table (kRenamedOptions in cli/vocabulary.cpp): every command
+// that has a new name answers its old one naming it, with or without a value. This walks every
+// command's --help, so a command added later is covered too.
+TEST(CliVocabulary, EveryCommandWithANewNameAnswersItsOldOne) {
+    struct Renamed {
+        std::string old_name, new_name;
+    };
+    const std::vector<Renamed> renamed = {
+        {"--model", "--config"},          {"--seq", "--seq-len"},
+        {"--dispatcher", "--dispatch"},   {"--no-overlap", "--no-overlap-dp-grad"},
+        {"--checkpoint", "--weights"},    {"--tokens", "--new-tokens"},
+        {"--tokens", "--tokens-per-rank"}};
+    // An option line of CLI11's help: "  --seq-len INT ..." or "  --count-mtp,--no-count-mtp".
+    const auto has_option = [](const std::string& help, const std::string& name) {
+        const std::regex line("(^|\n) +(-[a-z], *)?([^ \n]*,)?" + name + "([ ,=\n]|$)");
+        return std::regex_search(help, line);
+    };
+    int checked = 0;
+    for (const std::string command : {"info", "train", "prepare", "sample", "simulate", "plan",
+                                      "export", "import", "calibrate", "bench a2a"}) {
+        const auto help = run_cli(command + " --help");
+        ASSERT_EQ(help.exit_code, 0) << command << "\n" << help.text;
+        for (const Renamed& r : renamed) {
+            if (!has_option(help.text, r.new_name) || has_option(help.text, r.old_name)) continue;
+            for (const std::string value : {" 64", ""}) {
+                const auto out = run_cli(command + " " + r.old_name + value);
+                EXPECT_EQ(out.exit_code, 1) << command << " " << r.old_name << value;
+                EXPECT_CONTAINS(out.text, r.old_name + " was renamed " + r.new_name);
+            }
+            ++checked;
+        }
+    }
+    // The newcomer's cases among them: train --seq and --model, info --model.
+    EXPECT_GE(checked, 20);
+    EXPECT_CONTAINS(run_cli("train --seq 64").text, "--seq was renamed --seq-len");
+    EXPECT_CONTAINS(run_cli("train --model tiny").text, "--model was renamed --config");
+    EXPECT_CONTAINS(run_cli("info --model tiny").text, "--model was renamed --config");
+}
+
+// A word that begins flags is offered those flags, never a different word that merely looks
+// alike (train --seq once answered "did you mean --seed?", and following it set the seed); a
+// short word is offered a neighbour only one edit away.
+TEST(CliVocabulary, AWordIsNeverOfferedADifferentWordThatLooksAlike) {
+    const auto sample = run_cli("sample --weights nothing --seq 64");  // no --seq-len in sample
+    EXPECT_EQ(sample.exit_code, 1) << sample.text;
+    EXPECT_CONTAINS(sample.text, "'moetron sample' has no option --seq (see");
+    EXPECT_NOT_CONTAINS(sample.text, "--seed");
+    EXPECT_CONTAINS(run_cli("train --seq-l 64").text, "did you mean --seq-len?");
+    EXPECT_CONTAINS(run_cli("train --no-dp-grad").text, "did you mean --no-overlap-dp-grad?");
+    EXPECT_CONTAINS(run_cli("train --save-ev 5").text, "did you mean --save-every?");
+    EXPECT_CONTAINS(run_cli("train --sav x").text,
+                    "did you mean one of --save, --save-every, --save-final?");
+    EXPECT_CONTAINS(run_cli("train --sed 1").text, "did you mean --seed?");  // a typo still is one
+    EXPECT_CONTAINS(run_cli("train --batchsize 2").text, "did you mean --batch-size?");
+    EXPECT_CONTAINS(run_cli("sim").text, "unknown command 'sim'; did you mean 'simulate'?");
 }
 
 TEST(CliVocabulary, NewSpellingsWork) {

@@ -22,6 +22,8 @@ int run(int argc, char** argv) {
     register_import(app);
     register_calibrate(app);
     register_bench(app);
+    // After every command has its options: the old names go where the new ones are.
+    add_renamed_options(app);
     try {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {  // --help: print it, exit 0

@@ -155,7 +155,6 @@ void register_plan(CLI::App& app) {
                     "model: a preset name (tiny, small, dsv3-671b), a TOML file or a HF "
                     "config.json")
         ->required();
-    add_renamed_option(*cmd, "--model", "--config");
     cmd->add_option("--cluster", f->cluster_path,
                     "cluster: a preset name (h100-hgx, gb300-nvl72, ...) or a TOML file")
         ->required();
@@ -168,7 +167,6 @@ void register_plan(CLI::App& app) {
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    add_renamed_option(*cmd, "--seq", "--seq-len");
     cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
