@@ -4,7 +4,10 @@
 // without our source locations.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -165,6 +168,64 @@ TEST(CliVocabulary, TrainHelpDoesNotSayOneProcess) {
     EXPECT_NOT_CONTAINS(out.text, "on one process");
     const auto export_help = run_cli("export --help");
     EXPECT_CONTAINS(export_help.text, "TEXT=bf16");  // the default dtype is shown
+}
+
+// The project's version, as CMakeLists.txt declares it.
+std::string project_version() {
+    std::ifstream cmake(MOETRON_SOURCE_DIR "/CMakeLists.txt");
+    std::stringstream text;
+    text << cmake.rdbuf();
+    std::smatch match;
+    const std::string s = text.str();
+    if (!std::regex_search(s, match, std::regex("project\\(moetron VERSION ([0-9.]+)"))) return "";
+    return match[1];
+}
+
+// The first line of a shell command's output ("" when it fails).
+std::string first_line_of(const std::string& command) {
+    std::FILE* pipe = ::popen((command + " 2>/dev/null").c_str(), "r");
+    if (pipe == nullptr) return "";
+    char buffer[512] = {};
+    const bool read = std::fgets(buffer, sizeof buffer, pipe) != nullptr;
+    const int status = ::pclose(pipe);
+    if (!read || status != 0) return "";
+    std::string line = buffer;
+    if (!line.empty() && line.back() == '\n') line.pop_back();
+    return line;
+}
+
+TEST(CliVersion, PrintsTheVersionTheCommitAndTheBackends) {
+    const auto out = run_cli("--version");
+    ASSERT_EQ(out.exit_code, 0) << out.text;
+    const std::string version = project_version();
+    ASSERT_FALSE(version.empty()) << "no project(moetron VERSION ...) in CMakeLists.txt";
+    EXPECT_EQ(out.text.rfind("moetron " + version + " (", 0), 0u) << out.text;
+
+    const std::string source = MOETRON_SOURCE_DIR;
+    if (!first_line_of("git -C '" + source + "' rev-parse --show-toplevel").empty()) {
+        // git describe: [TAG-N-g]HASH[-dirty]; the hash is a commit of this repository.
+        std::smatch match;
+        ASSERT_TRUE(std::regex_search(out.text, match,
+                                      std::regex("\\(git (.*-g)?([0-9a-f]{7,})(-dirty)?\\)")))
+            << out.text;
+        EXPECT_FALSE(first_line_of("git -C '" + source + "' rev-parse --verify " + match[2].str() +
+                                   "^{commit}")
+                         .empty())
+            << match[2] << " is no commit of " << source;
+    } else {
+        EXPECT_CONTAINS(out.text, "(not built from a git checkout)");
+    }
+#ifdef MOETRON_HAVE_CUDA
+    EXPECT_CONTAINS(out.text, "\nCUDA backend: yes (CUDA ");
+#else
+    EXPECT_CONTAINS(out.text, "\nCUDA backend: no (no nvcc found at configure time)");
+#endif
+#ifdef MOETRON_HAVE_MPI
+    EXPECT_CONTAINS(out.text, "\nMPI: yes (MPI ");
+#else
+    EXPECT_CONTAINS(out.text, "\nMPI: no");
+#endif
+    EXPECT_CONTAINS(run_cli("--help").text, "--version");
 }
 
 }  // namespace
