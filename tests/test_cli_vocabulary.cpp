@@ -116,7 +116,22 @@ TEST(CliVocabulary, NewSpellingsWork) {
         "simulate --config dsv3-671b --cluster gb300-nvl72 --gpus 256 --layout tp1.pp2.vpp4.ep32 "
         "--gbs 4096 --seq-len 4096 --precision mxfp8 --dispatch flat --no-overlap-dp-grad");
     EXPECT_EQ(simulate.exit_code, 0) << simulate.text;
-    EXPECT_CONTAINS(simulate.text, "dispatcher flat, overlap dp-param;");
+    EXPECT_CONTAINS(simulate.text, "dispatch flat, overlap dp-param;");
+}
+
+// The simulate and plan reports spell the dispatch as --dispatch does (two_tier, not two-tier),
+// so that what they print can be typed back.
+TEST(CliVocabulary, ReportsSpellTheDispatchAsItsFlag) {
+    const auto simulate = run_cli(
+        "simulate --config dsv3-671b --cluster gb300-nvl72 --gpus 256 --layout tp1.pp2.vpp4.ep32 "
+        "--gbs 4096 --precision mxfp8 --dispatch two_tier");
+    EXPECT_EQ(simulate.exit_code, 0) << simulate.text;
+    EXPECT_CONTAINS(simulate.text, ", dispatch two_tier, overlap ");
+    EXPECT_NOT_CONTAINS(simulate.text, "two-tier");
+    const auto json =
+        run_cli("simulate --config tiny --cluster h100-hgx --gpus 8 --layout tp1 --gbs 8 --json");
+    EXPECT_EQ(json.exit_code, 0) << json.text;
+    EXPECT_CONTAINS(json.text, "dispatch two_tier");  // simulate's default
 }
 
 TEST(CliVocabulary, MisspelledCommandSuggestsTheClosest) {
