@@ -20,4 +20,27 @@ tools/install-deps.sh
 build_dir=$(tools/configure.sh "${configure_args[@]}")
 cmake --build "$build_dir" -j2
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir "$build_dir" -j2 --output-on-failure --timeout 900 "${ctest_args[@]}"
+status=0
+ctest --test-dir "$build_dir" -j2 --output-on-failure --timeout 900 "${ctest_args[@]}" || status=$?
+# ctest says only "Skipped"; a skipped GoogleTest test says why (a missing data file and where to
+# get it) on the line after "Skipped" in ctest's log: show each reason of the tests ctest skipped
+# (not of those skipped inside a passing run, such as an MPI test's cases for other rank counts).
+log="$build_dir/Testing/Temporary/LastTest.log"
+if [ -f "$log" ]; then
+  reasons=$(awk '
+    /^[0-9]+\/[0-9]+ Testing: / { name = $3; reason = ""; next }
+    /: Skipped$/ { if ((getline line) > 0 && reason == "") reason = line; next }
+    /^Skip regular expression found in output/ && reason != "" {
+      if (!(reason in count)) first[reason] = name
+      count[reason]++
+    }
+    END {
+      for (r in count)
+        printf "  %s (%d test%s, e.g. %s)\n", r, count[r], (count[r] > 1 ? "s" : ""), first[r]
+    }' "$log" | sort)
+  if [ -n "$reasons" ]; then
+    echo "Why tests were skipped:"
+    echo "$reasons"
+  fi
+fi
+exit "$status"
