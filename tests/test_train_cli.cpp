@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "cli_run.h"
@@ -92,6 +93,28 @@ TEST_F(TrainCli, BadInputEndsWithAClearError) {
     Output no_text = run_cli("prepare --text " + file("none.txt") + " --out " + file("x.tok"));
     EXPECT_EQ(no_text.exit_code, 1);
     EXPECT_CONTAINS(no_text.text, "does not exist");
+}
+
+// Under mpirun, in a pipe or in a log file the run prints plain lines instead of the terminal's
+// bar: they carry the time left too (not on the last step's line: nothing is left).
+TEST_F(TrainCli, PipedRunLogsTheTimeLeft) {
+    const Output piped = run_cli(
+        "train --config tiny --steps 3 --batch-size 2 --seq-len 16 "
+        "--eval-every 0 --threads 1");
+    ASSERT_EQ(piped.exit_code, 0) << piped.text;
+    std::istringstream lines(piped.text);
+    int step_lines = 0;
+    for (std::string line; std::getline(lines, line);) {
+        if (line.rfind("step 1/3 | loss", 0) == 0 || line.rfind("step 2/3 | loss", 0) == 0) {
+            ++step_lines;
+            EXPECT_CONTAINS(line, " | eta ");
+        } else if (line.rfind("step 3/3 | loss", 0) == 0) {
+            ++step_lines;
+            EXPECT_NOT_CONTAINS(line, "eta");
+        }
+    }
+    EXPECT_EQ(step_lines, 3) << piped.text;
+    EXPECT_NOT_CONTAINS(piped.text, "\r");  // no bar in a pipe
 }
 
 // --profile-ops prints, after the run, where a step's time went: categories, the ops under them,

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -176,24 +177,41 @@ std::vector<int32_t> iota_tokens(int n) {
     return t;
 }
 
+// Token i is i: a window tells where it was drawn from, so one that reaches into the held-out
+// tail (positions 900 and up here) is caught, which tokens that repeat (i % 251) would hide.
+std::vector<int32_t> position_tokens(int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) t[static_cast<size_t>(i)] = i;
+    return t;
+}
+
 TEST(DataLoader, WindowsAreConsecutiveTokensWithShiftedTargetsInsideTheTrainingPart) {
-    DataLoader loader(iota_tokens(1000), "iota", 256, /*seq_len=*/16, /*val_fraction=*/0.1, 5);
-    EXPECT_EQ(loader.num_train_tokens(), 900);
+    constexpr int kTokens = 1000, kSeqLen = 16, kBatch = 4;
+    DataLoader loader(position_tokens(kTokens), "positions", kTokens, kSeqLen,
+                      /*val_fraction=*/0.1, 5);
+    ASSERT_EQ(loader.num_train_tokens(), 900);
     EXPECT_EQ(loader.num_val_tokens(), 100);
-    std::vector<int32_t> x(4 * 16), y(4 * 16);
-    for (int round = 0; round < 50; ++round) {
-        loader.next_train_batch(x.data(), y.data(), 4);
-        for (int b = 0; b < 4; ++b) {
-            const int32_t* xb = x.data() + b * 16;
-            const int32_t* yb = y.data() + b * 16;
-            for (int t = 0; t < 16; ++t) {
-                EXPECT_EQ(yb[t], (xb[t] + 1) % 251);
-                if (t + 1 < 16) {
-                    EXPECT_EQ(xb[t + 1], yb[t]);
-                }
+    std::vector<int32_t> x(kBatch * kSeqLen), y(kBatch * kSeqLen);
+    int32_t last_start = 0;
+    // 2000 windows: a loader that let the last seq_len starts reach into the tail (16 of 900
+    // starts) would draw one of them with probability 1 - (884/900)^2000, all but certain.
+    for (int round = 0; round < 500; ++round) {
+        loader.next_train_batch(x.data(), y.data(), kBatch);
+        for (int b = 0; b < kBatch; ++b) {
+            const int32_t* xb = x.data() + b * kSeqLen;
+            const int32_t* yb = y.data() + b * kSeqLen;
+            for (int t = 0; t < kSeqLen; ++t) {
+                ASSERT_EQ(xb[t], xb[0] + t) << "window tokens are consecutive";
+                ASSERT_EQ(yb[t], xb[t] + 1) << "targets are the next tokens";
             }
+            ASSERT_LT(yb[kSeqLen - 1], loader.num_train_tokens())
+                << "a training window reaches the held-out tokens from position "
+                << loader.num_train_tokens();
+            last_start = std::max(last_start, xb[0]);
         }
     }
+    // And the draws cover the training part up to its end (the last start is 900 - 17 = 883).
+    EXPECT_GT(last_start, 850);
 }
 
 TEST(DataLoader, IsDeterministicAndResumesFromItsState) {

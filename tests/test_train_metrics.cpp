@@ -67,6 +67,38 @@ TEST(MetricsLog, PlainLinesAtFirstEveryNthValidationAndLastStep) {
     EXPECT_EQ(lines[1].find('\r'), std::string::npos) << "no terminal codes in plain mode";
 }
 
+// The time left on plain lines (a pipe, a log file, mpirun), as on the bar: the mean step time
+// so far times the steps left, in minutes and hours once it is long.
+TEST(MetricsLog, PlainLinesCarryTheTimeLeft) {
+    std::FILE* out = std::tmpfile();
+    ASSERT_NE(out, nullptr);
+    {
+        MetricsLog log(2000, /*print_every=*/1000, "", /*terminal=*/false, out);
+        for (int64_t s = 1; s <= 2000; ++s) {
+            StepRecord r = record(s);
+            r.step_s = s <= 1000 ? 2.0 : 4.0;  // the mean grows to 3 s over the second half
+            log.log_step(r);
+        }
+        log.finish();
+    }
+    const std::vector<std::string> lines = lines_of(read_all(out));
+    std::fclose(out);
+    ASSERT_EQ(lines.size(), 3u);  // steps 1, 1000, 2000
+    EXPECT_NE(lines[0].find(" ms | eta 1h06m"), std::string::npos) << lines[0];   // 1999 x 2 s
+    EXPECT_NE(lines[1].find(" ms | eta 33m20s"), std::string::npos) << lines[1];  // 1000 x 2 s
+    EXPECT_EQ(lines[2].find("eta"), std::string::npos) << "nothing is left: " << lines[2];
+    std::FILE* short_run = std::tmpfile();
+    ASSERT_NE(short_run, nullptr);
+    {
+        MetricsLog log(20, 5, "", /*terminal=*/false, short_run);
+        log.log_step(record(1));  // 19 steps of 10 ms left
+        log.finish();
+    }
+    const std::string text = read_all(short_run);
+    std::fclose(short_run);
+    EXPECT_NE(text.find(" | 10.0 ms | eta 0s\n"), std::string::npos) << text;
+}
+
 TEST(MetricsLog, TerminalModeRedrawsOneBarLine) {
     std::FILE* out = std::tmpfile();
     ASSERT_NE(out, nullptr);

@@ -2,7 +2,7 @@
 """Trains tiny on Tiny Shakespeare in the four precisions and compares them.
 
 usage: tools/low_precision_convergence.py [--binary build/moetron] [--steps 1500]
-           [--text ../shared/data/tinyshakespeare.txt] [--out-dir /tmp/moetron_precision]
+           [--text FILE] [--out-dir /tmp/moetron_precision]
            [--svg docs/low_precision_convergence.svg] [--timing-rounds 3 --timing-steps 20]
            [--seeds 1234,1,2]
 
@@ -15,8 +15,12 @@ separate short runs, interleaved (fp32, bf16, bf16 emulated, mxfp8, fp8-blockwis
 that a load change on a shared machine hits every recipe alike; the table gives each recipe's
 median ms per step (the median over rounds of each run's median step time) and its ratio to
 fp32. "bf16 emulated" is bf16 with MOETRON_BF16_GEMM=emulated (rounded inputs into the float32
-GEMM), timed only: on a CPU without AVX512_BF16 bf16 is emulated anyway. Exits 0 with a message
-when the text file is missing. Standard library only.
+GEMM), timed only: on a CPU without AVX512_BF16 bf16 is emulated anyway.
+
+The text is Tiny Shakespeare: --text, else the file the MOETRON_SHAKESPEARE environment variable
+names, else ../shared/data/tinyshakespeare.txt beside the repository (where
+TrainConvergence.TinyLearnsShakespeareBelow2p5NatsPerByte looks too). Without it, exits 0 with a
+message saying where to get it. Standard library only.
 """
 import argparse
 import json
@@ -27,6 +31,11 @@ import subprocess
 import sys
 
 PRECISIONS = ["fp32", "bf16", "mxfp8", "fp8-blockwise"]
+SHAKESPEARE_VARIABLE = "MOETRON_SHAKESPEARE"
+SHAKESPEARE_DEFAULT = (pathlib.Path(__file__).resolve().parent.parent.parent
+                       / "shared" / "data" / "tinyshakespeare.txt")
+SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/data/"
+                   "tinyshakespeare/input.txt")
 # The timed variants: (label, precision, extra environment).
 TIMED = [("fp32", "fp32", {}), ("bf16", "bf16", {}),
          ("bf16 emulated", "bf16", {"MOETRON_BF16_GEMM": "emulated"}),
@@ -90,7 +99,9 @@ def svg(curves, out, steps):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--binary", default="build/moetron")
-    ap.add_argument("--text", default="../shared/data/tinyshakespeare.txt")
+    ap.add_argument("--text", default=os.environ.get(SHAKESPEARE_VARIABLE) or str(SHAKESPEARE_DEFAULT),
+                    help=f"the Tiny Shakespeare text (default: ${SHAKESPEARE_VARIABLE}, else "
+                         f"{SHAKESPEARE_DEFAULT})")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--out-dir", default="/tmp/moetron_precision")
     ap.add_argument("--svg", default="docs/low_precision_convergence.svg")
@@ -101,8 +112,10 @@ def main():
     ap.add_argument("--reuse-logs", action="store_true",
                     help="take the curves from --out-dir's logs of an earlier run; time only")
     args = ap.parse_args()
-    if not pathlib.Path(args.text).exists():
-        print(f"skipped: {args.text} not found (pass --text)")
+    if not pathlib.Path(args.text).is_file():
+        print(f"skipped: no Tiny Shakespeare (char-rnn's 1.1 MB text, the corpus these runs train "
+              f"on) at {args.text}; download {SHAKESPEARE_URL} there, or pass --text FILE or set "
+              f"{SHAKESPEARE_VARIABLE}=FILE")
         return 0
     out_dir = pathlib.Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,6 @@
 
 #include "moetron/cli/commands.h"
 #include "moetron/cli/number_options.h"
-#include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
@@ -314,7 +313,6 @@ void register_bench(CLI::App& app) {
     a2a->add_option("--tokens-per-rank", o->tokens, "tokens each rank dispatches")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 30));
-    add_renamed_option(*a2a, "--tokens", "--tokens-per-rank");
     a2a->add_option("--domain-size", o->domain_size,
                     "ranks per (emulated) scale-up domain (0: one domain)")
         ->check(whole_number(0, int64_t{1} << 20));

@@ -6,10 +6,25 @@ namespace CLI {
 class App;
 }
 
+#include <string>
+
 namespace moetron::cli {
 
+// What the build is, for `moetron --version`: main.cpp fills it from the header the build
+// generates (cmake/write_build_info.cmake), so that a new commit relinks only the binary.
+struct BuildInfo {
+    const char* version = "";       // the project's (CMakeLists.txt)
+    const char* git_describe = "";  // `git describe --tags --always --dirty`; "" outside git
+    const char* build_type = "";    // CMAKE_BUILD_TYPE
+    const char* cuda = "";          // "" without the CUDA backend, else e.g. "CUDA 12.4, archs 90"
+    const char* mpi = "";           // "" without MPI, else e.g. "MPI 3.1"
+};
+
+// The lines `moetron --version` prints.
+std::string version_text(const BuildInfo& build);
+
 // Parses argv, runs the chosen subcommand, returns the process exit code.
-int run(int argc, char** argv);
+int run(int argc, char** argv, const BuildInfo& build);
 
 void register_info(CLI::App& app);       // moetron info: parameters, FLOPs and memory of a config
 void register_train(CLI::App& app);      // moetron train: single-process training

@@ -71,7 +71,6 @@ void register_export(CLI::App& app) {
     cmd->add_option("--weights", o->weights,
                     "a checkpoint directory or root (train --save or --save-final)")
         ->required();
-    add_renamed_option(*cmd, "--checkpoint", "--weights");
     cmd->add_option("--config", o->config_path,
                     "optional: the model the checkpoint must hold, a preset name or a TOML file "
                     "(a checkpoint knows its model)");

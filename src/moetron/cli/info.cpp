@@ -236,7 +236,6 @@ void register_info(CLI::App& app) {
     info->add_option("--seq-len", options->seq_len, "tokens per sequence, for the attention FLOPs")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    add_renamed_option(*info, "--seq", "--seq-len");
     info->add_flag("--json", options->json, "print one JSON object instead of the table");
     info->add_option("--layout", options->layout,
                      "parallel layout for the per-rank memory plan, as train's --layout (e.g. "

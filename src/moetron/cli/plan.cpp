@@ -2,6 +2,9 @@
 // batch; rejects those that do not fit in memory, ranks the rest by delivered TFLOPs/GPU and
 // explains the top five. --scaling 256,512,1024 keeps the best layout, grows the global batch
 // with the GPUs (weak scaling) and prints the per-GPU throughput kept.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -11,9 +14,11 @@
 
 #include "moetron/cli/commands.h"
 #include "moetron/cli/number_options.h"
+#include "moetron/cli/plan_progress.h"
 #include "moetron/cli/sim_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
+#include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/sim/expert_imbalance.h"
@@ -38,6 +43,15 @@ struct PlanFlags {
     std::string expert_imbalance;  // zipf:S or a --log-jsonl file; empty: balanced
     int64_t redundant_experts = 0;
 };
+
+// The width of the terminal `stream` writes to; 0 when it is no terminal.
+size_t terminal_columns(std::FILE* stream) {
+    const int fd = fileno(stream);
+    if (isatty(fd) != 1) return 0;
+    winsize size{};
+    constexpr size_t kUsualColumns = 80;  // a terminal that does not say
+    return ioctl(fd, TIOCGWINSZ, &size) == 0 && size.ws_col > 0 ? size.ws_col : kUsualColumns;
+}
 
 std::vector<int64_t> parse_counts(const std::string& text) {
     std::vector<int64_t> out;
@@ -79,7 +93,12 @@ void run_plan(const PlanFlags& f) {
     }
     base.redundant_experts = f.redundant_experts;
 
-    const sim::PlanResult plan = sim::plan_layouts(model, cluster, f.gpus, base);
+    PlanProgressPrinter progress(stderr, terminal_columns(stderr));
+    const Timer search;
+    const sim::PlanResult plan = sim::plan_layouts(
+        model, cluster, f.gpus, base, sim::PlanSpace{},
+        [&](const sim::PlanProgress& p) { progress.update(p, search.elapsed_s()); });
+    progress.finish(search.elapsed_s());
     std::printf("moetron plan: %s on %lld x %s, global batch %lld x %lld tokens, %s\n",
                 model.name.c_str(), static_cast<long long>(f.gpus), cluster.name.c_str(),
                 static_cast<long long>(f.global_batch), static_cast<long long>(f.seq_len),
@@ -155,7 +174,6 @@ void register_plan(CLI::App& app) {
                     "model: a preset name (tiny, small, dsv3-671b), a TOML file or a HF "
                     "config.json")
         ->required();
-    add_renamed_option(*cmd, "--model", "--config");
     cmd->add_option("--cluster", f->cluster_path,
                     "cluster: a preset name (h100-hgx, gb300-nvl72, ...) or a TOML file")
         ->required();
@@ -168,7 +186,6 @@ void register_plan(CLI::App& app) {
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    add_renamed_option(*cmd, "--seq", "--seq-len");
     cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,

@@ -124,12 +124,10 @@ void register_sample(CLI::App& app) {
     cmd->add_option("--weights", o->weights_path,
                     "a checkpoint directory or root (train --save or --save-final)")
         ->required();
-    add_renamed_option(*cmd, "--checkpoint", "--weights");
     cmd->add_option("--prompt", o->prompt, "text to continue");
     cmd->add_option("--new-tokens", o->num_tokens, "tokens (bytes) to generate")
         ->capture_default_str()
         ->check(whole_number(0, int64_t{1} << 30));
-    add_renamed_option(*cmd, "--tokens", "--new-tokens");
     cmd->add_option("--temperature", o->temperature, "softmax temperature (0: greedy)")
         ->capture_default_str()
         ->check(finite_number(0, 1000));

@@ -111,7 +111,6 @@ void register_simulate(CLI::App& app) {
                     "model: a preset name (tiny, small, dsv3-671b), a TOML file or a HF "
                     "config.json")
         ->required();
-    add_renamed_option(*cmd, "--model", "--config");
     cmd->add_option("--cluster", f->cluster_path,
                     "cluster: a preset name (h100-hgx, gb300-nvl72, ...) or a TOML file")
         ->required();
@@ -128,7 +127,6 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    add_renamed_option(*cmd, "--seq", "--seq-len");
     cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
@@ -148,7 +146,6 @@ void register_simulate(CLI::App& app) {
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
     cmd->add_flag("--no-overlap-dp-grad", f->no_overlap_dp_grad,
                   "run the gradient reduce-scatter after the backward pass");
-    add_renamed_flag(*cmd, "--no-overlap", "--no-overlap-dp-grad");
     cmd->add_flag("--no-overlap-dp-param", f->no_overlap_dp_param,
                   "run the parameter all-gather before the next forward pass");
     cmd->add_option("--pp-layout", f->pipeline_layout,

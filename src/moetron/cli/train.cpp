@@ -606,7 +606,6 @@ void register_train(CLI::App& app) {
                   "groups (ZeRO-1: reduce-scatter and all-gather)");
     cmd->add_flag("--no-overlap-dp-grad", o->no_overlap_dp_grad,
                   "post the data-parallel gradient sync after the backward instead of during it");
-    add_renamed_flag(*cmd, "--no-overlap", "--no-overlap-dp-grad");
     cmd->add_flag("--profile-ops", o->profile_ops,
                   "time every op of the run and print, at the end, where a step's time goes (per "
                   "category and per op)");

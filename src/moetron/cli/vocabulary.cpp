@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <string_view>
 
 #include "moetron/core/error.h"
@@ -15,8 +16,19 @@ namespace moetron::cli {
 
 namespace {
 
-// Farther than this, a suggestion would be a guess: the message lists the choices instead.
-constexpr size_t kMaxSuggestionDistance = 3;
+// Old spellings and their new names. An old name is added to every command that has the new one
+// (and no option of the old name itself); a name renamed differently in different commands
+// (--tokens) lists each new name.
+struct RenamedOption {
+    const char* old_name;
+    const char* new_name;
+};
+constexpr RenamedOption kRenamedOptions[] = {
+    {"--model", "--config"},           {"--seq", "--seq-len"},
+    {"--dispatcher", "--dispatch"},    {"--no-overlap", "--no-overlap-dp-grad"},
+    {"--checkpoint", "--weights"},     {"--tokens", "--new-tokens"},  // sample
+    {"--tokens", "--tokens-per-rank"},                                // bench a2a
+};
 
 std::string command_path(const CLI::App& cmd) {
     std::string path = cmd.get_name();
@@ -49,54 +61,106 @@ std::vector<std::string> option_names(const CLI::App& cmd) {
     return names;
 }
 
-std::string closest(const std::string& name, const std::vector<std::string>& candidates) {
-    const std::vector<std::string_view> views(candidates.begin(), candidates.end());
-    const std::string_view best = closest_match(name, views);
-    return !best.empty() && edit_distance(name, best) <= kMaxSuggestionDistance ? std::string(best)
-                                                                                : std::string();
+std::string_view without_dashes(std::string_view name) {
+    return name.substr(std::min(name.find_first_not_of('-'), name.size()));
+}
+
+std::vector<std::string_view> dash_separated_parts(std::string_view name) {
+    std::vector<std::string_view> parts;
+    for (size_t begin = 0;;) {
+        const size_t end = name.find('-', begin);
+        parts.push_back(name.substr(begin, end - begin));
+        if (end == std::string_view::npos) return parts;
+        begin = end + 1;
+    }
+}
+
+// True when each dash-separated part of `typed` begins a part of `name`, in order, the first
+// part the first one: `seq` abbreviates `seq-len`, `no-dp-grad` abbreviates `no-overlap-dp-grad`,
+// `sim` abbreviates `simulate`.
+bool abbreviates(std::string_view typed, std::string_view name) {
+    const std::vector<std::string_view> typed_parts = dash_separated_parts(without_dashes(typed));
+    const std::vector<std::string_view> name_parts = dash_separated_parts(without_dashes(name));
+    size_t n = 0;
+    for (size_t t = 0; t < typed_parts.size(); ++t, ++n) {
+        while (n < name_parts.size() && !name_parts[n].starts_with(typed_parts[t])) {
+            if (t == 0) return false;
+            ++n;
+        }
+        if (n == name_parts.size()) return false;
+    }
+    return true;
+}
+
+// A candidate farther than this from the typed word is a different word that merely looks alike
+// (`seq` is no typo of `seed`): about one edit per three letters, and never more than three.
+size_t max_suggestion_distance(std::string_view typed) {
+    return std::clamp<size_t>(without_dashes(typed).size() / 3, 1, 3);
+}
+
+// What the user may have meant by `word`: the names it abbreviates when there are any (a word
+// that begins real names is never a typo of another one), else the closest name within
+// max_suggestion_distance, else nothing.
+std::vector<std::string> suggestions(const std::string& word,
+                                     const std::vector<std::string>& names) {
+    std::vector<std::string> longer;
+    for (const std::string& name : names)
+        if (name != word && abbreviates(word, name)) longer.push_back(name);
+    if (!longer.empty()) return longer;
+    const std::vector<std::string_view> views(names.begin(), names.end());
+    const std::string_view best = closest_match(word, views);
+    if (!best.empty() && edit_distance(word, best) <= max_suggestion_distance(word))
+        return {std::string(best)};
+    return {};
+}
+
+// "did you mean X?" or "did you mean one of X, Y?"; quote: wrap each name in single quotes.
+std::string did_you_mean(const std::vector<std::string>& names, bool quote) {
+    std::vector<std::string> shown;
+    for (const std::string& name : names) shown.push_back(quote ? "'" + name + "'" : name);
+    return fmt::format("did you mean {}{}?", shown.size() > 1 ? "one of " : "",
+                       fmt::join(shown, ", "));
 }
 
 std::string unknown_command(const CLI::App& cmd, const std::string& word) {
     const std::vector<std::string> names = subcommand_names(cmd);
-    const std::string best = closest(word, names);
-    if (!best.empty()) return fmt::format("unknown command '{}'; did you mean '{}'?", word, best);
+    const std::vector<std::string> meant = suggestions(word, names);
+    if (!meant.empty())
+        return fmt::format("unknown command '{}'; {}", word, did_you_mean(meant, true));
     return fmt::format("unknown command '{}'; the commands of '{}' are: {}", word,
                        command_path(cmd), fmt::join(names, ", "));
 }
 
 std::string unknown_option(const CLI::App& cmd, const std::string& word) {
     const std::string flag = word.substr(0, word.find('='));
-    const std::string best = closest(flag, option_names(cmd));
-    if (!best.empty())
-        return fmt::format("'{}' has no option {}; did you mean {}?", command_path(cmd), flag,
-                           best);
+    const std::vector<std::string> meant = suggestions(flag, option_names(cmd));
+    if (!meant.empty())
+        return fmt::format("'{}' has no option {}; {}", command_path(cmd), flag,
+                           did_you_mean(meant, false));
     return fmt::format("'{}' has no option {} (see '{} --help')", command_path(cmd), flag,
                        command_path(cmd));
 }
 
 }  // namespace
 
-void add_renamed_option(CLI::App& cmd, const std::string& old_name, const std::string& new_name) {
-    cmd.add_option_function<std::string>(
-           old_name,
-           [old_name, new_name](const std::string&) {
-               MT_USER_THROW("{} was renamed {} (one name for it in every command)", old_name,
-                             new_name);
-           })
-        ->group("");  // hidden from --help
-}
-
-void add_renamed_flag(CLI::App& cmd, const std::string& old_name, const std::string& new_name) {
-    cmd.add_flag_function(old_name,
-                          [old_name, new_name](int64_t) {
-                              MT_USER_THROW("{} was renamed {} (one name for it in every command)",
-                                            old_name, new_name);
-                          })
-        ->group("");
+void add_renamed_options(CLI::App& app) {
+    for (const RenamedOption& renamed : kRenamedOptions) {
+        if (app.get_option_no_throw(renamed.new_name) == nullptr ||
+            app.get_option_no_throw(renamed.old_name) != nullptr)
+            continue;
+        const std::string old_name = renamed.old_name, new_name = renamed.new_name;
+        app.add_option(old_name,
+                       [old_name, new_name](const CLI::results_t&) -> bool {
+                           MT_USER_THROW("{} was renamed {} (one name for it in every command)",
+                                         old_name, new_name);
+                       })
+            ->expected(0, 1)  // `--seq 64`, and `--no-overlap` of a flag
+            ->group("");      // hidden from --help
+    }
+    for (CLI::App* sub : app.get_subcommands({})) add_renamed_options(*sub);
 }
 
 CLI::Option* add_dispatch_option(CLI::App& cmd, std::string& dispatch, const std::string& what) {
-    add_renamed_option(cmd, "--dispatcher", "--dispatch");
     const CLI::Validator spelling(
         [](std::string& value) -> std::string {
             if (value == "two-tier") return "'two-tier' is now spelled 'two_tier'";

@@ -1,6 +1,7 @@
 // The command line's words: one name per concept across every subcommand. An option that was
-// renamed keeps its old spelling only as a hidden option that fails naming the new one, and a
-// misspelled subcommand or option gets the closest real name ("did you mean ...?").
+// renamed keeps its old spelling only as a hidden option that fails naming the new one (one
+// table, kRenamedOptions in vocabulary.cpp, for every command), and a misspelled subcommand or
+// option gets the closest real name ("did you mean ...?").
 #pragma once
 
 #include <string>
@@ -14,9 +15,10 @@ class Option;
 
 namespace moetron::cli {
 
-// Accepts `old_name` (with or without a value) only to fail with "--old was renamed --new".
-void add_renamed_option(CLI::App& cmd, const std::string& old_name, const std::string& new_name);
-void add_renamed_flag(CLI::App& cmd, const std::string& old_name, const std::string& new_name);
+// Adds the old spellings of renamed options to every command of `app` (subcommands included,
+// after they registered their options) that has the new name: each old spelling is accepted, with
+// or without a value, only to fail with "--old was renamed --new".
+void add_renamed_options(CLI::App& app);
 
 // --dispatch flat|two_tier, the one spelling of the MoE dispatch for train, simulate and plan;
 // the old value two-tier fails naming two_tier.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "moetron/core/error.h"
 #include "moetron/model/flops.h"
@@ -45,8 +46,16 @@ bool schedule_allows(const parallel::Layout& l, int64_t micro_batches, const Sim
 }  // namespace
 
 PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, int64_t gpus,
-                        const SimOptions& base, const PlanSpace& space) {
-    PlanResult out;
+                        const SimOptions& base, const PlanSpace& space,
+                        const PlanProgressCallback& progress) {
+    // The layouts that pass the cheap checks, in search order, first: their count is the total
+    // that a progress display needs before the slow part (simulating each) starts.
+    struct Pending {
+        parallel::Layout layout;
+        SimOptions options;
+        bool over_static_memory = false;
+    };
+    std::vector<Pending> pending;
     for (int64_t tp : space.tp)
         for (int64_t cp : space.cp)
             for (int64_t pp : space.pp)
@@ -79,22 +88,44 @@ PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, in
                             }
                             if (pp * vpp > model.num_hidden_layers) continue;
                             if (o.seq_len % (2 * cp) != 0 || o.seq_len % (tp * cp) != 0) continue;
-                            if (static_memory_lower_bound(model, l, o) > cluster.gpu.hbm_bytes) {
-                                out.considered += static_cast<int64_t>(space.recompute.size());
-                                out.rejected_memory += static_cast<int64_t>(space.recompute.size());
-                                continue;
-                            }
-                            for (const std::string& rc : space.recompute) {
-                                o.recompute = parse_recompute(rc);
-                                ++out.considered;
-                                StepResult r = simulate_step_unchecked(model, cluster, l, o);
-                                if (r.memory.total_bytes() > r.memory.capacity_bytes) {
-                                    ++out.rejected_memory;
-                                    continue;
-                                }
-                                out.ranked.push_back({std::move(r), rc});
-                            }
+                            const bool over =
+                                static_memory_lower_bound(model, l, o) > cluster.gpu.hbm_bytes;
+                            pending.push_back({l, std::move(o), over});
                         }
+
+    PlanResult out;
+    const auto recomputes = static_cast<int64_t>(space.recompute.size());
+    PlanProgress at;
+    at.total = static_cast<int64_t>(pending.size()) * recomputes;
+    size_t best = 0;  // index into out.ranked of the most TFLOPs/GPU so far (the first of equals)
+    const auto report = [&] {
+        if (!progress) return;
+        at.evaluated = out.considered;
+        at.best = out.ranked.empty() ? nullptr : &out.ranked[best];
+        progress(at);
+    };
+    for (Pending& p : pending) {
+        if (p.over_static_memory) {
+            out.considered += recomputes;
+            out.rejected_memory += recomputes;
+            report();
+            continue;
+        }
+        for (const std::string& rc : space.recompute) {
+            p.options.recompute = parse_recompute(rc);
+            ++out.considered;
+            StepResult r = simulate_step_unchecked(model, cluster, p.layout, p.options);
+            if (r.memory.total_bytes() > r.memory.capacity_bytes) {
+                ++out.rejected_memory;
+            } else {
+                out.ranked.push_back({std::move(r), rc});
+                if (out.ranked.back().result.tflops_per_gpu >
+                    out.ranked[best].result.tflops_per_gpu)
+                    best = out.ranked.size() - 1;
+            }
+            report();
+        }
+    }
     std::stable_sort(out.ranked.begin(), out.ranked.end(),
                      [](const PlanCandidate& a, const PlanCandidate& b) {
                          return a.result.tflops_per_gpu > b.result.tflops_per_gpu;

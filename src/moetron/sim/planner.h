@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,23 @@ struct PlanResult {
     int64_t rejected_memory = 0;        // of those, over the GPU memory
 };
 
+// Where a search stands, for a progress display: the layouts evaluated (simulated, or rejected by
+// the static-memory bound) of all those that divide the GPUs, model and batch (the final
+// PlanResult::considered), and the fitting layout with the most TFLOPs/GPU so far (nullptr before
+// the first; valid during the call only).
+struct PlanProgress {
+    int64_t evaluated = 0;
+    int64_t total = 0;
+    const PlanCandidate* best = nullptr;
+};
+using PlanProgressCallback = std::function<void(const PlanProgress&)>;
+
 // `base` supplies precision, sequence length, global batch and the software options (graphs,
-// overlaps, dispatcher); micro-batch and recompute come from the space.
+// overlaps, dispatcher); micro-batch and recompute come from the space. `progress`, when given,
+// is called after each layout evaluated (the result does not depend on it).
 PlanResult plan_layouts(const ModelConfig& model, const ClusterSpec& cluster, int64_t gpus,
-                        const SimOptions& base, const PlanSpace& space = PlanSpace{});
+                        const SimOptions& base, const PlanSpace& space = PlanSpace{},
+                        const PlanProgressCallback& progress = {});
 
 // Why a candidate ranks where it does, in a few lines, relative to the best one.
 std::string explain_candidate(const PlanCandidate& c, const PlanCandidate& best, int rank);

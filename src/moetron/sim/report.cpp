@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "moetron/parallel/expert_dispatcher.h"
+
 namespace moetron::sim {
 
 namespace {
@@ -27,10 +29,11 @@ std::string line(const char* label, double seconds, double step) {
 
 std::string describe_options(const StepResult& r) {
     const SimOptions& o = r.options;
-    return fmt::format("{} mbs{} {} recompute {}, graphs {}, dispatcher {}{}, overlap {}",
+    // The dispatch as --dispatch spells it (two_tier), so that the line can be typed back.
+    return fmt::format("{} mbs{} {} recompute {}, graphs {}, dispatch {}{}, overlap {}",
                        r.layout.str(), o.micro_batch, pipeline_schedule_name(o.pipeline_schedule),
                        recompute_name(o.recompute), cuda_graphs_name(o.cuda_graphs),
-                       o.dispatcher == parallel::DispatchKind::two_tier ? "two-tier" : "flat",
+                       parallel::dispatch_kind_name(o.dispatcher),
                        o.low_precision_dispatch ? " (low-precision payload)" : "", overlaps(o));
 }
 

@@ -51,6 +51,18 @@ class LineWriter {
     bool cut_ = false;
 };
 
+// The time left, as a person reads it: 45s, 12m05s, 3h02m.
+void add_duration(LineWriter& w, double seconds) {
+    const auto s = static_cast<int64_t>(std::llround(std::clamp(seconds, 0.0, 1e9)));
+    if (s < 60) {
+        w.add("{}s", s);
+    } else if (s < 3600) {
+        w.add("{}m{:02}s", s / 60, s % 60);
+    } else {
+        w.add("{}h{:02}m", s / 3600, s % 3600 / 60);
+    }
+}
+
 }  // namespace
 
 double measure_gemm_peak_gflops(int64_t n, double seconds) {
@@ -102,6 +114,9 @@ void MetricsLog::write_out(const char* text, size_t size) {
 void MetricsLog::log_step(const StepRecord& r) {
     compute_s_ += r.step_s;
     ++steps_logged_;
+    // The mean step so far times the steps left (validation and logging not counted).
+    const double eta_s = compute_s_ / static_cast<double>(steps_logged_) *
+                         static_cast<double>(std::max<int64_t>(0, total_steps_ - r.step));
     const bool validated = !std::isnan(r.val_loss);
     const bool plain_line =
         validated || r.step == 1 || r.step == total_steps_ || r.step % print_every_ == 0;
@@ -138,7 +153,14 @@ void MetricsLog::log_step(const StepRecord& r) {
             for (double s : r.stage_idle_s) w.add(" {:.1f}", s * 1e3);
             w.add(" ms (bubble {:.0f}%)", 100 * r.bubble_fraction());
         }
-        w.add(" | {:.1f} ms\n", r.step_s * 1e3);
+        w.add(" | {:.1f} ms", r.step_s * 1e3);
+        // A log read while the run goes on (mpirun, a pipe, a file) needs the time left as much
+        // as the bar does.
+        if (r.step < total_steps_) {
+            w.add(" | eta ");
+            add_duration(w, eta_s);
+        }
+        w.add("\n");
         write_out(line_.data(), w.size());
         bar_open_ = false;
     }
@@ -146,14 +168,13 @@ void MetricsLog::log_step(const StepRecord& r) {
         constexpr int kBarWidth = 24;
         const int filled =
             static_cast<int>(kBarWidth * r.step / std::max<int64_t>(1, total_steps_));
-        const double eta_s = compute_s_ / static_cast<double>(steps_logged_) *
-                             static_cast<double>(total_steps_ - r.step);
         LineWriter w(line_.data(), line_.size());
         w.add("\r\x1b[K{:>{}}/{} [{:#<{}}{:.<{}}] loss {:.4f} | {:.0f} tok/s", r.step,
               fmt::formatted_size("{}", total_steps_), total_steps_, "", filled, "",
               kBarWidth - filled, r.loss, r.tokens_per_s);
         if (r.mfu > 0) w.add(" | MFU {:.1f}%", 100 * r.mfu);
-        w.add(" | eta {:.0f}s", eta_s);
+        w.add(" | eta ");
+        add_duration(w, eta_s);
         write_out(line_.data(), w.size());
         bar_open_ = true;
     }
