@@ -20,7 +20,7 @@
 #include "moetron/kernels/backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
-#include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_dir.h"
 #include "moetron/train/checkpoint_pieces.h"
 #include "moetron/train/checkpoint_root.h"
 

@@ -19,6 +19,7 @@
 #include "moetron/model/config.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_dir.h"
 #include "moetron/train/checkpoint_pieces.h"
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checkpoint_sharded.h"

@@ -28,6 +28,7 @@
 #include "moetron/model/hf_names.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_dir.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/hf_export.h"

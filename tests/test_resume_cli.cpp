@@ -13,7 +13,6 @@
 
 #include "cli_run.h"
 #include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "temp_dir.h"
 

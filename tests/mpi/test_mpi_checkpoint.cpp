@@ -46,6 +46,7 @@
 #include "moetron/parallel/topology.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_dir.h"
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/data_source.h"

@@ -33,6 +33,7 @@
 #include "moetron/parallel/communicator.h"
 #include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_dir.h"
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"

@@ -9,7 +9,7 @@
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_dir.h"
 #include "moetron/train/checksum.h"
 
 namespace moetron {

@@ -1,8 +1,8 @@
-// The trainer's checkpoints (save_checkpoint and load_checkpoint of train/checkpoint.h), for
-// every world size: one safetensors shard file per rank plus state.json and index.json
-// (train/checkpoint.h has the directory; checkpoint_pieces.h the pieces), saved and loaded by
-// every rank of the trainer's world together. One process is a world of one: it writes one shard
-// holding everything.
+// The collective save and load of a trainer's checkpoints (save_checkpoint and load_checkpoint of
+// train/checkpoint.h fill them from the Trainer), for every world size: one safetensors shard
+// file per rank plus state.json and index.json (checkpoint_dir.h has the directory;
+// checkpoint_pieces.h the pieces), saved and loaded by every rank of the trainer's world
+// together. One process is a world of one: it writes one shard holding everything.
 //
 // Who writes what: a rank writes the pieces it alone is responsible for, by the optimizer's
 // buckets (train/optimizer.h's moment ranges): the parameters and both moments of its
@@ -32,14 +32,25 @@
 // again after reading.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/topology.h"
+#include "moetron/train/checkpoint_dir.h"
+#include "moetron/train/checkpoint_pieces.h"
 
 namespace moetron {
+
+class Model;
 
 // "shard-00001-of-00004.safetensors"
 std::string checkpoint_shard_file_name(int rank, int world_size);
@@ -55,5 +66,51 @@ void throw_if_any_rank_failed(parallel::Communicator& comm, const std::string& e
                               std::string_view what);
 // A collective over comm: whether flag is set on any rank (the agreed stop signal).
 bool any_rank(parallel::Communicator& comm, bool flag);
+// A collective over comm: runs step on this rank, then throw_if_any_rank_failed with the error it
+// threw (empty when none), so that every rank throws when it failed on any.
+void run_on_every_rank(parallel::Communicator& comm, std::string_view what,
+                       const std::function<void()>& step);
+
+// A range of the optimizer's moments that this rank keeps (train/optimizer.h's
+// AdamW::MomentRange): what the save writes and the load reads, in place.
+struct MomentShard {
+    int64_t offset = 0;  // first float, in the flat parameter buffer
+    int64_t numel = 0;
+    bool replicated = false;  // every rank of the bucket's group keeps the same moments
+    int group_rank = 0;       // this rank in that group
+    float* m = nullptr;       // numel floats each
+    float* v = nullptr;
+};
+
+// The collective save, once every rank's state is known to be safe to save (every rank of world
+// calls it; `what` names the save in errors): rank 0 stages root/step-<state.step>, every rank
+// writes its shard of model's parameters and of moments, rank 0 writes state.json (state, with
+// expert_balance under "expert_balance" unless it is null) and index.json, commits and moves
+// `latest`, then applies retention (keep > 0). Returns the checkpoint directory.
+std::filesystem::path save_sharded_checkpoint(parallel::Communicator& world, Model& model,
+                                              const std::vector<MomentShard>& moments,
+                                              const TrainingStateView& state,
+                                              const nlohmann::json& expert_balance,
+                                              const std::filesystem::path& root, size_t keep,
+                                              std::string_view what);
+
+// What every rank has checked and opened before a load writes anything.
+struct OpenedCheckpoint {
+    std::filesystem::path dir;  // the checkpoint directory (a root resolved through `latest`)
+    CheckpointCounters counters;
+    nlohmann::json expert_balance;  // state.json's "expert_balance"; null: none saved
+    std::optional<CheckpointTensors> tensors;
+};
+// A load's first half, a collective over world: every rank resolves dir_or_root, verifies the
+// index, checks that the checkpoint is one of model (its config; every tensor's shape and
+// coverage) and opens its tensor files. Throws on every rank when any failed.
+OpenedCheckpoint open_checkpoint_on_every_rank(parallel::Communicator& world,
+                                               const std::filesystem::path& dir_or_root,
+                                               Model& model, std::string_view what);
+// Its second half, on each rank (the caller exchanges the errors): reads the ranges this rank
+// holds under its layout into model's parameters (its experts' slots as the model's placements
+// name them, its TP blocks) and into moments (its ZeRO-1 shards, whatever tp wrote them).
+void read_rank_tensors(const OpenedCheckpoint& opened, Model& model,
+                       const std::vector<MomentShard>& moments);
 
 }  // namespace moetron

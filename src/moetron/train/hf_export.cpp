@@ -17,7 +17,7 @@
 #include "moetron/model/hf_names.h"
 #include "moetron/model/params.h"
 #include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint.h"
+#include "moetron/train/checkpoint_dir.h"
 #include "moetron/train/checkpoint_root.h"
 #include "moetron/train/checksum.h"
 #include "moetron/train/hf_tokenizer.h"
