@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint_dir.h"
-#include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron {

@@ -12,7 +12,7 @@
 //                      AdamW's moments that the rank was responsible for, each described by its
 //                      global name, global shape and element range (checkpoint_pieces.h)
 //   state.json         {"format": "moetron-checkpoint", "version": 2,
-//                       "run_id": the run that wrote it (train/checkpoint_root.h),
+//                       "run_id": the run that wrote it (checkpoint_root.h),
 //                       "layout": the run's "dpD.tpT.epE", "world_size", "topology",
 //                       "shard_files": [the shard files],
 //                       "step": optimizer steps done (the lr schedule's position),
@@ -44,11 +44,11 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/train_config.h"
 #include "moetron/core/rng.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/train/train_config.h"
 
 namespace moetron {
 

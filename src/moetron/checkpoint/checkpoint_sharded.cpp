@@ -1,4 +1,4 @@
-#include "moetron/train/checkpoint_sharded.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,16 +13,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
 #include "moetron/model/model.h"
 #include "moetron/model/moe.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint_dir.h"
-#include "moetron/train/checkpoint_pieces.h"
-#include "moetron/train/checkpoint_root.h"
-#include "moetron/train/safetensors.h"
 
 namespace moetron {
 

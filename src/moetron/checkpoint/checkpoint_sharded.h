@@ -43,10 +43,10 @@
 #include <string_view>
 #include <vector>
 
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/train/checkpoint_dir.h"
-#include "moetron/train/checkpoint_pieces.h"
 
 namespace moetron {
 

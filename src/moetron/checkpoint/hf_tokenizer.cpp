@@ -1,10 +1,10 @@
-#include "moetron/train/hf_tokenizer.h"
+#include "moetron/checkpoint/hf_tokenizer.h"
 
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "moetron/checkpoint/atomic_dir.h"
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_dir.h"
 
 namespace moetron {
 
