@@ -19,5 +19,6 @@ mkdir -p "$build_dir"
   src/moetron/core/error.cpp \
   src/moetron/core/dtype.cpp \
   src/moetron/core/tensor.cpp \
+  src/moetron/core/strings.cpp \
   -lfmt -o "$binary"
 "$binary" tests/fuzz/corpus/checkpoint_slices
