@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
 #include "moetron/core/timer.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
-#include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_root.h"
-#include "moetron/train/checkpoint_sharded.h"
 
 namespace fs = std::filesystem;
 using namespace moetron;

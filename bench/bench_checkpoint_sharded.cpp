@@ -1,7 +1,7 @@
 // N shard files against one (what a world of one writes), for a model preset (default: small), on
 // one process: the training state (fp32 parameters and both AdamW moments) cut into N contiguous
 // ranges of the flat buffer (as N ZeRO-1 ranks own it; pieces cut tensors anywhere), written as
-// N shard files one after another (train/checkpoint_pieces.h; a real job writes them in
+// N shard files one after another (checkpoint/checkpoint_pieces.h; a real job writes them in
 // parallel), then read back under an M-way cut (resharding) through CheckpointTensors and
 // checked bit for bit. Beside it, the same state as one shard holding every tensor whole
 // (save_training_state, read_checkpoint_tensors). Write times include each file's fsync.
@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
+#include "moetron/checkpoint/checkpoint_root.h"
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 #include "moetron/kernels/backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
-#include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_pieces.h"
-#include "moetron/train/checkpoint_root.h"
 
 namespace fs = std::filesystem;
 using namespace moetron;

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/train_config.h"
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
@@ -39,7 +40,6 @@
 #include "moetron/train/data_loader.h"
 #include "moetron/train/metrics.h"
 #include "moetron/train/preset_path.h"
-#include "moetron/train/train_config.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron {

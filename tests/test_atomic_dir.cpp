@@ -1,8 +1,8 @@
-// train/atomic_dir, train/atomic_file and the checkpoint index (train/checksum): atomic
-// directory commit, atomic file writes, the `latest` pointer, stale-entry cleanup (one writer's
-// leftovers only), index round trip and verification,
-// and crash safety: a child writing checkpoints in a loop is killed with SIGKILL at random
-// moments, and every time the checkpoint `latest` names (and every committed one) is complete.
+// checkpoint/atomic_dir, checkpoint/atomic_file and the checkpoint index (checkpoint/checksum):
+// atomic directory commit, atomic file writes, the `latest` pointer, stale-entry cleanup (one
+// writer's leftovers only), index round trip and verification, and crash safety: a child writing
+// checkpoints in a loop is killed with SIGKILL at random moments, and every time the checkpoint
+// `latest` names (and every committed one) is complete.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "expect_contains.h"
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/atomic_file.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/checksum.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/atomic_file.h"
-#include "moetron/train/checkpoint_root.h"
-#include "moetron/train/checksum.h"
-#include "moetron/train/safetensors.h"
 #include "temp_dir.h"
 
 namespace moetron {

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "cli_run.h"
+#include "moetron/checkpoint/hf_export.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
-#include "moetron/train/hf_export.h"
-#include "moetron/train/safetensors.h"
 #include "temp_dir.h"
 
 namespace moetron {

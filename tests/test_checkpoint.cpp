@@ -15,16 +15,17 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
+#include "moetron/checkpoint/checksum.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_pieces.h"
-#include "moetron/train/checkpoint_root.h"
-#include "moetron/train/checkpoint_sharded.h"
-#include "moetron/train/checksum.h"
 #include "moetron/train/data_source.h"
-#include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 #include "temp_dir.h"
 

@@ -23,15 +23,16 @@
 #include <thread>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
+#include "moetron/checkpoint/hf_export.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
 #include "moetron/model/hf_names.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/data_source.h"
-#include "moetron/train/hf_export.h"
-#include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 #include "temp_dir.h"
 

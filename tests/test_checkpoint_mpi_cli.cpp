@@ -25,9 +25,9 @@
 #include <thread>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/trainer.h"

@@ -1,4 +1,4 @@
-// train/checkpoint_pieces: shard files of pieces of global tensors, written by hand, read back
+// checkpoint/checkpoint_pieces: shard files of pieces of global tensors, written by hand, read back
 // across file boundaries; blocks of tensor-parallel shards (row- and column-parallel, cut by
 // ZeRO-1) read back under another TP split; gaps, overlaps, foreign tensors and wrong shapes are
 // errors naming the file or the tensor and range. (Whole checkpoints of distributed runs are tested
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/checkpoint_pieces.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
-#include "moetron/train/checkpoint_pieces.h"
-#include "moetron/train/safetensors.h"
 #include "temp_dir.h"
 
 namespace moetron {

@@ -1,4 +1,4 @@
-// train/checkpoint_root: which run may save into a checkpoint root, and what retention may
+// checkpoint/checkpoint_root: which run may save into a checkpoint root, and what retention may
 // delete there. Checkpoints here are directories with only a state.json naming their run: the
 // rules read nothing else.
 #include <gtest/gtest.h>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "expect_contains.h"
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_root.h"
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint_root.h"
 #include "temp_dir.h"
 
 namespace moetron {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "fuzz/checkpoint_slices_check.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
 #include "moetron/core/error.h"
-#include "moetron/train/checkpoint_pieces.h"
 
 namespace moetron {
 namespace {

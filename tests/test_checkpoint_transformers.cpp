@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/hf_export.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/data_source.h"
-#include "moetron/train/hf_export.h"
 #include "moetron/train/trainer.h"
 #include "temp_dir.h"
 

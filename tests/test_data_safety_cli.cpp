@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "cli_run.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint_sharded.h"
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
 #include "temp_dir.h"
 
 namespace moetron {

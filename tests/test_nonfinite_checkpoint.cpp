@@ -10,8 +10,8 @@
 #include <string>
 
 #include "expect_contains.h"
+#include "moetron/checkpoint/atomic_dir.h"
 #include "moetron/model/config.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"

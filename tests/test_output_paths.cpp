@@ -1,5 +1,5 @@
-// train/output_paths: an output path is checked before any work (its directory exists and takes
-// files, it is not a directory), and an output naming an input, however spelled, is refused.
+// checkpoint/output_paths: an output path is checked before any work (its directory exists and
+// takes files, it is not a directory), and an output naming an input, however spelled, is refused.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "expect_contains.h"
+#include "moetron/checkpoint/output_paths.h"
 #include "moetron/core/user_error.h"
-#include "moetron/train/output_paths.h"
 #include "temp_dir.h"
 
 namespace moetron {

@@ -1,6 +1,6 @@
-// train/safetensors and train/checksum: round trips, the exact bytes of the format, hostile
-// files (each a moetron::Error naming the file, the tensor and the problem), and a replay of the
-// fuzzer's corpus (tests/fuzz/corpus/safetensors) through the fuzzer's own property check.
+// checkpoint/safetensors and checkpoint/checksum: round trips, the exact bytes of the format,
+// hostile files (each a moetron::Error naming the file, the tensor and the problem), and a replay
+// of the fuzzer's corpus (tests/fuzz/corpus/safetensors) through the fuzzer's own property check.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -13,9 +13,9 @@
 
 #include "expect_contains.h"
 #include "fuzz/safetensors_check.h"
+#include "moetron/checkpoint/checksum.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
-#include "moetron/train/checksum.h"
-#include "moetron/train/safetensors.h"
 
 namespace moetron {
 namespace {

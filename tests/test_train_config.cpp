@@ -5,10 +5,10 @@
 #include <numbers>
 #include <string>
 
+#include "moetron/checkpoint/train_config.h"
 #include "moetron/core/error.h"
 #include "moetron/core/strings.h"
 #include "moetron/train/lr_schedule.h"
-#include "moetron/train/train_config.h"
 
 namespace moetron {
 namespace {

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "fuzz/safetensors_check.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
-#include "moetron/train/checkpoint_pieces.h"
-#include "moetron/train/safetensors.h"
 
 namespace moetron::fuzz {
 

@@ -22,10 +22,10 @@
 #include <string>
 #include <string_view>
 
+#include "moetron/checkpoint/train_config.h"
 #include "moetron/cli/number_options.h"
 #include "moetron/core/error.h"
 #include "moetron/model/config.h"
-#include "moetron/train/train_config.h"
 
 namespace moetron::fuzz {
 

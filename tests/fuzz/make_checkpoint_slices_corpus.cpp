@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "fuzz/checkpoint_slices_check.h"
-#include "moetron/train/checkpoint_pieces.h"
-#include "moetron/train/safetensors.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
+#include "moetron/checkpoint/safetensors.h"
 
 namespace moetron::fuzz {
 namespace {

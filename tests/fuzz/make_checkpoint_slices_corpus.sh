@@ -12,12 +12,13 @@ binary="$build_dir/make_checkpoint_slices_corpus"
 mkdir -p "$build_dir"
 "${CXX:-c++}" -std=c++20 -O1 -Wall -Wextra -Wpedantic -Werror -Isrc -Itests \
   tests/fuzz/make_checkpoint_slices_corpus.cpp \
-  src/moetron/train/checkpoint_pieces.cpp \
-  src/moetron/train/safetensors.cpp \
-  src/moetron/train/checksum.cpp \
-  src/moetron/train/atomic_dir.cpp \
+  src/moetron/checkpoint/checkpoint_pieces.cpp \
+  src/moetron/checkpoint/safetensors.cpp \
+  src/moetron/checkpoint/checksum.cpp \
+  src/moetron/checkpoint/atomic_dir.cpp \
   src/moetron/core/error.cpp \
   src/moetron/core/dtype.cpp \
   src/moetron/core/tensor.cpp \
+  src/moetron/core/strings.cpp \
   -lfmt -o "$binary"
 "$binary" tests/fuzz/corpus/checkpoint_slices

@@ -6,8 +6,8 @@
 
 #include <string>
 
+#include "moetron/checkpoint/atomic_dir.h"
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_dir.h"
 
 namespace moetron::fuzz {
 

@@ -29,9 +29,9 @@ build_dir="$(cd "$build_dir" && pwd)"  # absolute: parallel jobs run from inside
 
 # The library sources every target links; each target adds its own.
 common_sources=(
-  src/moetron/train/safetensors.cpp
-  src/moetron/train/checksum.cpp
-  src/moetron/train/atomic_dir.cpp
+  src/moetron/checkpoint/safetensors.cpp
+  src/moetron/checkpoint/checksum.cpp
+  src/moetron/checkpoint/atomic_dir.cpp
   src/moetron/core/error.cpp
   src/moetron/core/dtype.cpp
   src/moetron/core/tensor.cpp
@@ -46,8 +46,8 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 # Each source compiles once into $build_dir/obj/ (the common ones are shared by every target), as
 # many at a time as there are cores; an object is rebuilt when its source or any header is newer.
-headers=(src/moetron/core/*.h src/moetron/train/*.h src/moetron/model/*.h src/moetron/cli/*.h
-         tests/fuzz/*.h)
+headers=(src/moetron/core/*.h src/moetron/checkpoint/*.h src/moetron/train/*.h src/moetron/model/*.h
+         src/moetron/cli/*.h tests/fuzz/*.h)
 object_of() { echo "$build_dir/obj/${1%.cpp}.o"; }
 stale() {  # stale OUTPUT INPUT...: OUTPUT is missing or older than an input
   [ ! -e "$1" ] || [ -n "$(find "${@:2}" -newer "$1" | head -1)" ]
@@ -105,9 +105,9 @@ fuzz() {
   fi
 }
 
-checkpoint_slices_sources=(src/moetron/train/checkpoint_pieces.cpp)
+checkpoint_slices_sources=(src/moetron/checkpoint/checkpoint_pieces.cpp)
 token_shard_sources=(src/moetron/train/token_shard.cpp)
-config_sources=(src/moetron/model/config.cpp src/moetron/train/train_config.cpp
+config_sources=(src/moetron/model/config.cpp src/moetron/checkpoint/train_config.cpp
                 src/moetron/cli/number_options.cpp)
 compile_objects "${common_sources[@]}" "${checkpoint_slices_sources[@]}" \
   "${token_shard_sources[@]}" "${config_sources[@]}" tests/fuzz/fuzz_safetensors.cpp \

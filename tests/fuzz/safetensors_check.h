@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "fuzz/memory_file.h"
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/safetensors.h"
 
 namespace moetron::fuzz {
 

@@ -1,4 +1,4 @@
-// Checkpoints of distributed runs (train/checkpoint_sharded.h), under mpirun -np 1, 2 and 4:
+// Checkpoints of distributed runs (checkpoint/checkpoint_sharded.h), under mpirun -np 1, 2 and 4:
 //  - resume in the same layout is bit-exact: 10 steps straight == 5 steps, save, a fresh trainer
 //    loads, 5 steps (losses compared with ==, parameters and moments with memcmp), also with
 //    tensor parallelism (tp2, tp2.ep2) and pipeline parallelism (pp2);
@@ -40,19 +40,20 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
+#include "moetron/checkpoint/hf_export.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
 #include "moetron/model/hf_names.h"
 #include "moetron/model/moe.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_root.h"
-#include "moetron/train/checkpoint_sharded.h"
 #include "moetron/train/data_source.h"
-#include "moetron/train/hf_export.h"
 #include "moetron/train/metrics.h"
 #include "moetron/train/preset_path.h"
-#include "moetron/train/safetensors.h"
 #include "moetron/train/trainer.h"
 #include "mpi/mpi_test_main.h"
 #include "mpi/shared_temp_dir.h"
@@ -259,7 +260,7 @@ TEST(MpiCheckpoint, ResumeInTheSameLayoutIsBitExact) {
     }
 }
 
-// One run, one identity (train/checkpoint_root.h): every rank holds rank 0's run id, the
+// One run, one identity (checkpoint/checkpoint_root.h): every rank holds rank 0's run id, the
 // checkpoint records it, and a trainer that resumes continues it.
 TEST(MpiCheckpoint, EveryRankSharesTheRunIdAndAResumeContinuesIt) {
     parallel::Communicator& world = mpi_world();

@@ -18,13 +18,13 @@
 #include <string>
 
 #include "moetron/calibrate/calibrate.h"
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/output_paths.h"
 #include "moetron/cli/commands.h"
 #include "moetron/cli/number_options.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/parallel/communicator.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/output_paths.h"
 #include "moetron/train/threads.h"
 
 namespace moetron::cli {

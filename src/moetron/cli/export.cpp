@@ -1,5 +1,5 @@
 // moetron export: trained weights (a checkpoint, from --save or --save-final) to a Hugging
-// Face DeepSeek-V3 directory (train/hf_export.h), loadable by transformers'
+// Face DeepSeek-V3 directory (checkpoint/hf_export.h), loadable by transformers'
 // DeepseekV3ForCausalLM, with a byte-level tokenizer for models whose token ids are raw bytes.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -7,15 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/hf_export.h"
+#include "moetron/checkpoint/trained_weights.h"
 #include "moetron/cli/commands.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/params.h"
-#include "moetron/train/hf_export.h"
 #include "moetron/train/preset_path.h"
 #include "moetron/train/tokenizer.h"
-#include "moetron/train/trained_weights.h"
 
 namespace moetron::cli {
 

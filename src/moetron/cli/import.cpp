@@ -1,13 +1,13 @@
 // moetron import: a Hugging Face DeepSeek-V3 directory (per-expert or fused expert names, F32 or
-// BF16) into a moetron checkpoint at step 0 with a fresh optimizer (train/hf_export.h), to train
-// on with `moetron train --config HF_DIR --resume OUT`.
+// BF16) into a moetron checkpoint at step 0 with a fresh optimizer (checkpoint/hf_export.h), to
+// train on with `moetron train --config HF_DIR --resume OUT`.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "moetron/checkpoint/hf_export.h"
 #include "moetron/cli/commands.h"
-#include "moetron/train/hf_export.h"
 
 namespace moetron::cli {
 

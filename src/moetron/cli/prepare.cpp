@@ -6,11 +6,11 @@
 #include <memory>
 #include <string>
 
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/output_paths.h"
 #include "moetron/cli/commands.h"
 #include "moetron/core/error.h"
-#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/data_source.h"
-#include "moetron/train/output_paths.h"
 #include "moetron/train/token_shard.h"
 #include "moetron/train/tokenizer.h"
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/train_config.h"
+#include "moetron/checkpoint/trained_weights.h"
 #include "moetron/cli/commands.h"
 #include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
@@ -23,8 +25,6 @@
 #include "moetron/train/preset_path.h"
 #include "moetron/train/threads.h"
 #include "moetron/train/tokenizer.h"
-#include "moetron/train/train_config.h"
-#include "moetron/train/trained_weights.h"
 
 namespace moetron::cli {
 

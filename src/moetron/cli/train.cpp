@@ -19,6 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/output_paths.h"
+#include "moetron/checkpoint/train_config.h"
 #include "moetron/cli/commands.h"
 #include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
@@ -31,17 +36,13 @@
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/parallel/communicator.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_root.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/metrics.h"
-#include "moetron/train/output_paths.h"
 #include "moetron/train/preset_path.h"
 #include "moetron/train/threads.h"
 #include "moetron/train/token_shard.h"
-#include "moetron/train/train_config.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron::cli {

@@ -60,9 +60,9 @@ struct ModelConfig {
 };
 
 // Reads a TOML preset or a Hugging Face config.json (chosen by content: a JSON object or TOML).
-// A TOML file may also hold a [train] table; it is left to train/ and ignored here.
-// Unknown keys are errors that name the key and the closest known key; impossible values (heads
-// or experts not dividing, top-k larger than the experts, ...) are errors that say which.
+// A TOML file may also hold a [train] table; it is left to checkpoint/train_config.h and ignored
+// here. Unknown keys are errors that name the key and the closest known key; impossible values
+// (heads or experts not dividing, top-k larger than the experts, ...) are errors that say which.
 ModelConfig load_model_config(const std::string& path);
 ModelConfig parse_model_config_toml(std::string_view text, std::string_view source_name);
 ModelConfig parse_model_config_json(std::string_view text, std::string_view source_name);

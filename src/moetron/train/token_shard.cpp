@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <memory>
 
+#include "moetron/checkpoint/atomic_file.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
-#include "moetron/train/atomic_file.h"
 
 namespace moetron {
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_root.h"
 #include "moetron/core/error.h"
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
@@ -18,9 +20,7 @@
 #include "moetron/model/layout_fit.h"
 #include "moetron/model/pipeline_layout.h"
 #include "moetron/parallel/local_communicator.h"
-#include "moetron/train/atomic_dir.h"
 #include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_root.h"
 
 namespace moetron {
 

@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 
+#include "moetron/checkpoint/train_config.h"
 #include "moetron/core/trace.h"
 #include "moetron/model/config.h"
 #include "moetron/model/model.h"
@@ -44,7 +45,6 @@
 #include "moetron/train/metrics.h"
 #include "moetron/train/optimizer.h"
 #include "moetron/train/pipeline_runner.h"
-#include "moetron/train/train_config.h"
 
 namespace moetron {
 

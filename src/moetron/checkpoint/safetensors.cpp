@@ -1,4 +1,4 @@
-#include "moetron/train/safetensors.h"
+#include "moetron/checkpoint/safetensors.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,5 +1,5 @@
 // The [train] table: one key table maps each TOML key to its TrainConfig field.
-#include "moetron/train/train_config.h"
+#include "moetron/checkpoint/train_config.h"
 
 #include <toml++/toml.h>
 #include <algorithm>

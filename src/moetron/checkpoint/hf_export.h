@@ -5,7 +5,7 @@
 // model/hf_names.h: per-expert names, MTP modules as model.layers.{num_hidden_layers + d}, with
 // the aliases DeepSeek-V3's own checkpoint carries) and OUT/model.safetensors.index.json (its
 // weight_map), and on request, for a byte-level model (token ids are raw bytes), OUT/tokenizer.json
-// and OUT/tokenizer_config.json (train/hf_tokenizer.h), so that AutoTokenizer works on text.
+// and OUT/tokenizer_config.json (hf_tokenizer.h), so that AutoTokenizer works on text.
 // Without MTP (HfExportOptions::include_mtp false) the MTP modules are left out and config.json
 // says num_nextn_predict_layers 0: transformers does not run MTP and would report their weights as
 // unexpected. Import reads such a directory (one file or an index with a weight_map; per-expert

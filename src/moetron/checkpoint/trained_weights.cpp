@@ -1,4 +1,4 @@
-#include "moetron/train/trained_weights.h"
+#include "moetron/checkpoint/trained_weights.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,10 +9,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checksum.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
-#include "moetron/train/checkpoint.h"
-#include "moetron/train/checksum.h"
 
 namespace moetron {
 

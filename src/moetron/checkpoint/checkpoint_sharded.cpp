@@ -1,4 +1,4 @@
-#include "moetron/train/checkpoint_sharded.h"
+#include "moetron/checkpoint/checkpoint_sharded.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -6,22 +6,23 @@
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
+#include "moetron/model/model.h"
 #include "moetron/model/moe.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/parallel/topology.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_pieces.h"
-#include "moetron/train/checkpoint_root.h"
-#include "moetron/train/safetensors.h"
-#include "moetron/train/trainer.h"
 
 namespace moetron {
 
@@ -165,21 +166,21 @@ bool tp_replica_writes(const ParamEntry& e, const parallel::RankCoordinates& c) 
     return e.tp.sharded() || is_routed_expert_param(e.name) || c.tp == 0;
 }
 
-// What this rank writes (see the top of checkpoint_sharded.h). The pieces point into the
+// What this rank (c) writes (see the top of checkpoint_sharded.h). The pieces point into the
 // model's parameters and the optimizer's moments.
-std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalTensors& global) {
-    Model& model = trainer.model();
+std::vector<CheckpointPiece> pieces_of_this_rank(Model& model,
+                                                 const std::vector<MomentShard>& moments,
+                                                 const parallel::RankCoordinates& c,
+                                                 const GlobalTensors& global) {
     const std::vector<ParamEntry>& entries = model.param_entries();
     const float* params = model.params();
-    const parallel::RankCoordinates c =
-        parallel::coordinates_of(trainer.topology(), trainer.rank());
     // The MTP stage's copy of a pipeline's shared embedding: the first stage writes it.
     const bool embedding_copy = !model.runs_embedding();
     auto writes = [&](const ParamEntry& e) {
         return tp_replica_writes(e, c) && !(embedding_copy && e.name == "embed");
     };
     std::vector<CheckpointPiece> pieces;
-    for (const AdamW::MomentRange& r : trainer.optimizer().moment_ranges()) {
+    for (const MomentShard& r : moments) {
         if (r.replicated && r.group_rank != 0) continue;  // another replica writes it
         for_each_overlap(
             entries, r.offset, r.numel, [&](const ParamEntry& e, int64_t lo, int64_t hi) {
@@ -210,31 +211,6 @@ std::vector<CheckpointPiece> pieces_of_this_rank(Trainer& trainer, const GlobalT
                             });
     }
     return pieces;
-}
-
-// Redundant experts: each MoE layer's slot table and moving average of the expert loads, so
-// that a run resumed with the same slots routes, sums and rebalances as the saved one would have.
-// The tensors themselves stay logical (GlobalTensors::blocks), whatever the placement.
-void save_expert_balance(json& state, Trainer& trainer) {
-    const ExpertBalancer* balancer = trainer.expert_balancer();
-    if (balancer == nullptr) return;
-    const std::vector<std::vector<int32_t>> tables = balancer->slot_tables();
-    if (tables.empty()) return;
-    state["expert_balance"] = {{"slot_experts", tables},
-                               {"slot_shares", balancer->slot_shares()},
-                               {"load_average", balancer->averages()}};
-}
-
-// Before the tensors are read: the placements decide which slot reads which logical expert.
-// b: state.json's "expert_balance" (null: none saved).
-void restore_expert_balance(const json& b, Trainer& trainer) {
-    ExpertBalancer* balancer = trainer.expert_balancer();
-    if (balancer == nullptr || b.is_null()) return;
-    balancer->restore(b.at("slot_experts").get<std::vector<std::vector<int32_t>>>(),
-                      b.contains("slot_shares")  // older checkpoints: even shares
-                          ? b.at("slot_shares").get<std::vector<std::vector<int32_t>>>()
-                          : std::vector<std::vector<int32_t>>{},
-                      b.at("load_average").get<std::vector<std::vector<double>>>());
 }
 
 }  // namespace
@@ -295,29 +271,30 @@ bool any_rank(parallel::Communicator& comm, bool flag) {
     return count > 0;
 }
 
-fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
-    parallel::Communicator& world = trainer.world();
-    const int rank = world.rank();
-    const fs::path final_dir =
-        root / checkpoint_dir_name(static_cast<uint64_t>(trainer.steps_done()));
-    const std::string what = fmt::format("saving checkpoint '{}'", final_dir.string());
-
-    // Each rank checks its own parameters (its shard of them); every rank learns of a failure,
-    // so that one rank's NaN does not leave the others waiting in the save's collectives.
+void run_on_every_rank(parallel::Communicator& comm, std::string_view what,
+                       const std::function<void()>& step) {
     std::string error;
     try {
-        trainer.check_safe_to_save("a checkpoint");
+        step();
     } catch (const std::exception& e) {
         error = what_failed(e);
     }
-    throw_if_any_rank_failed(world, error, what);
+    throw_if_any_rank_failed(comm, error, what);
+}
+
+fs::path save_sharded_checkpoint(parallel::Communicator& world, Model& model,
+                                 const std::vector<MomentShard>& moments,
+                                 const TrainingStateView& state, const json& expert_balance,
+                                 const fs::path& root, size_t keep, std::string_view what) {
+    const int rank = world.rank();
+    std::string error;
 
     // Rank 0 opens the staging directory that every rank writes into.
     std::unique_ptr<StagedDir> staged;
     std::string staging;
     if (rank == 0) {
         try {
-            staged = stage_checkpoint_dir(root, trainer.steps_done(), trainer.run_id());
+            staged = stage_checkpoint_dir(root, state.step, state.run_id);
             staging = staged->path().string();
         } catch (const std::exception& e) {
             error = what_failed(e);
@@ -330,10 +307,11 @@ fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
     const std::string shard = checkpoint_shard_file_name(rank, world.size());
     FileDigest digest;
     try {
-        const GlobalTensors global(trainer.model());
-        const std::vector<CheckpointPiece> pieces = pieces_of_this_rank(trainer, global);
+        const GlobalTensors global(model);
+        const std::vector<CheckpointPiece> pieces = pieces_of_this_rank(
+            model, moments, parallel::coordinates_of(state.topology, rank), global);
         digest = write_checkpoint_shard((fs::path(staging) / shard).string(), pieces,
-                                        checkpoint_shard_metadata(rank, trainer.topology()));
+                                        checkpoint_shard_metadata(rank, state.topology));
     } catch (const std::exception& e) {
         error = what_failed(e);
     }
@@ -351,90 +329,62 @@ fs::path save_checkpoint(Trainer& trainer, const fs::path& root, size_t keep) {
                 index.add(
                     checkpoint_shard_file_name(r, world.size()),
                     {digests[2 * static_cast<size_t>(r)], digests[2 * static_cast<size_t>(r) + 1]});
-            TrainingStateView st;
-            st.model_config = &trainer.model().config();
-            st.train_config = &trainer.config();
-            st.step = trainer.steps_done();
-            st.optimizer_step = trainer.optimizer().step_count();
-            st.skipped_steps = trainer.skipped_steps();
-            st.data_rng = trainer.loader().state();  // every rank draws the same batches
-            st.data_source = trainer.loader().source_name();
-            st.run_id = trainer.run_id();
-            st.topology = trainer.topology();
-            json state = training_state_json(st);
-            save_expert_balance(state, trainer);
-            commit_checkpoint_dir(*staged, root, index, state, keep);
+            json state_json = training_state_json(state);
+            if (!expert_balance.is_null()) state_json["expert_balance"] = expert_balance;
+            commit_checkpoint_dir(*staged, root, index, state_json, keep);
         } catch (const std::exception& e) {
             error = what_failed(e);
         }
     }
     throw_if_any_rank_failed(world, error, what);
-    trainer.set_last_checkpoint(final_dir.string());
-    return final_dir;
+    return root / checkpoint_dir_name(static_cast<uint64_t>(state.step));
 }
 
-fs::path load_checkpoint(Trainer& trainer, const fs::path& dir_or_root) {
-    parallel::Communicator& world = trainer.world();
-    const std::string what = fmt::format("loading checkpoint '{}'", dir_or_root.string());
-    Model& model = trainer.model();
+OpenedCheckpoint open_checkpoint_on_every_rank(parallel::Communicator& world,
+                                               const fs::path& dir_or_root, Model& model,
+                                               std::string_view what) {
     const GlobalTensors global(model);
-
-    // Everything checked before anything is written: index, model, coverage.
-    fs::path dir;
-    CheckpointCounters counters;
-    std::optional<CheckpointTensors> tensors;
-    json expert_balance;  // null: none saved
+    OpenedCheckpoint opened;
     std::string error;
     try {
-        dir = resolve_checkpoint_dir(dir_or_root);
-        const json state = read_verified_checkpoint_state(dir);
-        counters = checkpoint_counters(dir, state, model.config());
-        if (state.contains("expert_balance")) expert_balance = state.at("expert_balance");
-        tensors.emplace(
-            CheckpointTensors::open(dir, checkpoint_tensor_files(dir, state), global.entries()));
+        opened.dir = resolve_checkpoint_dir(dir_or_root);
+        const json state = read_verified_checkpoint_state(opened.dir);
+        opened.counters = checkpoint_counters(opened.dir, state, model.config());
+        if (state.contains("expert_balance")) opened.expert_balance = state.at("expert_balance");
+        opened.tensors.emplace(CheckpointTensors::open(
+            opened.dir, checkpoint_tensor_files(opened.dir, state), global.entries()));
     } catch (const std::exception& e) {
         error = what_failed(e);
     }
     throw_if_any_rank_failed(world, error, what);
+    return opened;
+}
 
-    // The ranges this rank holds under its layout (the saved expert placements first: they say
-    // which slot holds which expert).
-    try {
-        restore_expert_balance(expert_balance, trainer);
-        for (const ParamEntry& e : model.param_entries())
-            for_each_block_part(
-                global, e, e.offset, e.offset + e.numel, /*writing=*/false,
-                [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
-                    tensors->read(CheckpointPart::param, e.name, block, begin, end - begin,
-                                  model.params() + at);
-                });
-        AdamW& optimizer = trainer.optimizer();
-        for (const AdamW::MomentRange& r : optimizer.moment_ranges()) {
-            for_each_overlap(
-                model.param_entries(), r.offset, r.numel,
-                [&](const ParamEntry& e, int64_t lo, int64_t hi) {
-                    for_each_block_part(
-                        global, e, lo, hi, /*writing=*/false,
-                        [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
-                            const int64_t moment = at - r.offset;
-                            tensors->read(CheckpointPart::m, e.name, block, begin, end - begin,
-                                          r.m + moment);
-                            tensors->read(CheckpointPart::v, e.name, block, begin, end - begin,
-                                          r.v + moment);
-                        });
-                });
-        }
-        optimizer.restore_step_count(counters.optimizer_step);
-    } catch (const std::exception& e) {
-        error = what_failed(e);
+void read_rank_tensors(const OpenedCheckpoint& opened, Model& model,
+                       const std::vector<MomentShard>& moments) {
+    MT_CHECK(opened.tensors.has_value(), "[checkpoint] '{}' was not opened", opened.dir.string());
+    const CheckpointTensors& tensors = *opened.tensors;
+    const GlobalTensors global(model);
+    for (const ParamEntry& e : model.param_entries())
+        for_each_block_part(global, e, e.offset, e.offset + e.numel, /*writing=*/false,
+                            [&](const TensorBlock& block, int64_t begin, int64_t end, int64_t at) {
+                                tensors.read(CheckpointPart::param, e.name, block, begin,
+                                             end - begin, model.params() + at);
+                            });
+    for (const MomentShard& r : moments) {
+        for_each_overlap(model.param_entries(), r.offset, r.numel,
+                         [&](const ParamEntry& e, int64_t lo, int64_t hi) {
+                             for_each_block_part(global, e, lo, hi, /*writing=*/false,
+                                                 [&](const TensorBlock& block, int64_t begin,
+                                                     int64_t end, int64_t at) {
+                                                     const int64_t moment = at - r.offset;
+                                                     tensors.read(CheckpointPart::m, e.name, block,
+                                                                  begin, end - begin, r.m + moment);
+                                                     tensors.read(CheckpointPart::v, e.name, block,
+                                                                  begin, end - begin, r.v + moment);
+                                                 });
+                         });
     }
-    throw_if_any_rank_failed(world, error, what);
-    trainer.set_steps_done(counters.step);
-    trainer.set_skipped_steps(counters.skipped_steps);
-    if (counters.data_rng) trainer.loader().restore(*counters.data_rng);
-    if (counters.run_id) trainer.set_run_id(*counters.run_id);
-    trainer.set_last_checkpoint(dir.string());
-    return dir;
 }
 
 }  // namespace moetron

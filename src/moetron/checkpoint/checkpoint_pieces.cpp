@@ -1,4 +1,4 @@
-#include "moetron/train/checkpoint_pieces.h"
+#include "moetron/checkpoint/checkpoint_pieces.h"
 
 #include <fmt/format.h>
 
@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/error.h"
 #include "moetron/core/strings.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/safetensors.h"
 
 namespace moetron {
 

@@ -1,6 +1,11 @@
 // The training run's knobs: the [train] table of a model preset (configs/models/*.toml), then
 // command-line overrides. Unknown keys are errors that name the closest known key, so a typo in a
 // preset never silently falls back to a default.
+//
+// In checkpoint/, below the trainer that runs with it, because it is part of the checkpoint
+// format: state.json holds every field (checkpoint_dir.h), read back with the defaults for the
+// fields an older checkpoint lacks and compared on --resume, and `moetron import` writes the
+// defaults.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "moetron/train/checksum.h"
+#include "moetron/checkpoint/checksum.h"
 
 // xxHash compiled into this file (header-only mode): no link dependency, and the library's
 // symbols stay private to this translation unit.
@@ -11,9 +11,9 @@
 #include <filesystem>
 #include <set>
 
+#include "moetron/checkpoint/atomic_dir.h"
 #include "moetron/core/error.h"
 #include "moetron/core/strings.h"
-#include "moetron/train/atomic_dir.h"
 
 namespace moetron {
 

@@ -1,4 +1,4 @@
-#include "moetron/train/output_paths.h"
+#include "moetron/checkpoint/output_paths.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "moetron/checkpoint/atomic_dir.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
-#include "moetron/train/atomic_dir.h"
 
 namespace moetron {
 

@@ -7,7 +7,7 @@
 // moment `latest` names a complete checkpoint. Any other output file is written the same way
 // (write_file_atomically): it holds its old content or its new one, never a part.
 //
-// <writer> names who writes: in a checkpoint root the run's id (train/checkpoint_root.h), anywhere
+// <writer> names who writes: in a checkpoint root the run's id (checkpoint_root.h), anywhere
 // else this process (this_process_writer). Leftovers of a crash (NAME.moetron-tmp-<writer>,
 // NAME.moetron-deleting-<writer>) are invisible to readers; remove_stale_entries() removes those
 // of one writer only, so neither a user's file that merely looks similar (report.tmp-2024) nor
@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "moetron/train/atomic_file.h"
+#include "moetron/checkpoint/atomic_file.h"
 
 namespace moetron {
 

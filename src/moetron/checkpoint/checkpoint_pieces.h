@@ -1,5 +1,5 @@
 // A checkpoint's tensors as pieces of global tensors, so that a checkpoint written under one
-// parallel layout reads under any other (train/checkpoint.h has the directory format).
+// parallel layout reads under any other (checkpoint_dir.h has the directory format).
 //
 // Every stored array is a piece of one part (the fp32 parameters, AdamW's first or second moment)
 // of one model tensor, named and shaped as in the unsharded model (the global name and shape).
@@ -35,8 +35,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "moetron/checkpoint/checksum.h"
 #include "moetron/model/params.h"
-#include "moetron/train/checksum.h"
 
 namespace moetron {
 

@@ -29,10 +29,10 @@
 #include <string_view>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checksum.h"
 #include "moetron/core/dtype.h"
 #include "moetron/core/tensor.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checksum.h"
 
 namespace moetron {
 

@@ -1,4 +1,4 @@
-#include "moetron/train/atomic_dir.h"
+#include "moetron/checkpoint/atomic_dir.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

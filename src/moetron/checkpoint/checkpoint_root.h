@@ -25,7 +25,7 @@
 #include <string_view>
 #include <vector>
 
-#include "moetron/train/output_paths.h"
+#include "moetron/checkpoint/output_paths.h"
 
 namespace moetron {
 

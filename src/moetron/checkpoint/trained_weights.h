@@ -1,4 +1,4 @@
-// Trained weights for `moetron sample` and `moetron export`: a checkpoint (train/checkpoint.h),
+// Trained weights for `moetron sample` and `moetron export`: a checkpoint (checkpoint_dir.h),
 // as `moetron train --save`, `--save-final` or `moetron import` write it. The path may name a
 // checkpoint directory, a root with a `latest` pointer, or a file inside a checkpoint directory
 // (its safetensors, say). A checkpoint carries its model and [train] settings.
@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/train_config.h"
 #include "moetron/model/config.h"
 #include "moetron/model/params.h"
-#include "moetron/train/train_config.h"
 
 namespace moetron {
 
@@ -30,7 +30,7 @@ ModelConfig trained_weights_model(const TrainedWeightsSource& source,
                                   const std::string& config_path);
 
 // Reads the parameters into params (laid out by entries, the model's), checking names and
-// shapes; the checkpoint is verified first (train/checkpoint.h).
+// shapes; the checkpoint is verified first (checkpoint_dir.h).
 void read_trained_params(const TrainedWeightsSource& source, const ModelConfig& model,
                          const std::vector<ParamEntry>& entries, float* params);
 

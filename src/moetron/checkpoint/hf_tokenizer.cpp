@@ -1,17 +1,19 @@
-#include "moetron/train/hf_tokenizer.h"
+#include "moetron/checkpoint/hf_tokenizer.h"
 
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "moetron/checkpoint/atomic_dir.h"
 #include "moetron/core/error.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/tokenizer.h"
 
 namespace moetron {
 
 namespace {
 
 using json = nlohmann::json;
+
+// Every byte value is a token: the byte-level tokenizer's ids (train/tokenizer.h) are the bytes.
+constexpr int kByteValues = 256;
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the others (control
 // characters, space, a few more) for the code points from 256 on, in byte order.
@@ -54,7 +56,7 @@ void write_json(const std::filesystem::path& path, const json& j) {
 
 json hf_byte_tokenizer_json() {
     json vocab = json::object();
-    for (int b = 0; b < kByteVocabSize; ++b) vocab[utf8(byte_level_char(b))] = b;
+    for (int b = 0; b < kByteValues; ++b) vocab[utf8(byte_level_char(b))] = b;
     return {{"version", "1.0"},
             {"truncation", nullptr},
             {"padding", nullptr},

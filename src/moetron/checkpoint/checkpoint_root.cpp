@@ -1,4 +1,4 @@
-#include "moetron/train/checkpoint_root.h"
+#include "moetron/checkpoint/checkpoint_root.h"
 
 #include <fmt/format.h>
 
@@ -6,11 +6,11 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checksum.h"
 #include "moetron/core/error.h"
 #include "moetron/core/user_error.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint.h"
-#include "moetron/train/checksum.h"
 
 namespace moetron {
 

@@ -1,4 +1,4 @@
-#include "moetron/train/hf_export.h"
+#include "moetron/checkpoint/hf_export.h"
 
 #include <fmt/format.h>
 
@@ -9,6 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "moetron/checkpoint/atomic_dir.h"
+#include "moetron/checkpoint/checkpoint_dir.h"
+#include "moetron/checkpoint/checkpoint_root.h"
+#include "moetron/checkpoint/checksum.h"
+#include "moetron/checkpoint/hf_tokenizer.h"
+#include "moetron/checkpoint/output_paths.h"
+#include "moetron/checkpoint/safetensors.h"
 #include "moetron/core/arena.h"
 #include "moetron/core/checked_math.h"
 #include "moetron/core/error.h"
@@ -16,13 +23,6 @@
 #include "moetron/core/user_error.h"
 #include "moetron/model/hf_names.h"
 #include "moetron/model/params.h"
-#include "moetron/train/atomic_dir.h"
-#include "moetron/train/checkpoint.h"
-#include "moetron/train/checkpoint_root.h"
-#include "moetron/train/checksum.h"
-#include "moetron/train/hf_tokenizer.h"
-#include "moetron/train/output_paths.h"
-#include "moetron/train/safetensors.h"
 
 namespace moetron {
 
