@@ -15,13 +15,19 @@ namespace moetron {
 
 namespace {
 
+// The expert slots the EP group holds: the routed experts and the redundant experts beside them
+// (MoeSettings::redundant_experts), (E + R) / ep per rank.
+int64_t physical_expert_slots(const ModelConfig& c, const MoeSettings& moe) {
+    return c.n_routed_experts + moe.redundant_experts;
+}
+
 // The shape of the redundant experts' placement over the EP group: its domains, and the router's
 // groups that hierarchical placement keeps inside them.
 parallel::PlacementShape placement_shape(const ModelConfig& c, const ModelParallel& parallel,
                                          int64_t ep_ranks_per_domain) {
     parallel::PlacementShape s;
     s.num_experts = c.n_routed_experts;
-    s.num_slots = c.n_routed_experts + parallel.moe.redundant_experts;
+    s.num_slots = physical_expert_slots(c, parallel.moe);
     s.ep_size = parallel.ep != nullptr ? parallel.ep->size() : 1;
     s.num_domains = s.ep_size / std::max<int64_t>(1, ep_ranks_per_domain);
     s.num_groups = c.n_group > 0 && c.n_routed_experts % c.n_group == 0 ? c.n_group : 1;
@@ -67,7 +73,7 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
                   parallel.ep != nullptr ? parallel.ep->size() : 1);
     if (redundant > 0)
         parallel::check_placement_shape(
-            {c.n_routed_experts, c.n_routed_experts + redundant, parallel.ep->size()});
+            {c.n_routed_experts, physical_expert_slots(c, parallel.moe), parallel.ep->size()});
     if (parallel.ep == nullptr || parallel.ep->size() == 1 || c.n_routed_experts == 0) return {};
     const int64_t ep = parallel.ep->size();
     MT_CHECK(c.n_routed_experts % ep == 0,
@@ -86,7 +92,7 @@ ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel)
         MT_USER_CHECK(parallel.pipeline_chunks.empty(),
                       "--redundant-experts does not run under pipeline parallelism yet: use a "
                       "layout without pp, or leave out --redundant-experts");
-        const int64_t slots = c.n_routed_experts + parallel.moe.redundant_experts;
+        const int64_t slots = physical_expert_slots(c, parallel.moe);
         const int64_t local = slots / ep;
         return {parallel.ep->rank() * local, local, slots};
     }
@@ -98,7 +104,7 @@ parallel::ExpertDispatchConfig expert_dispatch_config(const ModelConfig& c, int6
                                                       const MoeSettings& moe,
                                                       int64_t ep_ranks_per_domain) {
     parallel::ExpertDispatchConfig dc;
-    dc.routing.num_experts = c.n_routed_experts + moe.redundant_experts;  // the physical slots
+    dc.routing.num_experts = physical_expert_slots(c, moe);
     dc.routing.top_k = c.num_experts_per_tok;
     dc.routing.hidden = c.hidden_size;
     dc.routing.max_tokens = max_tokens;
