@@ -141,7 +141,7 @@ TEST(SimOps, SplitBackwardPaysForTheStashCopiesInB) {
 }
 
 // The engine runs each output head's backward right after its loss, in the micro-batch's
-// forward (model.cpp, head_loss): the model prices it in F, where a pipeline schedule places
+// forward (model_passes.cpp, head_loss): the model prices it in F, where a pipeline schedule places
 // it (the last stage's F is longer and its B shorter), and recompute reruns none of the head.
 TEST(SimOps, OutputHeadBackwardRunsInTheForwardAsTheEngineDoes) {
     Fixture f;

@@ -105,7 +105,8 @@ class ParamTable {
 };
 
 // Every tensor of the model and its MTP modules: the embedding, main layers, final norm, output
-// head, then the MTP modules (defined in model.cpp beside the walk that binds the same tree).
+// head, then the MTP modules (defined in model_layout.cpp beside the walk that binds the same
+// tree).
 std::vector<TensorSpec> model_param_specs(const ModelConfig& config);
 
 // The parameters one rank holds, counted from the TensorSpecs a Model of that layout allocates:

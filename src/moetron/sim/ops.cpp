@@ -526,7 +526,7 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
 }
 
 // The engine computes the head's backward right after its loss, in the forward pass of the
-// micro-batch (model.cpp, head_loss), and prices it there.
+// micro-batch (model_passes.cpp, head_loss), and prices it there.
 void add_output_head(Builder& b, const Dims& d, const std::string& prefix) {
     const Builder::Mark mark = b.mark();
     add_norm(b, d, prefix + ".final_norm", d.T, d.D, true);
@@ -628,7 +628,7 @@ RecomputedBlock apply_recompute(const BlockOps& block, const Recompute& rc,
     for (const Op& op : block.forward) {
         if (op.fused_head) {
             // Its backward has run: nothing to rerun. The engine's activation set holds the
-            // head's buffers all the same (model.cpp, HeadScratch), so they stay counted.
+            // head's buffers all the same (model_impl.h, HeadScratch), so they stay counted.
             out.saved_bytes += op.saved_bytes + op.saved_always_bytes;
             continue;
         }

@@ -71,8 +71,8 @@ struct Op {
     // the unsplit backward.
     bool split_backward_stash = false;
     // An output head's op: the engine runs the head's backward right after its loss, in the
-    // forward pass (model.cpp, head_loss; the logits are never kept), so its backward ops sit in
-    // the forward list after its forward ops, and recompute reruns none of it.
+    // forward pass (model_passes.cpp, head_loss; the logits are never kept), so its backward ops
+    // sit in the forward list after its forward ops, and recompute reruns none of it.
     bool fused_head = false;
     // A wgrad GEMM's inputs (the forward's GEMM input and the output gradient B computed), which
     // stay in memory until the W pass runs when a zero-bubble schedule defers it.
