@@ -34,12 +34,13 @@
 #include "moetron/core/error.h"
 #include "moetron/core/rng.h"
 #include "moetron/core/timer.h"
-#include "moetron/kernels/cpu/cpu_backend.h"
 #include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
+#include "moetron/train/compute_stack.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/metrics.h"
 #include "moetron/train/preset_path.h"
+#include "moetron/train/run_plan.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron {
@@ -122,15 +123,14 @@ int run(int argc, char** argv) {
     RngStream rng(c.seed, /*stream_id=*/0xBE7C);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.next_below(model.vocab_size));
     DataLoader loader(std::move(tokens), "random", model.vocab_size, c.seq_len, 0.1, c.seed);
-    // The same compute stack as `moetron train`: the profiler over a CPU backend of the run's own,
-    // the recipe on each GEMM call.
-    TrainParallel parallel;
-    parallel.precision = parse_precision(o.precision);
-    parallel.moe.token_format = parallel.precision;
-    const std::unique_ptr<Backend> cpu = make_cpu_backend();
-    ProfilingBackend profiling(*cpu);
-    Trainer trainer(model, c, std::move(loader), parallel,
-                    o.profile_ops ? static_cast<Backend&>(profiling) : *cpu);
+    // The same plan and compute stack as `moetron train` (train/run_plan.h,
+    // train/compute_stack.h): one process, the recipe on each GEMM call, the tokens dispatched
+    // in the recipe's format, the profiler over the run's backend.
+    RunSettings settings;
+    settings.precision = parse_precision(o.precision);
+    const RunPlan plan = plan_run(model, c, settings, /*world_size=*/1);
+    ComputeStack compute(o.profile_ops);
+    Trainer trainer(model, c, std::move(loader), plan, /*world=*/nullptr, compute.ops());
     const double peak_gflops = measure_gemm_peak_gflops();
     trainer.set_gemm_peak_gflops(peak_gflops);
     const int threads = omp_get_max_threads();
@@ -141,10 +141,11 @@ int run(int argc, char** argv) {
         static_cast<long long>(c.batch_size), static_cast<long long>(c.seq_len),
         static_cast<long long>(c.tokens_per_step()), threads, trainer.model_flops_per_step() / 1e9,
         peak_gflops, static_cast<double>(trainer.model().num_params()) / 1e6);
+    std::printf("  backend %s\n", compute.describe(plan.precision).c_str());
     std::fflush(stdout);
 
     trainer.step();  // warm-up: first touch of activations, thread pools
-    profiling.reset();
+    if (compute.profiler() != nullptr) compute.profiler()->reset();
     Result result;
     result.step_s.reserve(static_cast<size_t>(o.steps) + 64);
     const double tokens_per_step = static_cast<double>(c.tokens_per_step());
@@ -189,10 +190,10 @@ int run(int argc, char** argv) {
                     1e3 * sorted[sorted.size() / 2], result.step_s.size(), o.mtp, o.balance,
                     o.precision)
             .c_str());
-    if (o.profile_ops) {
-        std::printf(
-            "%s", format_op_profile(profiling, static_cast<int64_t>(result.step_s.size()), total_s)
-                      .c_str());
+    if (compute.profiler() != nullptr) {
+        std::printf("%s", format_op_profile(*compute.profiler(),
+                                            static_cast<int64_t>(result.step_s.size()), total_s)
+                              .c_str());
     }
     return 0;
 }

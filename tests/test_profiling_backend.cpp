@@ -4,6 +4,7 @@
 // every recipe's GEMMs included.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <set>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include "moetron/model/config.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
+#include "moetron/train/metrics.h"
 #include "moetron/train/trainer.h"
 
 namespace moetron {
@@ -96,12 +98,12 @@ TEST_P(ProfilingARecipe, ATrainingStepThroughItIsBitIdentical) {
         return DataLoader(std::move(data.tokens), data.source, model.vocab_size, config.seq_len,
                           config.val_fraction, config.seed);
     };
-    TrainParallel recipe;
+    RunSettings recipe;
     recipe.precision = precision;
-    recipe.moe.token_format = precision;
     ProfilingBackend profiling;
-    Trainer profiled(model, config, make_loader(), recipe, profiling);
-    Trainer plain(model, config, make_loader(), recipe);
+    const RunPlan plan = plan_run(model, config, recipe, 1);
+    Trainer profiled(model, config, make_loader(), plan, nullptr, profiling);
+    Trainer plain(model, config, make_loader(), plan);
     for (int step = 0; step < 2; ++step) {
         const StepRecord got = profiled.step();
         const StepRecord want = plain.step();
@@ -129,6 +131,45 @@ INSTANTIATE_TEST_SUITE_P(EveryRecipe, ProfilingARecipe,
                                                     ? "fp8_blockwise"
                                                     : precision_name(info.param));
                          });
+
+// `moetron train --profile-ops` runs its steps with validations between them; bench_train_step
+// runs steps only. The trainer pauses its profiler during validations, so both count the same ops
+// per step.
+TEST(ProfilingBackend, ARunsProfileCountsItsStepsNotItsValidations) {
+    const ModelConfig model = load_model_config(MOETRON_SOURCE_DIR "/configs/models/tiny.toml");
+    TrainConfig config;
+    config.batch_size = 2;
+    config.seq_len = 16;
+    config.steps = 3;
+    config.warmup_steps = 0;
+    config.eval_every = 1;  // a validation after every step
+    config.eval_batches = 2;
+    const auto make_loader = [&] {
+        TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/20000);
+        return DataLoader(std::move(data.tokens), data.source, model.vocab_size, config.seq_len,
+                          config.val_fraction, config.seed);
+    };
+    const RunPlan plan = plan_run(model, config, {}, 1);
+    ProfilingBackend run_profile, step_profile;
+    Trainer with_validations(model, config, make_loader(), plan, nullptr, run_profile);
+    Trainer steps_only(model, config, make_loader(), plan, nullptr, step_profile);
+    with_validations.set_profiler(&run_profile);
+    run_profile.reset();
+    step_profile.reset();
+    std::FILE* sink = std::fopen("/dev/null", "w");
+    ASSERT_NE(sink, nullptr);
+    {
+        MetricsLog log(config.steps, /*print_every=*/1, "", /*terminal=*/false, sink);
+        with_validations.run(log);
+    }
+    std::fclose(sink);
+    for (int64_t i = 0; i < config.steps; ++i) steps_only.step();
+    for (const BackendOpInfo& op : backend_op_list()) {
+        if (op.name == "copy_to_host" || op.name == "copy_from_host") continue;  // the log's
+        EXPECT_EQ(run_profile.calls(op.name), step_profile.calls(op.name)) << op.name;
+    }
+    EXPECT_GT(run_profile.calls("attention_forward"), 0);
+}
 
 }  // namespace
 }  // namespace moetron

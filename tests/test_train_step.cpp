@@ -155,10 +155,10 @@ TEST(TrainStep, RejectsABadPipelineScheduleOrLayoutOnAnyLayout) {
         TokenData data = make_synthetic_data(model.vocab_size, 5, 20000);
         DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                           c.val_fraction, c.seed);
-        TrainParallel p;
+        RunSettings p;
         p.pp_schedule = schedule;
         p.pp_layout = layout;
-        Trainer t(model, c, std::move(loader), p);
+        Trainer t(model, c, std::move(loader), plan_run(model, c, p, 1));
     };
     EXPECT_THROW(build("gpipe", ""), UserError);
     EXPECT_THROW(build("interleaved", ""), UserError);  // needs vpp > 1

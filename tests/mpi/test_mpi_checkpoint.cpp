@@ -101,12 +101,13 @@ std::unique_ptr<Trainer> make_trainer(parallel::Communicator* world, const Layou
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/3, /*num_bytes=*/20000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
-    p.world = world;
+    RunSettings p;
+    parallel::Communicator* job = world;
     p.layout = l.layout;
     p.zero1 = l.zero1;
     p.bucket_mb = 0.0625;  // several buckets, ZeRO-1 shards cutting tensors
-    return std::make_unique<Trainer>(model, c, std::move(loader), p);
+    return std::make_unique<Trainer>(model, c, std::move(loader),
+                                     plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
 }
 
 struct Losses {

@@ -54,15 +54,16 @@ Losses run(Precision precision, const std::string& layout, bool distributed,
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
+    RunSettings p;
+    parallel::Communicator* job = nullptr;  // the world; null: one process
     if (distributed) {
-        p.world = &mpi_world();
+        job = &mpi_world();
         p.layout = layout;
         p.pp_schedule = pp_schedule;
     }
     p.precision = precision;
-    p.moe.token_format = precision;
-    Trainer trainer(model, c, std::move(loader), p);
+    Trainer trainer(model, c, std::move(loader),
+                    plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
     Losses out;
     for (int s = 0; s < kSteps; ++s) out.train.push_back(trainer.step().loss);
     out.val = trainer.evaluate();

@@ -67,17 +67,19 @@ Result train(const TrainingRun& run) {
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
+    RunSettings p;
+    parallel::Communicator* job = nullptr;  // the world; null: one process
     if (!run.layout.empty()) {
-        p.world = &mpi_world();
+        job = &mpi_world();
         p.layout = run.layout;
         p.domain_size = run.domain_size;
         p.moe.dispatch = run.dispatch;
         p.moe.overlap = run.overlap;
     }
     p.precision = run.precision;
-    p.moe.token_format = run.fp32_dispatch ? Precision::fp32 : run.precision;
-    Trainer trainer(model, c, std::move(loader), p);
+    p.dispatch_payload_fp32 = run.fp32_dispatch;
+    Trainer trainer(model, c, std::move(loader),
+                    plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
     Result r;
     r.payload = precision_name(trainer.model().expert_dispatcher()->planned_token_format());
     for (int s = 0; s < kSteps; ++s) r.steps.push_back(trainer.step());

@@ -61,13 +61,14 @@ TrainingRun train(const ModelConfig& model, const Variant& v, MoeOverlap overlap
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = v.layout;
     p.domain_size = v.domain_size;
     p.moe.dispatch = v.dispatch;
     p.moe.overlap = overlap;
-    Trainer trainer(model, c, std::move(loader), p);
+    Trainer trainer(model, c, std::move(loader),
+                    plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
     if (v.skewed) {
         // A correction bias far above the scores picks experts 0 and 1 (router group 0) for
         // every token; the bias update moves it by gamma per step only.

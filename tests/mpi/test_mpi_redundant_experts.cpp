@@ -62,15 +62,24 @@ std::unique_ptr<Trainer> make_trainer(const ModelConfig& model, const RunSetup& 
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/20000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = s.layout;
     p.domain_size = s.domain_size;
     p.moe.dispatch = s.dispatch;
     p.moe.redundant_experts = s.redundant;
     p.moe.rebalance_every = s.rebalance_every;
     p.bucket_mb = 0.0625;  // several buckets: ZeRO-1 shards cut the expert tensors
-    return std::make_unique<Trainer>(model, c, std::move(loader), p);
+    const RunPlan plan = plan_run(model, c, p, job->size());
+    auto trainer = std::make_unique<Trainer>(model, c, std::move(loader), plan, job);
+    // The plan of this rank's memory (`moetron info`'s) is what the trainer's model allocated,
+    // the spare expert slots included.
+    const RankMemoryPlan memory = plan_run_memory(model, c, plan);
+    EXPECT_EQ(memory.parameters + memory.gradients + memory.activations + memory.expert_side +
+                  memory.communication,
+              trainer->model().planned_bytes())
+        << s.layout << " with " << s.redundant << " redundant experts";
+    return trainer;
 }
 
 double rel(double got, double want) {

@@ -47,11 +47,12 @@ Trainer make_trainer(const std::string& layout) {
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = layout;
     p.bucket_mb = 0.0625;
-    return Trainer(model, c, std::move(loader), p);
+    return Trainer(model, c, std::move(loader),
+                   plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
 }
 
 // The layout with experts over every rank (plain data parallel on one rank).

@@ -81,10 +81,11 @@ TEST(MpiTrainer, PipelineStagesSkipANonFiniteStepTogether) {
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = "pp2";
-    Trainer trainer(model, c, std::move(loader), p);
+    Trainer trainer(model, c, std::move(loader),
+                    plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
     // Only the last stage's gradient is poisoned, at step 2.
     const bool poisoner = mpi_world().rank() == 1;
     trainer.set_grad_hook([poisoner](int64_t step, float* grads) {
@@ -117,12 +118,12 @@ TEST(MpiTrainer, RedundantExpertsUnderAPipelineAreRefused) {
     if (mpi_world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
     const ModelConfig model = tiny_config();
     const TrainConfig c = trainer_config(2);
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = "pp2.ep2";
     p.moe.redundant_experts = 2;
     try {
-        trainer_run(model, c, p);
+        trainer_run(model, c, p, job);
         ADD_FAILURE() << "no error for --redundant-experts under pp2.ep2";
     } catch (const UserError& e) {
         EXPECT_NE(std::string(e.what()).find("pipeline"), std::string::npos) << e.what();

@@ -1,8 +1,9 @@
 // N ranks train the same as one process through train/trainer.h (training_equivalence.h):
-// Trainer::step on N ranks (TrainParallel) in data, expert and tensor parallel layouts against
-// Trainer::step on one process (a world of one, with the same optimizer, train/optimizer.h); ZeRO-1
-// shards the experts' optimizer state over expert data parallelism; a batch that does not split
-// over the ranks is named. The pipelines are test_mpi_training_pipeline.cpp's.
+// Trainer::step on N ranks (a RunPlan over the MPI world) in data, expert and tensor parallel
+// layouts against Trainer::step on one process (a world of one, with the same optimizer,
+// train/optimizer.h); ZeRO-1 shards the experts' optimizer state over expert data parallelism; a
+// batch that does not split over the ranks is named. The pipelines are
+// test_mpi_training_pipeline.cpp's.
 //
 // Runs under mpirun -np 1, 2 and 4; a layout that needs another world size is skipped.
 #include <gtest/gtest.h>
@@ -62,8 +63,8 @@ void expect_expert_state_sharded(const std::string& layout) {
     const ModelConfig model = tiny_config();
     TrainConfig c = trainer_config(1);
     c.steps = 2;
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = layout;
     p.bucket_mb = 0.0625;
     std::array<std::unique_ptr<Trainer>, 2> trainers;  // replicated, zero1
@@ -73,7 +74,8 @@ void expect_expert_state_sharded(const std::string& layout) {
                           c.val_fraction, c.seed);
         p.zero1 = zero1;
         std::unique_ptr<Trainer>& t = trainers[static_cast<size_t>(zero1)];
-        t = std::make_unique<Trainer>(model, c, std::move(loader), p);
+        t = std::make_unique<Trainer>(model, c, std::move(loader),
+                                      plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
         for (int64_t s = 0; s < c.steps; ++s) t->step();
     }
     Trainer& replicated = *trainers[0];
@@ -153,10 +155,10 @@ TEST(MpiTrainer, BatchThatDoesNotSplitOverTheRanksIsNamed) {
     const ModelConfig model = tiny_config();
     TrainConfig c = trainer_config(1);
     c.batch_size = mpi_world().size() + 1;
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     try {
-        trainer_run(model, c, p);
+        trainer_run(model, c, p, job);
         ADD_FAILURE() << "no error for batch_size " << c.batch_size;
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("do not split"), std::string::npos) << e.what();

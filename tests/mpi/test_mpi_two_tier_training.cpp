@@ -55,12 +55,13 @@ TrainingRun train(const ModelConfig& model, parallel::DispatchKind dispatch, int
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = "ep" + std::to_string(mpi_world().size());
     p.domain_size = domain_size;
     p.moe.dispatch = dispatch;
-    Trainer trainer(model, c, std::move(loader), p);
+    Trainer trainer(model, c, std::move(loader),
+                    plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
     TrainingRun run;
     run.kind = trainer.model().expert_dispatcher()->kind();
     run.dispatcher = trainer.model().expert_dispatcher()->description();

@@ -209,12 +209,14 @@ struct TrainerRun {
     parallel::GradSyncStats last_sync;
 };
 
-inline TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c,
-                              const TrainParallel& p) {
+// job: the world, or null for one process.
+inline TrainerRun trainer_run(const ModelConfig& model, const TrainConfig& c, const RunSettings& p,
+                              parallel::Communicator* job = nullptr) {
     TokenData data = make_synthetic_data(model.vocab_size, /*seed=*/5, /*num_bytes=*/40000);
     DataLoader loader(std::move(data.tokens), data.source, model.vocab_size, c.seq_len,
                       c.val_fraction, c.seed);
-    Trainer trainer(model, c, std::move(loader), p);
+    Trainer trainer(model, c, std::move(loader),
+                    plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
     TrainerRun run;
     for (int s = 0; s < kSteps; ++s) {
         const StepRecord r = trainer.step();
@@ -245,14 +247,14 @@ inline TrainerRun run_trainer_case(const TrainerCase& k) {
     if (!k.mtp) model.num_nextn_predict_layers = 0;
     const TrainConfig c = trainer_config(k.grad_accum);
     const TrainerRun want = trainer_run(model, c, {});
-    TrainParallel p;
-    p.world = &mpi_world();
+    RunSettings p;
+    parallel::Communicator* job = &mpi_world();
     p.layout = k.layout;
     p.bucket_mb = 0.0625;  // several buckets even for the tiny model
     p.zero1 = k.zero1;
-    p.overlap = k.overlap;
+    p.overlap_dp_grad = k.overlap;
     p.pp_schedule = k.pp_schedule;
-    const TrainerRun got = trainer_run(model, c, p);
+    const TrainerRun got = trainer_run(model, c, p, job);
     const std::string what = "trainer " + (k.layout.empty() ? std::string("dp") : k.layout) +
                              (k.zero1 ? "+zero1" : "") + (k.overlap ? "" : " no-overlap") + " x" +
                              std::to_string(k.grad_accum) + " micro" +

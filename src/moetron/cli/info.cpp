@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "moetron/cli/commands.h"
@@ -21,6 +22,7 @@
 #include "moetron/model/model.h"
 #include "moetron/parallel/layout.h"
 #include "moetron/parallel/topology.h"
+#include "moetron/train/run_plan.h"
 
 namespace moetron::cli {
 
@@ -38,12 +40,16 @@ struct InfoOptions {
     std::string dispatch = "flat";
     std::string moe_overlap = "off";
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
+    int64_t redundant_experts = 0;
+    std::string precision = "fp32";  // the recipe: the dispatched tokens' format
 };
 
-// The planned memory of one rank of options.layout, as the engine's planners size it.
+// The plan of options.layout (train/run_plan.h, as `train` makes it) and the planned memory of
+// one of its ranks, as the engine's planners size it.
 struct RankMemory {
-    parallel::Topology topology;
-    RankMemoryPlan plan;
+    RunPlan plan;
+    TrainConfig train;
+    RankMemoryPlan memory;
 };
 
 RankMemory plan_memory(const InfoOptions& o, const ModelConfig& config) {
@@ -58,24 +64,27 @@ RankMemory plan_memory(const InfoOptions& o, const ModelConfig& config) {
     MT_USER_CHECK(o.ranks > 0 || default_ranks <= std::numeric_limits<int>::max(),
                   "--layout {} needs {} ranks, more than a job can have", o.layout, default_ranks);
     const int ranks = o.ranks > 0 ? o.ranks : static_cast<int>(default_ranks);
+    RunSettings settings;
+    settings.layout = o.layout;
+    settings.domain_size = o.domain_size;
+    settings.moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
+    settings.moe.overlap = parse_moe_overlap(o.moe_overlap);
+    settings.moe.capacity_factor = o.moe_capacity_factor;
+    settings.moe.redundant_experts = o.redundant_experts;
+    settings.precision = parse_precision(o.precision);
     RankMemory m;
-    m.topology = parallel::make_topology(layout, ranks, o.domain_size);
-    validate_topology_for_model(m.topology, config);
-    MoeSettings moe;
-    moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
-    moe.overlap = parse_moe_overlap(o.moe_overlap);
-    moe.capacity_factor = o.moe_capacity_factor;
-    ModelRuntime runtime;
-    runtime.batch_size = o.batch_size;
-    runtime.seq_len = o.seq_len;
-    m.plan = plan_rank_memory(config, runtime, m.topology, moe, /*zero1=*/true);
+    // --batch-size is one rank's micro-batch: the run's is dp of them.
+    m.train.seq_len = o.seq_len;
+    m.train.batch_size = o.batch_size * plan_topology(settings, ranks).dp;
+    m.plan = plan_run(config, m.train, settings, ranks);
+    m.memory = plan_run_memory(config, m.train, m.plan);
     return m;
 }
 
 nlohmann::json memory_json(const RankMemory& m) {
-    const RankMemoryPlan& p = m.plan;
+    const RankMemoryPlan& p = m.memory;
     return {
-        {"layout", m.topology.str()},
+        {"layout", m.plan.topology.str()},
         {"parameters", p.parameters},
         {"gradients", p.gradients},
         {"optimizer_state", p.optimizer_state},
@@ -149,7 +158,10 @@ void run_info(const InfoOptions& options) {
         flops_per_token(config, options.seq_len, /*include_mtp=*/false);
     // The MTP module is trained with the model, so its state is part of the training memory.
     const double memory_bytes = kFp32AdamWBytesPerParam * (params.total + params.mtp);
-    const RankMemory rank_memory = plan_memory(options, config);
+    // A run can train no longer sequences than the model has positions: then there is no plan.
+    const bool plannable = options.seq_len <= config.max_position_embeddings;
+    const std::optional<RankMemory> rank_memory =
+        plannable ? std::optional<RankMemory>(plan_memory(options, config)) : std::nullopt;
 
     if (options.json) {
         const nlohmann::json out = {
@@ -163,7 +175,8 @@ void run_info(const InfoOptions& options) {
             {"flops_per_token_no_mtp", flops_no_mtp.total},
             {"flops", flops_json(flops)},
             {"memory_fp32_adamw_bytes", memory_bytes},
-            {"memory_per_rank_bytes", memory_json(rank_memory)},
+            {"memory_per_rank_bytes",
+             rank_memory ? memory_json(*rank_memory) : nlohmann::json(nullptr)},
         };
         std::printf("%s\n", out.dump(2).c_str());
         return;
@@ -201,13 +214,20 @@ void run_info(const InfoOptions& options) {
     fmt::print("\nmemory for fp32 params + grads + AdamW moments (16 B/param, with MTP): {}\n",
                gibibytes(memory_bytes));
 
-    const RankMemoryPlan& p = rank_memory.plan;
+    if (!rank_memory) {
+        fmt::print(
+            "\nplanned memory per rank: none at seq {}, longer than the model's {} positions "
+            "(a run refuses it; pass --seq-len {} or less)\n",
+            options.seq_len, config.max_position_embeddings, config.max_position_embeddings);
+        return;
+    }
+    const RankMemoryPlan& p = rank_memory->memory;
     const double total = static_cast<double>(p.parameters + p.gradients + p.optimizer_state +
                                              p.activations + p.expert_side + p.communication);
     fmt::print(
         "\nplanned memory per rank ({}, {} x {} tokens per micro-batch, fp32, as the engine's "
         "arenas): {}\n",
-        rank_memory.topology.str(), options.batch_size, options.seq_len, gibibytes(total));
+        rank_memory->plan.topology.str(), options.batch_size, options.seq_len, gibibytes(total));
     auto bytes_line = [total](std::string_view label, size_t bytes) {
         fmt::print("  {:<24}{:>14}  {:5.1f}%\n", label, gibibytes(static_cast<double>(bytes)),
                    100.0 * static_cast<double>(bytes) / total);
@@ -221,6 +241,9 @@ void run_info(const InfoOptions& options) {
     if (config.n_routed_experts > 0)
         fmt::print("  expert-side rows per MoE layer: {} (capacity factor {:g}; worst case {})\n",
                    p.expert_rows, options.moe_capacity_factor, p.worst_case_expert_rows);
+    // The plan as `train` prints it.
+    for (const std::string& plan_line : describe_run_plan(rank_memory->plan, rank_memory->train))
+        fmt::print("{}\n", plan_line);
 }
 
 }  // namespace
@@ -259,6 +282,13 @@ void register_info(CLI::App& app) {
                      "worst case)")
         ->capture_default_str()
         ->check(finite_number(0, 1e6));
+    info->add_option("--redundant-experts", options->redundant_experts,
+                     "spare expert slots over the EP group, as train's")
+        ->check(whole_number(0, int64_t{1} << 20));
+    info->add_option("--precision", options->precision,
+                     "the recipe, as train's (fp32, bf16, mxfp8, fp8-blockwise): the dispatched "
+                     "tokens' format sizes the exchange buffers")
+        ->capture_default_str();
     info->callback([options] { run_info(*options); });
 }
 

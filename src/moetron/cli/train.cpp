@@ -31,16 +31,17 @@
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
 #include "moetron/kernels/backend.h"
-#include "moetron/kernels/cpu/cpu_backend.h"
 #include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
 #include "moetron/parallel/communicator.h"
 #include "moetron/train/checkpoint.h"
+#include "moetron/train/compute_stack.h"
 #include "moetron/train/data_loader.h"
 #include "moetron/train/data_source.h"
 #include "moetron/train/metrics.h"
 #include "moetron/train/preset_path.h"
+#include "moetron/train/run_plan.h"
 #include "moetron/train/threads.h"
 #include "moetron/train/token_shard.h"
 #include "moetron/train/trainer.h"
@@ -190,195 +191,171 @@ TokenData load_training_data(const TrainOptions& o, const std::optional<Checkpoi
                                  : load_text_file_data(source, vocab_size);
 }
 
-// world: every rank of the job, or null for one process.
-void run_train(const TrainOptions& o, parallel::Communicator* world) {
-    const Timer wall;
-    MT_USER_CHECK(!o.share_save_root || !o.save_dir.empty() || !o.save_final_path.empty(),
-                  "--share-save-root requires --save or --save-final");
-    const bool root = world == nullptr || world->rank() == 0;
-    const RankOutput rank_output(root);
-    std::FILE* out = rank_output.get();
-    // A resumed run continues as its checkpoint was configured (model, [train] settings, data);
-    // only what the command line gives changes, and the run says what that was.
+// The run as the command line and a resumed checkpoint define it. A resumed run continues as its
+// checkpoint was configured (model, [train] settings, data); only what the command line gives
+// changes, and the run says what that was.
+struct ResolvedRun {
     std::optional<CheckpointRun> resumed;
-    if (!o.resume_dir.empty()) resumed = read_checkpoint_run(o.resume_dir);
-    const std::string config_path = !o.config_path.empty() ? model_config_path(o.config_path)
-                                    : resumed              ? std::string()
-                                                           : find_preset("tiny");
-    if (root) check_output_files(o, config_path);
-    const ModelConfig model_config =
-        config_path.empty() ? resumed->model : load_model_config(config_path);
+    std::string config_path;  // empty: the checkpoint's model
+    ModelConfig model;
+    TrainConfig config;
     // An imported checkpoint (moetron import) has weights but no run: its [train] settings are
     // --config's, as for a fresh run.
-    const bool imported = resumed && resumed->data_source.rfind("imported from ", 0) == 0;
-    TrainConfig config = resumed && (!imported || config_path.empty())
-                             ? resumed->train
-                             : load_train_config(config_path);
-    apply_overrides(o, config);
-    validate_train_config(config);
-    const bool has_mtp = model_config.num_nextn_predict_layers > 0;
-    const ThreadChoice threads = choose_and_set_threads(
-        o.threads, flops_per_token(model_config, config.seq_len, has_mtp).total *
-                       static_cast<double>(config.tokens_per_step()));
+    bool imported = false;
+};
 
-    TokenData data = load_training_data(o, resumed, model_config.vocab_size, config.seed, out);
-    if (resumed && !imported && data.source != resumed->data_source)
+ResolvedRun resolve_run(const TrainOptions& o, bool root) {
+    ResolvedRun run;
+    if (!o.resume_dir.empty()) run.resumed = read_checkpoint_run(o.resume_dir);
+    run.config_path = !o.config_path.empty() ? model_config_path(o.config_path)
+                      : run.resumed          ? std::string()
+                                             : find_preset("tiny");
+    if (root) check_output_files(o, run.config_path);
+    run.model = run.config_path.empty() ? run.resumed->model : load_model_config(run.config_path);
+    run.imported = run.resumed && run.resumed->data_source.rfind("imported from ", 0) == 0;
+    run.config = run.resumed && (!run.imported || run.config_path.empty())
+                     ? run.resumed->train
+                     : load_train_config(run.config_path);
+    apply_overrides(o, run.config);
+    validate_train_config(run.config);
+    return run;
+}
+
+// The flags of the run's plan (train/run_plan.h).
+RunSettings run_settings(const TrainOptions& o) {
+    RunSettings s;
+    s.layout = o.layout;
+    s.domain_size = o.domain_size;
+    s.moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
+    s.moe.overlap = parse_moe_overlap(o.moe_overlap);
+    s.moe.capacity_factor = o.moe_capacity_factor;
+    s.moe.redundant_experts = o.redundant_experts;
+    s.moe.rebalance_every = o.rebalance_every;
+    s.precision = parse_precision(o.precision);
+    s.dispatch_payload_fp32 = o.dispatch_payload == "fp32";
+    s.bucket_mb = o.bucket_mb;
+    s.zero1 = !o.no_zero1;
+    s.overlap_dp_grad = !o.no_overlap_dp_grad;
+    s.pp_schedule = o.pp_schedule;
+    s.pp_layout = o.pp_layout;
+    return s;
+}
+
+// The training tokens, and the header's lines about them.
+DataLoader load_data(const TrainOptions& o, const ResolvedRun& run, std::FILE* out,
+                     double* entropy_floor) {
+    TokenData data = load_training_data(o, run.resumed, run.model.vocab_size, run.config.seed, out);
+    if (run.resumed && !run.imported && data.source != run.resumed->data_source)
         std::fprintf(out,
                      "note    the checkpoint's run trained on '%s'; this run continues on '%s'\n",
-                     resumed->data_source.c_str(), data.source.c_str());
-    const std::string data_description = data.description;
-    const double entropy_floor = data.entropy_nats_per_token;
-    DataLoader loader(std::move(data.tokens), data.source, model_config.vocab_size, config.seq_len,
-                      config.val_fraction, config.seed);
-
-    if (config_path.empty())
+                     run.resumed->data_source.c_str(), data.source.c_str());
+    *entropy_floor = data.entropy_nats_per_token;
+    const std::string description = data.description;
+    DataLoader loader(std::move(data.tokens), data.source, run.model.vocab_size, run.config.seq_len,
+                      run.config.val_fraction, run.config.seed);
+    if (run.config_path.empty())
         std::fprintf(out, "moetron train: the model of checkpoint %s\n",
-                     resumed->dir.string().c_str());
+                     run.resumed->dir.string().c_str());
     else
-        std::fprintf(out, "moetron train: %s\n", config_path.c_str());
-    std::fprintf(out, "model   %s\n", describe_model_config(model_config).c_str());
-    std::fprintf(out, "data    %s\n", data_description.c_str());
+        std::fprintf(out, "moetron train: %s\n", run.config_path.c_str());
+    std::fprintf(out, "model   %s\n", describe_model_config(run.model).c_str());
+    std::fprintf(out, "data    %s\n", description.c_str());
     std::fprintf(out, "        %lld training tokens, %lld held out (%lld validation windows)\n",
                  static_cast<long long>(loader.num_train_tokens()),
                  static_cast<long long>(loader.num_val_tokens()),
                  static_cast<long long>(loader.num_val_windows()));
-    TrainParallel parallel;
-    parallel.world = world;
-    parallel.layout = o.layout;
-    parallel.domain_size = o.domain_size;
-    parallel.moe.dispatch = parallel::parse_dispatch_kind(o.dispatch);
-    parallel.moe.overlap = parse_moe_overlap(o.moe_overlap);
-    parallel.moe.capacity_factor = o.moe_capacity_factor;
-    parallel.moe.redundant_experts = o.redundant_experts;
-    parallel.moe.rebalance_every = o.rebalance_every;
-    const Precision precision = parse_precision(o.precision);
-    parallel.precision = precision;
-    parallel.moe.token_format = o.dispatch_payload == "fp32" ? Precision::fp32 : precision;
-    parallel.bucket_mb = o.bucket_mb;
-    parallel.zero1 = !o.no_zero1;
-    parallel.overlap = !o.no_overlap_dp_grad;
-    parallel.pp_schedule = o.pp_schedule;
-    parallel.pp_layout = o.pp_layout;
-    const std::unique_ptr<Backend> cpu = make_cpu_backend();
-    ProfilingBackend profiling(*cpu);  // used with --profile-ops
-    Trainer trainer(model_config, config, std::move(loader), parallel,
-                    o.profile_ops ? static_cast<Backend&>(profiling) : *cpu);
-    trainer.set_max_skipped_steps(o.max_skipped_steps);
-    if (o.router_skew != 0) skew_router_bias(trainer.model(), static_cast<float>(o.router_skew));
-    if (!o.trace_path.empty())
-        trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
-    if (!o.resume_dir.empty()) {
-        const auto dir = load_checkpoint(trainer, o.resume_dir);
-        std::fprintf(out, "resumed from %s at step %lld\n", dir.c_str(),
-                     static_cast<long long>(trainer.steps_done()));
-        if (!imported) {  // an import's settings are --config's: nothing to compare
-            for (const std::string& line : train_config_differences(dir, config))
-                std::fprintf(out, "note    overridden on the command line: %s\n", line.c_str());
-            if (!config_path.empty())
-                std::fprintf(out,
-                             "note    --config names the model; the [train] settings are the "
-                             "checkpoint's run's (flags override them)\n");
-        }
-    }
-    // --save and --save-final are checkpoint roots of this run, claimed before any work by the
-    // one writer (rank 0; the others only read them).
-    auto claim = [&](const std::string& path, const char* flag) {
-        if (path.empty() || !root) return;
+    return loader;
+}
+
+// The run's state from --resume, and what the command line changed of its settings.
+void resume(Trainer& trainer, const TrainOptions& o, const ResolvedRun& run, std::FILE* out) {
+    const auto dir = load_checkpoint(trainer, o.resume_dir);
+    std::fprintf(out, "resumed from %s at step %lld\n", dir.c_str(),
+                 static_cast<long long>(trainer.steps_done()));
+    if (run.imported) return;  // an import's settings are --config's: nothing to compare
+    for (const std::string& line : train_config_differences(dir, run.config))
+        std::fprintf(out, "note    overridden on the command line: %s\n", line.c_str());
+    if (!run.config_path.empty())
+        std::fprintf(out,
+                     "note    --config names the model; the [train] settings are the "
+                     "checkpoint's run's (flags override them)\n");
+}
+
+// --save and --save-final: checkpoint roots of this run, claimed before any work by the one
+// writer (rank 0; the others only read them), and the final state for `moetron sample` and
+// `export`.
+class SaveRoots {
+  public:
+    SaveRoots(const TrainOptions& o, Trainer& trainer, bool root, std::FILE* out)
+        : o_(o), trainer_(trainer), root_(root), out_(out) {}
+
+    void claim(const std::string& path, const char* flag) const {
+        if (path.empty() || !root_) return;
         SaveRootRequest request;
-        request.run_id = trainer.run_id();
-        request.start_step = trainer.steps_done();
-        request.share = o.share_save_root;
+        request.run_id = trainer_.run_id();
+        request.start_step = trainer_.steps_done();
+        request.share = o_.share_save_root;
         request.flag = flag;
         request.override_flag = "--share-save-root";
         claim_save_root(path, request);
-    };
-    claim(o.save_final_path, "--save-final");
-    // The final state for `moetron sample` and `export`: a checkpoint like any other (every rank
-    // writes its shard), saved after the run, or at once when there is nothing to train. A root
-    // that already holds this run's checkpoint of the step (--save-final the --save root, or the
-    // root a finished run resumed from) keeps it.
-    auto save_final = [&] {
-        if (o.save_final_path.empty()) return;
+    }
+    // A checkpoint like any other (every rank writes its shard), saved after the run, or at once
+    // when there is nothing to train. A root that already holds this run's checkpoint of the
+    // step (--save-final the --save root, or the root a finished run resumed from) keeps it.
+    void save_final() const {
+        if (o_.save_final_path.empty()) return;
         const std::filesystem::path dir =
-            std::filesystem::path(o.save_final_path) /
-            checkpoint_dir_name(static_cast<uint64_t>(trainer.steps_done()));
+            std::filesystem::path(o_.save_final_path) /
+            checkpoint_dir_name(static_cast<uint64_t>(trainer_.steps_done()));
         const bool saved =
-            std::filesystem::exists(dir) && checkpoint_run_id(dir) == trainer.run_id();
-        if (!saved) save_checkpoint(trainer, o.save_final_path, /*keep=*/1);
-        std::fprintf(out,
+            std::filesystem::exists(dir) && checkpoint_run_id(dir) == trainer_.run_id();
+        if (!saved) save_checkpoint(trainer_, o_.save_final_path, /*keep=*/1);
+        std::fprintf(out_,
                      "saved   weights to %s (sample with: moetron sample --weights %s --prompt "
                      "TEXT)\n",
-                     dir.c_str(), o.save_final_path.c_str());
-    };
-    if (trainer.steps_done() >= config.steps) {
-        std::fprintf(out,
-                     "done    nothing to train: the checkpoint's run is finished (step %lld of "
-                     "%lld); to train on, pass --steps with more than %lld\n",
-                     static_cast<long long>(trainer.steps_done()),
-                     static_cast<long long>(config.steps),
-                     static_cast<long long>(trainer.steps_done()));
-        save_final();
-        MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
-                 detail::errno_message());
-        return;
+                     dir.c_str(), o_.save_final_path.c_str());
     }
-    claim(o.save_dir, "--save");
-    RunControl control({o.save_dir, o.save_every, static_cast<size_t>(o.keep), out});
-    install_stop_signal_handlers();
-    trainer.set_run_control(&control);
-    const double peak_gflops = measure_gemm_peak_gflops();
-    trainer.set_gemm_peak_gflops(peak_gflops);
+
+  private:
+    const TrainOptions& o_;
+    Trainer& trainer_;
+    bool root_;
+    std::FILE* out_;
+};
+
+void flush_output(std::FILE* out) {
+    MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
+             detail::errno_message());
+}
+
+// The header's lines about the model's arenas, the ranks (the plan's lines and what this rank's
+// trainer built: the weight-gradient stash, the dispatcher), the schedule and the compute.
+void print_run_header(std::FILE* out, Trainer& trainer, const ComputeStack& compute,
+                      const ThreadChoice& threads, double peak_gflops) {
+    const RunPlan& plan = trainer.plan();
+    const TrainConfig& config = trainer.config();
     std::fprintf(out, "params  %.3fM (main model and MTP%s%s); model arenas %.1f MiB\n",
                  static_cast<double>(trainer.model().num_params()) / 1e6,
-                 trainer.topology().pp > 1 ? ", this rank's pipeline stage" : "",
-                 trainer.topology().ep > 1 ? ", this rank's experts" : "",
+                 plan.topology.pp > 1 ? ", this rank's pipeline stage" : "",
+                 plan.topology.ep > 1 ? ", this rank's experts" : "",
                  to_mib(static_cast<double>(trainer.model().planned_bytes())));
-    if (trainer.world_size() > 1) {
-        std::fprintf(out, "ranks   %s; %s, %.1f MiB gradient buckets%s\n",
-                     trainer.topology().str().c_str(),
-                     parallel.zero1 ? "ZeRO-1 optimizer" : "replicated optimizer", o.bucket_mb,
-                     parallel.overlap ? " posted during the backward" : " posted after it");
-        std::fprintf(out, "        per rank: %lld of the %lld sequences of each micro-batch\n",
-                     static_cast<long long>(config.batch_size / trainer.topology().dp),
-                     static_cast<long long>(config.batch_size));
-        if (const PipelineRunner* pipeline = trainer.pipeline()) {
-            // This rank's blocks, in the layout grammar's letters (model/pipeline_layout.h).
-            std::string blocks;
-            for (const PipelineChunk& chunk : trainer.model().pipeline_chunks()) {
-                std::vector<std::string> parts;
-                if (chunk.embedding) parts.emplace_back("E");
-                if (chunk.num_layers > 0)
-                    parts.push_back(fmt::format("t{}-{}", chunk.first_layer,
-                                                chunk.first_layer + chunk.num_layers - 1));
-                if (chunk.num_mtp > 0) parts.emplace_back(static_cast<size_t>(chunk.num_mtp), 'm');
-                if (chunk.loss) parts.emplace_back("L");
-                if (!blocks.empty()) blocks += " | ";
-                for (size_t i = 0; i < parts.size(); ++i) blocks += (i > 0 ? " " : "") + parts[i];
-            }
-            std::fprintf(out,
-                         "        pipeline: pp%d x vpp%d, %s schedule, %lld micro-batches; this "
-                         "rank's stage runs %s, keeping up to %lld in flight\n",
-                         trainer.topology().pp, trainer.topology().vpp,
-                         trainer.topology().vpp > 1 ? "interleaved" : parallel.pp_schedule.c_str(),
-                         static_cast<long long>(config.grad_accum), blocks.c_str(),
-                         static_cast<long long>(max_in_flight(pipeline->order())));
-            if (pipeline->stash_bytes() > 0)
-                std::fprintf(
-                    out,
-                    "        zb-h1: up to %lld micro-batches' weight gradients queued, "
-                    "their GEMM operands in a stash of %.1f MiB\n",
-                    static_cast<long long>(max_weight_gradients_pending(pipeline->order())),
-                    to_mib(static_cast<double>(pipeline->stash_bytes())));
-        }
-        if (const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher())
-            std::fprintf(out,
-                         "        experts: %s; tokens travel as %s; MoE overlap %s; expert-side "
-                         "buffers of %lld rows per layer (capacity factor %g)\n",
-                         d->description().c_str(),
-                         std::string(precision_name(d->planned_token_format())).c_str(),
-                         std::string(moe_overlap_name(parallel.moe.overlap)).c_str(),
-                         static_cast<long long>(d->capacity_rows()), parallel.moe.capacity_factor);
-    }
+    for (const std::string& line : describe_run_plan(plan, config))
+        std::fprintf(out, "%s\n", line.c_str());
+    if (const PipelineRunner* pipeline = trainer.pipeline(); pipeline && pipeline->stash_bytes())
+        std::fprintf(out,
+                     "        zb-h1: up to %lld micro-batches' weight gradients queued, their GEMM "
+                     "operands in a stash of %.1f MiB\n",
+                     static_cast<long long>(max_weight_gradients_pending(pipeline->order())),
+                     to_mib(static_cast<double>(pipeline->stash_bytes())));
+    const parallel::ExpertDispatcher* d = trainer.model().expert_dispatcher();
+    if (d != nullptr && trainer.world_size() > 1)
+        std::fprintf(out,
+                     "        experts: %s; tokens travel as %s; MoE overlap %s; expert-side "
+                     "buffers of %lld rows per layer (capacity factor %g)\n",
+                     d->description().c_str(),
+                     std::string(precision_name(d->planned_token_format())).c_str(),
+                     std::string(moe_overlap_name(plan.moe.overlap)).c_str(),
+                     static_cast<long long>(d->capacity_rows()), plan.moe.capacity_factor);
     std::fprintf(
         out,
         "train   %lld steps x %lld micro-batch(es) of %lld x %lld tokens = %lld tokens/step; lr "
@@ -393,41 +370,24 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  "GFLOP/step\n",
                  threads.num_threads, threads.reason, peak_gflops,
                  trainer.model_flops_per_step() / 1e9);
-    std::string backend_line = cpu->describe();
-    if (precision != Precision::fp32)
-        backend_line += fmt::format("; precision {}: {}", precision_name(precision),
-                                    cpu->describe_gemms(precision));
-    std::fprintf(out, "backend %s\n", backend_line.c_str());
-    const double initial_val = trainer.evaluate();
-    std::fprintf(out, "step %lld | val %.4f (uniform guess: ln %lld = %.4f)\n",
-                 static_cast<long long>(trainer.steps_done()), initial_val,
-                 static_cast<long long>(model_config.vocab_size),
-                 std::log(static_cast<double>(model_config.vocab_size)));
-    MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
-             detail::errno_message());
+    std::fprintf(out, "backend %s\n", compute.describe(plan.precision).c_str());
+}
 
-    const int64_t print_every = std::max<int64_t>(1, config.steps / 25);
-    MetricsLog log(config.steps, print_every, root ? o.log_jsonl_path : std::string(),
-                   // mpirun forwards stdout through a pseudo-terminal: plain lines read better
-                   world == nullptr && isatty(fileno(stdout)) == 1, out,
-                   std::max<int64_t>(model_config.n_routed_experts, trainer.topology().pp));
-    profiling.reset();  // the initialization's and the first validation's ops are not the run's
-    const Timer run_wall;
-    const TrainSummary s = trainer.run(log);
-    const double run_s = run_wall.elapsed_s();
+// The run's closing lines: losses, speed, memory, and with --profile-ops where the time went.
+void print_run_summary(std::FILE* out, Trainer& trainer, const TrainSummary& s,
+                       ComputeStack& compute, double initial_val, double entropy_floor,
+                       double peak_gflops, double wall_s) {
     if (s.skipped_steps > 0)
         std::fprintf(out, "skipped %lld step(s) with a non-finite loss or gradient norm\n",
                      static_cast<long long>(s.skipped_steps));
-
     if (s.steps == 0) {  // stopped before its first step: no losses to report
-        std::fprintf(out, "done    no steps run (%.1f s wall); val %.4f", wall.elapsed_s(),
-                     initial_val);
+        std::fprintf(out, "done    no steps run (%.1f s wall); val %.4f", wall_s, initial_val);
     } else {
         std::fprintf(out,
                      "done    %lld steps in %.1f s of compute (%.1f s wall); train loss %.4f -> "
                      "%.4f; val %.4f -> %.4f",
-                     static_cast<long long>(s.steps), s.train_s, wall.elapsed_s(), s.first_loss,
-                     s.last_loss, initial_val, s.last_val_loss);
+                     static_cast<long long>(s.steps), s.train_s, wall_s, s.first_loss, s.last_loss,
+                     initial_val, s.last_val_loss);
     }
     if (std::isfinite(entropy_floor)) std::fprintf(out, " (data entropy %.4f)", entropy_floor);
     std::fprintf(out,
@@ -441,15 +401,80 @@ void run_train(const TrainOptions& o, parallel::Communicator* world) {
                  to_mib(static_cast<double>(peak_rss_bytes())),
                  to_mib(static_cast<double>(trainer.model().planned_bytes())),
                  to_mib(moments_bytes));
-    if (o.profile_ops && s.steps > 0) {
+    if (compute.profiler() != nullptr && s.steps > 0) {
         std::fprintf(out,
-                     "ops     per step of this rank, over the run's wall time (its validations "
-                     "included):\n%s",
-                     format_op_profile(profiling, s.steps, run_s).c_str());
+                     "ops     per step of this rank, over the steps' time (validations not "
+                     "counted):\n%s",
+                     format_op_profile(*compute.profiler(), s.steps, s.train_s).c_str());
     }
-    save_final();
-    MT_CHECK(std::fflush(out) == 0, "[train] writing to stdout failed: {}",
-             detail::errno_message());
+}
+
+// world: every rank of the job, or null for one process.
+void run_train(const TrainOptions& o, parallel::Communicator* world) {
+    const Timer wall;
+    MT_USER_CHECK(!o.share_save_root || !o.save_dir.empty() || !o.save_final_path.empty(),
+                  "--share-save-root requires --save or --save-final");
+    const bool root = world == nullptr || world->rank() == 0;
+    const RankOutput rank_output(root);
+    std::FILE* out = rank_output.get();
+    const ResolvedRun run = resolve_run(o, root);
+    const TrainConfig& config = run.config;
+    const bool has_mtp = run.model.num_nextn_predict_layers > 0;
+    const ThreadChoice threads = choose_and_set_threads(
+        o.threads, flops_per_token(run.model, config.seq_len, has_mtp).total *
+                       static_cast<double>(config.tokens_per_step()));
+    double entropy_floor = 0;
+    DataLoader loader = load_data(o, run, out, &entropy_floor);
+
+    const RunPlan plan =
+        plan_run(run.model, config, run_settings(o), world != nullptr ? world->size() : 1);
+    ComputeStack compute(o.profile_ops);
+    Trainer trainer(run.model, config, std::move(loader), plan, world, compute.ops());
+    trainer.set_profiler(compute.profiler());
+    trainer.set_max_skipped_steps(o.max_skipped_steps);
+    if (o.router_skew != 0) skew_router_bias(trainer.model(), static_cast<float>(o.router_skew));
+    if (!o.trace_path.empty())
+        trainer.set_trace(o.trace_path, std::min(o.trace_step, config.steps));
+    if (!o.resume_dir.empty()) resume(trainer, o, run, out);
+    const SaveRoots roots(o, trainer, root, out);
+    roots.claim(o.save_final_path, "--save-final");
+    if (trainer.steps_done() >= config.steps) {
+        std::fprintf(out,
+                     "done    nothing to train: the checkpoint's run is finished (step %lld of "
+                     "%lld); to train on, pass --steps with more than %lld\n",
+                     static_cast<long long>(trainer.steps_done()),
+                     static_cast<long long>(config.steps),
+                     static_cast<long long>(trainer.steps_done()));
+        roots.save_final();
+        flush_output(out);
+        return;
+    }
+    roots.claim(o.save_dir, "--save");
+    RunControl control({o.save_dir, o.save_every, static_cast<size_t>(o.keep), out});
+    install_stop_signal_handlers();
+    trainer.set_run_control(&control);
+    const double peak_gflops = measure_gemm_peak_gflops();
+    trainer.set_gemm_peak_gflops(peak_gflops);
+    print_run_header(out, trainer, compute, threads, peak_gflops);
+
+    const double initial_val = trainer.evaluate();
+    std::fprintf(out, "step %lld | val %.4f (uniform guess: ln %lld = %.4f)\n",
+                 static_cast<long long>(trainer.steps_done()), initial_val,
+                 static_cast<long long>(run.model.vocab_size),
+                 std::log(static_cast<double>(run.model.vocab_size)));
+    flush_output(out);
+    const int64_t print_every = std::max<int64_t>(1, config.steps / 25);
+    MetricsLog log(config.steps, print_every, root ? o.log_jsonl_path : std::string(),
+                   // mpirun forwards stdout through a pseudo-terminal: plain lines read better
+                   world == nullptr && isatty(fileno(stdout)) == 1, out,
+                   std::max<int64_t>(run.model.n_routed_experts, trainer.topology().pp));
+    // The initialization's and the first validation's ops are not the run's.
+    if (compute.profiler() != nullptr) compute.profiler()->reset();
+    const TrainSummary s = trainer.run(log);
+    print_run_summary(out, trainer, s, compute, initial_val, entropy_floor, peak_gflops,
+                      wall.elapsed_s());
+    roots.save_final();
+    flush_output(out);
 }
 
 // The MPI job around run_train: one MpiSession, the world communicator, and MPI_Abort of every

@@ -28,6 +28,7 @@ void ProfilingBackend::reset() {
 
 template <typename Call>
 decltype(auto) ProfilingBackend::timed(BackendOp op, Precision format, Call&& call) {
+    if (paused_) return call();
     if (synchronize_around_ops_) inner_.synchronize();
     const auto start = std::chrono::steady_clock::now();
     const auto account = [&] {

@@ -42,6 +42,9 @@ class ProfilingBackend final : public ForwardingBackend {
         return totals_[static_cast<size_t>(op)][static_cast<size_t>(format)];
     }
     void reset();
+    // While paused, ops are forwarded but not counted (a training run's validations, so that its
+    // profile is of its steps, as bench_train_step's is).
+    void set_paused(bool paused) { paused_ = paused; }
     // Times memory() was asked for (each arena asks once): not an op, so only counted.
     int64_t memory_requests() const { return memory_requests_; }
     MemoryResource& memory() override {
@@ -59,6 +62,7 @@ class ProfilingBackend final : public ForwardingBackend {
     const bool synchronize_around_ops_;  // a device backend: ops are asynchronous
     std::array<std::array<OpTotals, kNumPrecisions>, kNumBackendOps> totals_{};
     int64_t memory_requests_ = 0;
+    bool paused_ = false;
 };
 
 // The table of where a step's time goes: per category and, under each, per op (and GEMM format),

@@ -13,13 +13,11 @@
 
 namespace moetron {
 
-namespace {
-
-// The expert slots the EP group holds: the routed experts and the redundant experts beside them
-// (MoeSettings::redundant_experts), (E + R) / ep per rank.
 int64_t physical_expert_slots(const ModelConfig& c, const MoeSettings& moe) {
     return c.n_routed_experts + moe.redundant_experts;
 }
+
+namespace {
 
 // The shape of the redundant experts' placement over the EP group: its domains, and the router's
 // groups that hierarchical placement keeps inside them.

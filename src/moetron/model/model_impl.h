@@ -127,6 +127,9 @@ void bind_model_activations(BufferBinder b, ActivationSet& a, const ModelConfig&
 // Which routed experts this rank holds (with redundant experts: which physical slots); checks
 // that the groups can hold them.
 ExpertShard expert_shard_of(const ModelConfig& c, const ModelParallel& parallel);
+// The expert slots the EP group holds: the routed experts and the redundant experts beside them
+// (MoeSettings::redundant_experts), (E + R) / ep per rank.
+int64_t physical_expert_slots(const ModelConfig& c, const MoeSettings& moe);
 
 // The expert dispatcher's configuration for max_tokens tokens per rank: one function for the
 // Model that builds the dispatcher and for plan_rank_memory, which must plan the same buffers.

@@ -214,9 +214,18 @@ RankMemoryPlan plan_rank_memory(const ModelConfig& c, const ModelRuntime& runtim
     RankMemoryPlan plan;
     // Parameters: counted part by part, as the cluster model counts them; the table of rank 0
     // (what a Model allocates; every rank holds as many) must hold exactly that.
-    const RankParamCount count = rank_param_count(c, layout.tp, layout.ep);
-    const ParamTable table(sharded_param_specs(c, first_expert_shard(c, layout.ep), 0, layout.tp,
-                                               {whole_model_chunk(c)}));
+    RankParamCount count = rank_param_count(c, layout.tp, layout.ep);
+    ExpertShard shard = first_expert_shard(c, layout.ep);
+    // Redundant experts: (E + R) / ep slots per rank, each one expert's tensors.
+    const int64_t slots = physical_expert_slots(c, moe);
+    if (c.n_routed_experts > 0 && slots != c.n_routed_experts) {
+        MT_CHECK(slots % layout.ep == 0, "[model] {} expert slots do not split over ep {}", slots,
+                 layout.ep);
+        const int64_t experts_here = c.n_routed_experts / layout.ep;
+        count.expert = count.expert / experts_here * (slots / layout.ep);
+        shard = {0, slots / layout.ep, slots};
+    }
+    const ParamTable table(sharded_param_specs(c, shard, 0, layout.tp, {whole_model_chunk(c)}));
     MT_CHECK(table.total_numel() == count.total(),
              "[model] the parameter table holds {} floats, its parts count {}", table.total_numel(),
              count.total());

@@ -26,57 +26,35 @@ namespace moetron {
 
 namespace {
 
-// This rank's pipeline chunks: pp_rank, pp_rank + pp, ... of the layout's pp * vpp (the default
-// placement when none is given).
-std::vector<PipelineChunk> pipeline_chunks_of(const ModelConfig& model, const TrainParallel& p,
-                                              int64_t pp, int64_t vpp, int64_t pp_rank) {
-    const int64_t mtp_modules = model.num_nextn_predict_layers;
-    const std::string layout =
-        p.pp_layout.empty() ? default_pipeline_layout(model, pp * vpp, mtp_modules) : p.pp_layout;
-    const std::vector<PipelineChunk> all = pipeline_chunks(model, layout, pp * vpp, mtp_modules);
-    std::vector<PipelineChunk> mine;
-    for (int64_t c = 0; c < vpp; ++c) mine.push_back(all[static_cast<size_t>(c * pp + pp_rank)]);
-    return mine;
-}
-
-PipelineScheduleKind schedule_of(const TrainParallel& p, const parallel::Topology& topology) {
-    return schedule_for_chunks(parse_pipeline_schedule(p.pp_schedule), topology.vpp);
-}
-
+// Where the model sits in the job: this rank's pipeline chunks and their activation sets, its
+// groups, the plan's MoE settings.
 ModelParallel model_parallel(parallel::ParallelGroups& groups, parallel::Communicator& world,
-                             const TrainParallel& p, const ModelConfig& model,
-                             const TrainConfig& config, const parallel::Topology& topology) {
+                             const RunPlan& plan) {
     ModelParallel mp;
-    if (topology.pp > 1) {
+    if (plan.pipelined()) {
         const int stage = groups.pp->rank();
-        mp.pipeline_chunks = pipeline_chunks_of(model, p, topology.pp, topology.vpp, stage);
-        mp.pipeline_in_flight = PipelineRunner::sets_needed(schedule_of(p, topology), topology.pp,
-                                                            stage, config.grad_accum, topology.vpp);
+        mp.pipeline_chunks = plan.stage_chunks(stage);
+        mp.pipeline_in_flight = plan.stage_in_flight(stage);
     }
     mp.ep = groups.ep.get();
     mp.tp = groups.tp.get();
     mp.load = &world;  // every rank routes tokens of its own (TP ranks: their share of them)
-    mp.moe = p.moe;
+    mp.moe = plan.moe;
     mp.ep_rail = groups.ep_rail.get();
     mp.ep_domain = groups.ep_domain.get();
     return mp;
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainConfig& config,
-                                  int64_t rank_rows, const ModelParallel& parallel,
-                                  Backend& backend, SplitBackwardBackend* split,
-                                  Precision precision) {
-    validate_train_config(config);
-    MT_CHECK(config.seq_len <= model_config.max_position_embeddings,
-             "[train] seq_len {} is longer than the model's max_position_embeddings {}",
-             config.seq_len, model_config.max_position_embeddings);
+                                  const RunPlan& plan, const ModelParallel& parallel,
+                                  Backend& backend, SplitBackwardBackend* split) {
     ModelRuntime runtime;
-    runtime.batch_size = rank_rows;
+    runtime.batch_size = plan.rank_rows;
     runtime.seq_len = config.seq_len;
     // zb-h1: the model's ops split their backwards, but for the GEMMs that stay whole.
     runtime.backend = split != nullptr ? static_cast<Backend*>(split) : &backend;
     runtime.whole_backward = &backend;
-    runtime.precision = precision;
+    runtime.precision = plan.precision;
     LossWeights weights;
     weights.mtp_lambda = static_cast<float>(config.mtp_lambda);
     weights.balance_alpha = static_cast<float>(config.balance_loss_alpha);
@@ -85,48 +63,22 @@ std::unique_ptr<Model> make_model(const ModelConfig& model_config, const TrainCo
     return model;
 }
 
-AdamWConfig adamw_config(const TrainConfig& c, const TrainParallel& p,
-                         const parallel::Topology& topology) {
+AdamWConfig adamw_config(const TrainConfig& c, const RunPlan& plan) {
     AdamWConfig a;
     a.beta1 = c.beta1;
     a.beta2 = c.beta2;
     a.eps = c.eps;
     a.weight_decay = c.weight_decay;
     a.grad_clip = c.grad_clip;
-    a.grad_sync.bucket_bytes = static_cast<int64_t>(p.bucket_mb * 1024.0 * 1024.0);
-    // ZeRO-1 shards over the DP and EDP groups; when both are one rank (one process, or a job of
-    // tensor parallelism only) it would only add copies of the whole state.
-    a.grad_sync.zero1 = p.zero1 && (topology.dp > 1 || topology.edp > 1);
-    a.grad_sync.overlap = p.overlap;
+    a.grad_sync.bucket_bytes = plan.bucket_bytes;
+    a.grad_sync.zero1 = plan.zero1;
+    a.grad_sync.overlap = plan.overlap_dp_grad;
     return a;
 }
 
-// The run's topology, checked against the world, the model and the batch.
-parallel::Topology make_train_topology(const ModelConfig& model, const TrainConfig& config,
-                                       const TrainParallel& p,
-                                       const parallel::Communicator& world) {
-    const parallel::Topology t =
-        parallel::make_topology(parallel::parse_layout(p.layout), world.size(), p.domain_size);
-    validate_topology_for_model(t, model);
-    MT_CHECK(config.batch_size % t.dp == 0,
-             "[train] batch_size {} sequences do not split over the {} data-parallel ranks of "
-             "layout '{}'; use a multiple of {}",
-             config.batch_size, t.dp, p.layout, t.dp);
-    MT_CHECK(p.bucket_mb > 0, "[train] --bucket-mb must be positive, got {}", p.bucket_mb);
-    // A mistaken --pp-schedule or --pp-layout is refused on any layout, not only a pipelined one.
-    schedule_for_chunks(parse_pipeline_schedule(p.pp_schedule), t.vpp);
-    if (!p.pp_layout.empty())
-        pipeline_chunks(model, p.pp_layout, static_cast<int64_t>(t.pp) * t.vpp,
-                        model.num_nextn_predict_layers);
-    return t;
-}
-
 // zb-h1 splits each backward in two: the model then runs on a SplitBackwardBackend over backend.
-std::unique_ptr<SplitBackwardBackend> split_backward_for(const TrainParallel& p,
-                                                         const parallel::Topology& topology,
-                                                         Backend& backend) {
-    if (topology.pp == 1 || schedule_of(p, topology) != PipelineScheduleKind::zero_bubble_h1)
-        return nullptr;
+std::unique_ptr<SplitBackwardBackend> split_backward_for(const RunPlan& plan, Backend& backend) {
+    if (!plan.split_backward) return nullptr;
     return std::make_unique<SplitBackwardBackend>(backend);
 }
 
@@ -161,51 +113,54 @@ void sum_over_ranks(parallel::ParallelGroups& groups, std::array<double, N>& val
 }
 
 // The world a trainer runs in: the job's, or (one process) a world of one that it owns.
-std::unique_ptr<parallel::Communicator> own_world_unless_given(const TrainParallel& p) {
-    if (p.world != nullptr) return nullptr;
+std::unique_ptr<parallel::Communicator> own_world_unless_given(parallel::Communicator* world) {
+    if (world != nullptr) return nullptr;
     return std::make_unique<parallel::LocalCommunicator>("world");
 }
 
 }  // namespace
 
+Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader)
+    : Trainer(model_config, config, std::move(loader), plan_run(model_config, config, {}, 1)) {}
+
 Trainer::Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader,
-                 const TrainParallel& parallel, Backend& backend)
+                 const RunPlan& plan, parallel::Communicator* world, Backend& backend)
     : config_(config),
-      own_world_(own_world_unless_given(parallel)),
-      world_(parallel.world != nullptr ? parallel.world : own_world_.get()),
-      topology_(make_train_topology(model_config, config, parallel, *world_)),
-      groups_(make_traced_groups(*world_, topology_, &comm_wait_, &trace_)),
+      plan_(plan),
+      own_world_(own_world_unless_given(world)),
+      world_(world != nullptr ? world : own_world_.get()),
+      groups_(make_traced_groups(*world_, plan_.topology, &comm_wait_, &trace_)),
       loader_(std::move(loader)),
-      split_backward_(split_backward_for(parallel, topology_, backend)),
-      model_(make_model(model_config, config, config.batch_size / topology_.dp,
-                        model_parallel(groups_, *world_, parallel, model_config, config, topology_),
-                        backend, split_backward_.get(), parallel.precision)),
+      split_backward_(split_backward_for(plan_, backend)),
+      model_(make_model(model_config, config, plan_, model_parallel(groups_, *world_, plan_),
+                        backend, split_backward_.get())),
       schedule_(config.lr, config.min_lr, config.warmup_steps, config.steps),
       tokens_(static_cast<size_t>(config.grad_accum * config.batch_size * config.seq_len)),
       targets_(tokens_.size()) {
+    MT_CHECK(world_->size() == plan_.topology.world_size && plan_.grad_accum == config.grad_accum &&
+                 plan_.rank_rows * plan_.topology.dp == config.batch_size,
+             "[train] the plan ({} ranks, {} x {} sequences) is not this run's ({} ranks, {} x {})",
+             plan_.topology.world_size, plan_.grad_accum, plan_.rank_rows * plan_.topology.dp,
+             world_->size(), config.grad_accum, config.batch_size);
     MT_CHECK(loader_.seq_len() == config.seq_len,
              "[train] the data loader cuts windows of {} tokens, the run wants seq_len {}",
              loader_.seq_len(), config.seq_len);
-    rank_rows_ = config.batch_size / topology_.dp;
+    rank_rows_ = plan_.rank_rows;
     first_rank_row_ = groups_.dp->rank() * rank_rows_;
     const std::vector<parallel::ParamSpan> spans = model_->param_spans();
     optimizer_ = std::make_unique<AdamW>(spans, model_->num_params(), model_->grads(),
                                          AdamWGroups{*world_, *groups_.dp, *groups_.edp},
-                                         adamw_config(config, parallel, topology_), backend);
+                                         adamw_config(config, plan_), backend);
     model_->set_grad_ready_callback([sync = &optimizer_->grad_sync()](int64_t begin, int64_t end) {
         sync->grads_ready(begin, end);
     });
     if (model_config.n_routed_experts > 0 && groups_.ep->size() > 1)
         balancer_ = std::make_unique<ExpertBalancer>(*model_, *optimizer_, *groups_.ep,
-                                                     *groups_.edp, parallel.moe.rebalance_every);
-    else
-        MT_USER_CHECK(parallel.moe.rebalance_every == 0,
-                      "--rebalance-every needs expert parallelism (a layout with ep > 1) and "
-                      "--redundant-experts");
-    if (topology_.pp > 1)
-        pipeline_ = std::make_unique<PipelineRunner>(
-            *model_, *groups_.pp, schedule_of(parallel, topology_), config.grad_accum, rank_rows_,
-            config.seq_len, &trace_, split_backward_.get());
+                                                     *groups_.edp, plan_.moe.rebalance_every);
+    if (plan_.pipelined())
+        pipeline_ = std::make_unique<PipelineRunner>(*model_, *groups_.pp, plan_.schedule,
+                                                     config.grad_accum, rank_rows_, config.seq_len,
+                                                     &trace_, split_backward_.get());
     const bool has_mtp = model_config.num_nextn_predict_layers > 0;
     model_flops_per_step_ = flops_per_token(model_config, config.seq_len, has_mtp).total *
                             static_cast<double>(config.tokens_per_step());
@@ -222,17 +177,60 @@ parallel::GradSyncStats Trainer::last_sync_stats() const {
     return optimizer_->grad_sync().last_stats();
 }
 
+// One optimizer step, as a story: the batch, every micro-batch's forward and backward, the
+// gradient sync, the losses, clipping, the update, and what follows an update (router bias,
+// parameter gathers, expert rebalance); the diagnostics of the record come after it.
 StepRecord Trainer::step() {
     StepRecord r;
+    Timer timer;
+    begin_step();
+    const LossDenominators den = load_step_batch();
+    std::array<double, 3> losses = forward_backward_all(den);  // this rank's lm, mtp, balance
+    optimizer_->grad_sync().finish();
+    const double expert_compute_s = model_->take_expert_compute_s();  // this step's
+    if (const parallel::ExpertDispatcher* d = model_->expert_dispatcher())
+        record_dispatch_stats(r, d->stats());
+    sum_over_ranks(groups_, losses);
+    r.loss = losses[0];
+    r.mtp_loss = losses[1];
+    r.balance_loss = losses[2];
+
+    r.step = steps_done_ + 1;
+    if (grad_hook_) grad_hook_(r.step, model_->grads());
+    r.grad_norm = optimizer_->clip_gradients(model_->grads());
+    r.lr = schedule_.lr_at(steps_done_);
+    last_loss_ = r.loss;
+    if (skip_unless_finite(r)) {
+        r.step_s = timer.elapsed_s();
+        return r;
+    }
+    update_parameters(r.lr);
+    double compute_s = timer.elapsed_s();
+
+    // The loads must be read before the bias update resets them; expert_load() allocates, so it
+    // stays outside the timed part.
+    const ExpertLoadStats load = model_->expert_load();
+    r.expert_load_max_over_mean = load.max_over_mean;
+    r.expert_load_min_over_mean = load.min_over_mean;
+    if (pipeline_ != nullptr) record_stage_times(r);
+    timer.reset();
+    after_update(r, load, expert_compute_s);
+    compute_s += timer.elapsed_s();
+    record_time_and_throughput(r, compute_s);
+    return r;
+}
+
+void Trainer::begin_step() {
     comm_wait_ = {};
     parallel::reset_group_counters(groups_);
-    Timer timer;
     model_->zero_grads();
     model_->take_expert_compute_s();  // from here: this step's (not an evaluation's)
-    parallel::ExpertDispatcher* dispatcher = model_->expert_dispatcher();
-    if (dispatcher != nullptr) dispatcher->reset_stats();
-    // The whole step's batch first: its counts normalize every micro-batch, so the step's loss is
-    // the mean over all its valid tokens however it is split over micro-batches and ranks.
+    if (parallel::ExpertDispatcher* d = model_->expert_dispatcher()) d->reset_stats();
+}
+
+// The whole step's batch first: its counts normalize every micro-batch, so the step's loss is the
+// mean over all its valid tokens however it is split over micro-batches and ranks.
+LossDenominators Trainer::load_step_batch() {
     const int64_t B = config_.batch_size, S = config_.seq_len, micro_tokens = B * S;
     {
         const TraceScope scope(&trace_, "load batch");
@@ -240,16 +238,20 @@ StepRecord Trainer::step() {
             loader_.next_train_batch(tokens_.data() + micro * micro_tokens,
                                      targets_.data() + micro * micro_tokens, B);
     }
-    const LossDenominators den =
-        count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
-    std::array<double, 3> losses{};  // this rank's shares of lm, mtp and balance loss
+    return count_loss_denominators(model_->config(), targets_.data(), config_.grad_accum * B, S);
+}
+
+// Every micro-batch's forward and backward (through the pipeline's schedule when there is one),
+// the gradient sync armed for the last backward. Returns this rank's shares of the losses.
+std::array<double, 3> Trainer::forward_backward_all(const LossDenominators& den) {
+    const int64_t S = config_.seq_len, micro_tokens = config_.batch_size * S;
     if (pipeline_ != nullptr) {
         const int64_t first = first_rank_row_ * S;
-        losses =
-            pipeline_->train_step(tokens_.data() + first, targets_.data() + first, micro_tokens,
-                                  den, [this] { optimizer_->grad_sync().arm(); });
+        return pipeline_->train_step(tokens_.data() + first, targets_.data() + first, micro_tokens,
+                                     den, [this] { optimizer_->grad_sync().arm(); });
     }
-    for (int64_t micro = 0; pipeline_ == nullptr && micro < config_.grad_accum; ++micro) {
+    std::array<double, 3> losses{};
+    for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
         if (micro + 1 == config_.grad_accum) {
             optimizer_->grad_sync().arm();
             model_->arm_replica_gradient_sum();  // redundant experts: replicas sum their parts
@@ -262,57 +264,45 @@ StepRecord Trainer::step() {
         losses[1] += l.mtp_loss;
         losses[2] += l.balance_loss;
     }
-    optimizer_->grad_sync().finish();
-    const double expert_compute_s = model_->take_expert_compute_s();  // this step's
-    if (dispatcher != nullptr) record_dispatch_stats(r, dispatcher->stats());
-    sum_over_ranks(groups_, losses);
-    r.loss = losses[0];
-    r.mtp_loss = losses[1];
-    r.balance_loss = losses[2];
+    return losses;
+}
 
-    r.step = steps_done_ + 1;
-    if (grad_hook_) grad_hook_(r.step, model_->grads());
-    r.grad_norm = optimizer_->clip_gradients(model_->grads());
-    // A non-finite loss or norm skips the update: parameters, moments and router bias stay those
-    // of the last good step, while the data and the schedule move on (the step is counted).
-    // Every rank sees the same summed loss and global norm, so they all skip together.
-    r.lr = schedule_.lr_at(steps_done_);
-    last_loss_ = r.loss;
+// A non-finite loss or norm skips the update: parameters, moments and router bias stay those of
+// the last good step, while the data and the schedule move on (the step is counted). Every rank
+// sees the same summed loss and global norm, so they all skip together.
+bool Trainer::skip_unless_finite(const StepRecord& r) {
     last_step_skipped_ = !(std::isfinite(r.loss) && std::isfinite(r.grad_norm));
-    if (last_step_skipped_) {
-        ++skipped_steps_;
-        ++consecutive_skipped_;
-        ++steps_done_;
-        // gamma 0 resets the load counts (a collective when distributed) and moves no bias.
-        model_->update_router_bias(0.0f);
-        MT_CHECK(consecutive_skipped_ < max_skipped_steps_,
-                 "[train] step {}: {} steps in a row had a non-finite loss or gradient norm "
-                 "(loss {}, gradient norm {}); stopping. Last good checkpoint: {}. Try a lower "
-                 "--lr or a smaller grad_clip",
-                 r.step, consecutive_skipped_, r.loss, r.grad_norm,
-                 last_checkpoint_.empty() ? std::string("none") : last_checkpoint_);
-        r.step_s = timer.elapsed_s();
-        return r;
+    if (!last_step_skipped_) {
+        consecutive_skipped_ = 0;
+        return false;
     }
-    consecutive_skipped_ = 0;
+    ++skipped_steps_;
+    ++consecutive_skipped_;
+    ++steps_done_;
+    // gamma 0 resets the load counts (a collective when distributed) and moves no bias.
+    model_->update_router_bias(0.0f);
+    MT_CHECK(consecutive_skipped_ < max_skipped_steps_,
+             "[train] step {}: {} steps in a row had a non-finite loss or gradient norm (loss {}, "
+             "gradient norm {}); stopping. Last good checkpoint: {}. Try a lower --lr or a "
+             "smaller grad_clip",
+             r.step, consecutive_skipped_, r.loss, r.grad_norm,
+             last_checkpoint_.empty() ? std::string("none") : last_checkpoint_);
+    return true;
+}
+
+void Trainer::update_parameters(double lr) {
     {
         const TraceScope scope(&trace_, "optimizer");
         // Returns with the parameter all-gathers in flight; they are waited for at the end of
-        // the step (below), so no parameter is read before they land.
-        optimizer_->post_step(model_->params(), model_->grads(), r.lr);
+        // the step (after_update), so no parameter is read before they land.
+        optimizer_->post_step(model_->params(), model_->grads(), lr);
     }
     ++steps_done_;
     // The loads of every rank, so that the logged balance is the job's.
     model_->sum_expert_load_over_ranks();
-    double compute_s = timer.elapsed_s();
+}
 
-    // The loads must be read before the bias update resets them; expert_load() allocates, so it
-    // stays outside the timed part.
-    const ExpertLoadStats load = model_->expert_load();
-    r.expert_load_max_over_mean = load.max_over_mean;
-    r.expert_load_min_over_mean = load.min_over_mean;
-    if (pipeline_ != nullptr) record_stage_times(r);
-    timer.reset();
+void Trainer::after_update(StepRecord& r, const ExpertLoadStats& load, double expert_compute_s) {
     model_->update_router_bias(static_cast<float>(config_.bias_update_speed));
     {
         // The router bias is not trainable, so no gather writes it; the parameters are whole
@@ -320,25 +310,26 @@ StepRecord Trainer::step() {
         const TraceScope scope(&trace_, "parameter all-gather wait");
         optimizer_->finish_param_gathers();
     }
-    if (balancer_) {
-        // After the gathers: a rebalance rewrites expert slots' weights and moments. Timed with
-        // the step: its gathers of the loads are blocked time of the step (comm_wait_), and a
-        // step record whose waits outran its time read negative compute (CI, 4 ranks).
-        const TraceScope scope(&trace_, "expert rebalance");
-        BalanceRecord b = balancer_->after_step(steps_done_, load, expert_compute_s);
-        r.rank_load_max_over_mean = b.rank_load_max_over_mean;
-        r.expert_compute_max_s = b.expert_compute_max_s;
-        r.expert_compute_mean_s = b.expert_compute_mean_s;
-        r.rebalanced = b.rebalanced;
-        r.rebalance_migration_s = b.migration_s;
-        r.rebalance_migrated_slots = b.migrated_slots;
-        r.rebalance_before = b.average_max_over_mean_before;
-        r.rebalance_after = b.average_max_over_mean_after;
-        r.average_expert_load = std::move(b.average_expert_load);
-    }
-    compute_s += timer.elapsed_s();
+    if (!balancer_) return;
+    // After the gathers: a rebalance rewrites expert slots' weights and moments. Timed with the
+    // step: its gathers of the loads are blocked time of the step (comm_wait_), and a step record
+    // whose waits outran its time read negative compute (CI, 4 ranks).
+    const TraceScope scope(&trace_, "expert rebalance");
+    BalanceRecord b = balancer_->after_step(steps_done_, load, expert_compute_s);
+    r.rank_load_max_over_mean = b.rank_load_max_over_mean;
+    r.expert_compute_max_s = b.expert_compute_max_s;
+    r.expert_compute_mean_s = b.expert_compute_mean_s;
+    r.rebalanced = b.rebalanced;
+    r.rebalance_migration_s = b.migration_s;
+    r.rebalance_migrated_slots = b.migrated_slots;
+    r.rebalance_before = b.average_max_over_mean_before;
+    r.rebalance_after = b.average_max_over_mean_after;
+    r.average_expert_load = std::move(b.average_expert_load);
+}
 
-    // Where the step's time went on this rank (blocked time from the traced groups).
+// Where the step's time went on this rank (blocked time from the traced groups), and the
+// throughput of the whole job; model FLOP/s and MFU per rank (per GPU, DESIGN.md sec. 1).
+void Trainer::record_time_and_throughput(StepRecord& r, double compute_s) {
     using parallel::TrafficClass;
     r.expert_comm_s = comm_wait_[TrafficClass::expert_dispatch];
     r.tp_comm_s = comm_wait_[TrafficClass::tensor_parallel];
@@ -347,8 +338,6 @@ StepRecord Trainer::step() {
     r.grad_sync_exposed_s = optimizer_->grad_sync().last_stats().exposed_s();
     static_assert(std::tuple_size_v<decltype(r.payload_bytes)> == parallel::kNumCollectiveKinds);
     r.payload_bytes = parallel::payload_bytes_by_kind(groups_);
-
-    // Throughput of the whole job; model FLOP/s and MFU per rank (per GPU, DESIGN.md sec. 1).
     const auto ranks = static_cast<double>(world_size());
     r.step_s = compute_s;
     r.tokens_per_s = static_cast<double>(config_.tokens_per_step()) / compute_s;
@@ -356,7 +345,6 @@ StepRecord Trainer::step() {
     r.mfu = gemm_peak_gflops_ > 0
                 ? model_flops_per_step_ / ranks / compute_s / (gemm_peak_gflops_ * 1e9)
                 : 0.0;
-    return r;
 }
 
 // Every stage's busy and idle time, gathered over rank's pipeline (outside the step's timing:
@@ -428,7 +416,9 @@ TrainSummary Trainer::run(MetricsLog& log) {
         }
         const bool last = r.step == config_.steps;
         if (last || (config_.eval_every > 0 && r.step % config_.eval_every == 0)) {
+            if (profiler_ != nullptr) profiler_->set_paused(true);
             r.val_loss = evaluate();
+            if (profiler_ != nullptr) profiler_->set_paused(false);
             s.last_val_loss = r.val_loss;
         }
         if (r.step == first_step + 1) s.first_loss = r.loss;

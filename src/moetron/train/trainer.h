@@ -8,7 +8,7 @@
 // bias) and is counted; max_skipped_steps of them in a row end the run with an error. Checkpoints
 // (train/checkpoint.h) save and restore the whole state; run() consults a RunControl after each
 // step to save and to stop on SIGTERM/SIGINT.
-// On N ranks (TrainParallel::world): batch_size and grad_accum keep their meaning for the
+// On N ranks (a world given): batch_size and grad_accum keep their meaning for the
 // whole job, so N ranks train the same model as one process. Every rank draws the same global
 // micro-batch and runs its slice of batch_size / dp sequences (the TP ranks of a data-parallel
 // replica run the same slice, each with its share of the heads and MLP features, model.h's
@@ -16,16 +16,17 @@
 // data-parallel groups in buckets posted during the last micro-batch's backward
 // (parallel/grad_sync.h) and the optimizer is ZeRO-1 by default (train/optimizer.h).
 // With pipeline parallelism (pp > 1 in the layout) each rank runs one chunk of the model
-// (TrainParallel::pp_layout, model/pipeline_layout.h) and the step's micro-batches flow through the
-// stages in the order of TrainParallel::pp_schedule (train/pipeline_runner.h); the losses are
+// (RunPlan::chunks, model/pipeline_layout.h) and the step's micro-batches flow through the
+// stages in the order of RunPlan::schedule (train/pipeline_runner.h); the losses are
 // summed over the stages, the gradient norm over the world, so every stage clips and skips alike.
-// One process is a world of one (TrainParallel::world null: the trainer makes a local
-// communicator), so it takes the same path: the same optimizer, the same checkpoints.
-// Losses, validation and expert loads are summed over the ranks. Everything a step touches (model
-// arenas, optimizer moments, token buffers) is allocated in the constructor; only the expert-load
-// statistics for the log allocate, outside the step's timing.
+// One process is a world of one (no world given: the trainer makes a local communicator), so it
+// takes the same path: the same optimizer, the same checkpoints. Losses, validation and expert
+// loads are summed over the ranks. Everything a step touches (model arenas, optimizer moments,
+// token buffers) is allocated in the constructor; only the expert-load statistics for the log
+// allocate, outside the step's timing.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -34,6 +35,7 @@
 
 #include "moetron/checkpoint/train_config.h"
 #include "moetron/core/trace.h"
+#include "moetron/kernels/profiling_backend.h"
 #include "moetron/model/config.h"
 #include "moetron/model/model.h"
 #include "moetron/parallel/grad_sync.h"
@@ -45,6 +47,7 @@
 #include "moetron/train/metrics.h"
 #include "moetron/train/optimizer.h"
 #include "moetron/train/pipeline_runner.h"
+#include "moetron/train/run_plan.h"
 
 namespace moetron {
 
@@ -64,32 +67,19 @@ struct TrainSummary {
     bool stopped_by_signal = false;
 };
 
-// Where the trainer runs. The default (world null) is one process without MPI: a world of one.
-struct TrainParallel {
-    parallel::Communicator* world = nullptr;  // every rank of the job; outlives the Trainer
-    std::string layout;                       // as parse_layout: "dp4", "ep2", "dp4.ep2", ...
-    int domain_size = 0;                      // ranks per scale-up domain (0: one domain)
-    double bucket_mb = 4.0;                   // gradient-sync bucket size in MiB
-    bool zero1 = true;    // shard the optimizer state (DP over DP, routed experts over EDP)
-    bool overlap = true;  // post gradient buckets during the backward
-    // How the MoE layers run (--dispatch, --moe-overlap, --moe-capacity-factor; model.h).
-    MoeSettings moe;
-    // Pipeline parallelism (pp > 1 in layout): which blocks each stage runs, as Megatron-LM's
-    // layout string (empty: default_pipeline_layout), and the schedule (--pp-schedule).
-    std::string pp_layout;
-    std::string pp_schedule = "1f1b";
-    // The recipe (--precision): the number format of each GEMM by its role (model/compute.h).
-    Precision precision = Precision::fp32;
-};
-
 class Trainer {
   public:
-    // Builds and initializes the model (seed from config), the optimizer and the buffers; with a
-    // world, also the parallel groups (a collective over it). Throws for a layout that does not
-    // fit the world or the model, or a batch_size that does not split over dp. The model and the
-    // optimizer run their ops on `backend` (a ProfilingBackend over cpu_backend() to profile).
+    // Builds and initializes the model (seed from config), the optimizer and the buffers of
+    // `plan` (plan_run: the layout already checked against the world, the model and the batch);
+    // with a world, also the parallel groups (a collective over it). world: every rank of the job,
+    // outliving the Trainer; null for one process (the trainer makes a local world of one). The
+    // model and the optimizer run their ops on `backend` (a ProfilingBackend over the run's
+    // backend to profile).
     Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader,
-            const TrainParallel& parallel = {}, Backend& backend = cpu_backend());
+            const RunPlan& plan, parallel::Communicator* world = nullptr,
+            Backend& backend = cpu_backend());
+    // One process, float32, every setting its default: plan_run(model, config, {}, 1).
+    Trainer(const ModelConfig& model_config, const TrainConfig& config, DataLoader loader);
 
     // One optimizer step; returns its record (val_loss NaN).
     StepRecord step();
@@ -136,6 +126,9 @@ class Trainer {
     void set_grad_hook(std::function<void(int64_t step, float* grads)> hook) {
         grad_hook_ = std::move(hook);
     }
+    // The profiler the run's backend is (--profile-ops): run() pauses it during validations, so
+    // that it counts the training steps' ops. Null (the default): none.
+    void set_profiler(ProfilingBackend* profiler) { profiler_ = profiler; }
     // run() asks it after each step whether to save and whether to stop; null for neither.
     void set_run_control(RunControl* control) { run_control_ = control; }
     DataLoader& loader() { return loader_; }
@@ -149,7 +142,8 @@ class Trainer {
     parallel::Communicator& world() const { return *world_; }
     int rank() const { return world_->rank(); }
     int world_size() const { return world_->size(); }
-    const parallel::Topology& topology() const { return topology_; }
+    const parallel::Topology& topology() const { return plan_.topology; }
+    const RunPlan& plan() const { return plan_; }
     // Floats of optimizer state this rank keeps (moments; with ZeRO-1 also the fp32 shard).
     int64_t optimizer_state_numel() const;
     // The last step's gradient synchronization.
@@ -164,13 +158,21 @@ class Trainer {
     void set_trace(std::string path, int64_t step);
 
   private:
-    void write_trace();
+    // The parts of step(), in its order.
+    void begin_step();
+    LossDenominators load_step_batch();
+    std::array<double, 3> forward_backward_all(const LossDenominators& den);
+    bool skip_unless_finite(const StepRecord& r);  // true: the step updates nothing
+    void update_parameters(double lr);
+    void after_update(StepRecord& r, const ExpertLoadStats& load, double expert_compute_s);
+    void record_time_and_throughput(StepRecord& r, double compute_s);
     void record_stage_times(StepRecord& r);
+    void write_trace();
 
     TrainConfig config_;
+    RunPlan plan_;
     std::unique_ptr<parallel::Communicator> own_world_;  // one process: the world of one
-    parallel::Communicator* world_ = nullptr;            // TrainParallel::world, or own_world_
-    parallel::Topology topology_;
+    parallel::Communicator* world_ = nullptr;            // the job's world, or own_world_
     // Declared before the groups, which record into them.
     TraceRecorder trace_;
     parallel::CommWaitTotals comm_wait_;  // this step's blocked time per traffic class
@@ -199,6 +201,7 @@ class Trainer {
     std::string run_id_;
     std::function<void(int64_t, float*)> grad_hook_;
     RunControl* run_control_ = nullptr;
+    ProfilingBackend* profiler_ = nullptr;
     std::string trace_path_;
     int64_t trace_step_ = 0;
 };
