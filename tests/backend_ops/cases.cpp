@@ -44,6 +44,50 @@ void register_elementwise(Registry& r) {
 
 // ---- GEMMs ----
 
+void add_linear_case(Registry& r, const std::string& name, int64_t rows, int64_t in, int64_t out,
+                     GemmPrecision gemm, const Fill& weight_fill) {
+    r.add(name, fmt::format("M={} I={} O={}", rows, in, out))
+        .tensors({input("inp", rows * in), input("weight", out * in, weight_fill),
+                  output("out", rows * out).weighted_by("dout"), probe("dout", rows * out),
+                  grad("dinp", rows * in).of("inp"), grad_sum("dweight", out * in).of("weight")})
+        .forward("linear_forward",
+                 [=](Backend& b, const Args& a) {
+                     b.linear_forward(a.f32("out"), a.f32("inp"), a.f32("weight"), rows, in, out,
+                                      gemm);
+                 })
+        .backward("linear_backward",
+                  [=](Backend& b, const Args& a) {
+                      b.linear_backward(a.f32("dinp"), a.f32("dweight"), a.f32("dout"),
+                                        a.f32("inp"), a.f32("weight"), rows, in, out, gemm);
+                  })
+        .parity_tolerance(kGemmParity);
+}
+
+void add_grouped_linear_case(Registry& r, const std::string& name,
+                             const std::vector<double>& offsets, int64_t in, int64_t out,
+                             GemmPrecision gemm, const Fill& weight_fill) {
+    const auto experts = static_cast<int64_t>(offsets.size()) - 1;
+    const auto rows = static_cast<int64_t>(offsets.back());
+    r.add(name, fmt::format("E={} M={} I={} O={}", experts, rows, in, out))
+        .tensors({input("inp", rows * in), input("weight", experts * out * in, weight_fill),
+                  input_i64("offsets", experts + 1, values(offsets)),
+                  output("out", rows * out).weighted_by("dout"), probe("dout", rows * out),
+                  grad("dinp", rows * in).of("inp"),
+                  grad_sum("dweight", experts * out * in).of("weight")})
+        .forward("grouped_linear_forward",
+                 [=](Backend& b, const Args& a) {
+                     b.grouped_linear_forward(a.f32("out"), a.f32("inp"), a.f32("weight"),
+                                              a.i64("offsets"), experts, in, out, gemm);
+                 })
+        .backward("grouped_linear_backward",
+                  [=](Backend& b, const Args& a) {
+                      b.grouped_linear_backward(a.f32("dinp"), a.f32("dweight"), a.f32("dout"),
+                                                a.f32("inp"), a.f32("weight"), a.i64("offsets"),
+                                                experts, in, out, gemm);
+                  })
+        .parity_tolerance(kGemmParity);
+}
+
 void register_gemms(Registry& r) {
     struct MatmulShape {
         int64_t m, n, k;
@@ -74,25 +118,8 @@ void register_gemms(Registry& r) {
     struct LinearShape {
         int64_t rows, in, out;
     };
-    for (const LinearShape s : {LinearShape{7, 13, 5}, {1, 1, 1}, {64, 96, 80}, {0, 4, 3}}) {
-        r.add("linear", fmt::format("M={} I={} O={}", s.rows, s.in, s.out))
-            .tensors({input("inp", s.rows * s.in), input("weight", s.out * s.in),
-                      output("out", s.rows * s.out).weighted_by("dout"),
-                      probe("dout", s.rows * s.out), grad("dinp", s.rows * s.in).of("inp"),
-                      grad_sum("dweight", s.out * s.in).of("weight")})
-            .forward("linear_forward",
-                     [=](Backend& b, const Args& a) {
-                         b.linear_forward(a.f32("out"), a.f32("inp"), a.f32("weight"), s.rows, s.in,
-                                          s.out, kFp32Gemm);
-                     })
-            .backward("linear_backward",
-                      [=](Backend& b, const Args& a) {
-                          b.linear_backward(a.f32("dinp"), a.f32("dweight"), a.f32("dout"),
-                                            a.f32("inp"), a.f32("weight"), s.rows, s.in, s.out,
-                                            kFp32Gemm);
-                      })
-            .parity_tolerance(kGemmParity);
-    }
+    for (const LinearShape s : {LinearShape{7, 13, 5}, {1, 1, 1}, {64, 96, 80}, {0, 4, 3}})
+        add_linear_case(r, "linear", s.rows, s.in, s.out, kFp32Gemm, normal());
     // The first layer's linear: no input gradient (null dinp).
     r.add("linear", "M=6 I=5 O=4 dinp=null")
         .tensors({input("inp", 30), input("weight", 20), output("out", 24).weighted_by("dout"),
@@ -123,27 +150,7 @@ void register_gemms(Registry& r) {
           // differences; then a dozen of up to 70 tokens.
           {{0, 1, 3, 3, 6, 10, 11, 13, 16, 17, 20}, 5, 3},
           {{0, 64, 65, 65, 135, 138, 202, 219, 226, 290, 291, 324, 388}, 40, 21}}) {
-        const auto experts = static_cast<int64_t>(s.offsets.size()) - 1;
-        const auto rows = static_cast<int64_t>(s.offsets.back());
-        const int64_t in = s.in, out = s.out;
-        r.add("grouped_linear", fmt::format("E={} M={} I={} O={}", experts, rows, in, out))
-            .tensors({input("inp", rows * in), input("weight", experts * out * in),
-                      input_i64("offsets", experts + 1, values(s.offsets)),
-                      output("out", rows * out).weighted_by("dout"), probe("dout", rows * out),
-                      grad("dinp", rows * in).of("inp"),
-                      grad_sum("dweight", experts * out * in).of("weight")})
-            .forward("grouped_linear_forward",
-                     [=](Backend& b, const Args& a) {
-                         b.grouped_linear_forward(a.f32("out"), a.f32("inp"), a.f32("weight"),
-                                                  a.i64("offsets"), experts, in, out, kFp32Gemm);
-                     })
-            .backward("grouped_linear_backward",
-                      [=](Backend& b, const Args& a) {
-                          b.grouped_linear_backward(a.f32("dinp"), a.f32("dweight"), a.f32("dout"),
-                                                    a.f32("inp"), a.f32("weight"), a.i64("offsets"),
-                                                    experts, in, out, kFp32Gemm);
-                      })
-            .parity_tolerance(kGemmParity);
+        add_grouped_linear_case(r, "grouped_linear", s.offsets, s.in, s.out, kFp32Gemm, normal());
     }
 }
 

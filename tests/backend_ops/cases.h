@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "backend_ops/registry.h"
 
@@ -16,6 +18,14 @@ namespace moetron::backend_ops {
 inline constexpr int32_t kIgnoreIndex = -100;
 // GEMMs sum in different orders on different backends: float32 rounding grows with K.
 inline constexpr double kGemmParity = 1e-4;
+
+// A linear layer's case (forward and backward) and the experts' grouped one, with the GEMMs in
+// gemm's format: the float32 cases and every recipe's share them.
+void add_linear_case(Registry& r, const std::string& name, int64_t rows, int64_t in, int64_t out,
+                     GemmPrecision gemm, const Fill& weight_fill);
+void add_grouped_linear_case(Registry& r, const std::string& name,
+                             const std::vector<double>& offsets, int64_t in, int64_t out,
+                             GemmPrecision gemm, const Fill& weight_fill);
 
 void register_elementwise(Registry& r);
 void register_gemms(Registry& r);

@@ -95,45 +95,11 @@ void register_recipe_gemms(Registry& r) {
         struct LinearShape {
             int64_t rows, in, out;
         };
-        for (const LinearShape s : {LinearShape{64, 256, 48}, {33, 200, 70}}) {
-            r.add("linear " + name, fmt::format("M={} I={} O={}", s.rows, s.in, s.out))
-                .tensors({input("inp", s.rows * s.in), input("weight", s.out * s.in, normal(0.05)),
-                          output("out", s.rows * s.out).weighted_by("dout"),
-                          probe("dout", s.rows * s.out), grad("dinp", s.rows * s.in).of("inp"),
-                          grad_sum("dweight", s.out * s.in).of("weight")})
-                .forward("linear_forward",
-                         [=](Backend& b, const Args& a) {
-                             b.linear_forward(a.f32("out"), a.f32("inp"), a.f32("weight"), s.rows,
-                                              s.in, s.out, gemm);
-                         })
-                .backward("linear_backward",
-                          [=](Backend& b, const Args& a) {
-                              b.linear_backward(a.f32("dinp"), a.f32("dweight"), a.f32("dout"),
-                                                a.f32("inp"), a.f32("weight"), s.rows, s.in, s.out,
-                                                gemm);
-                          })
-                .parity_tolerance(kGemmParity);
-        }
+        for (const LinearShape s : {LinearShape{64, 256, 48}, {33, 200, 70}})
+            add_linear_case(r, "linear " + name, s.rows, s.in, s.out, gemm, normal(0.05));
         const std::vector<double> offsets = {0, 40, 40, 97, 130};  // an expert without tokens
         const int64_t experts = 4, rows = 130, in = 160, out = 40;
-        r.add("grouped_linear " + name, fmt::format("E={} M={} I={} O={}", experts, rows, in, out))
-            .tensors({input("inp", rows * in), input("weight", experts * out * in, normal(0.05)),
-                      input_i64("offsets", experts + 1, values(offsets)),
-                      output("out", rows * out).weighted_by("dout"), probe("dout", rows * out),
-                      grad("dinp", rows * in).of("inp"),
-                      grad_sum("dweight", experts * out * in).of("weight")})
-            .forward("grouped_linear_forward",
-                     [=](Backend& b, const Args& a) {
-                         b.grouped_linear_forward(a.f32("out"), a.f32("inp"), a.f32("weight"),
-                                                  a.i64("offsets"), experts, in, out, gemm);
-                     })
-            .backward("grouped_linear_backward",
-                      [=](Backend& b, const Args& a) {
-                          b.grouped_linear_backward(a.f32("dinp"), a.f32("dweight"), a.f32("dout"),
-                                                    a.f32("inp"), a.f32("weight"), a.i64("offsets"),
-                                                    experts, in, out, gemm);
-                      })
-            .parity_tolerance(kGemmParity);
+        add_grouped_linear_case(r, "grouped_linear " + name, offsets, in, out, gemm, normal(0.05));
         // Rows that arrived in the format (the expert dispatch's payload): only the weight is
         // quantized, the input taken as it is.
         r.add("grouped_linear " + name + " input_quantized",
