@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/quantize.h"
 #include "moetron/parallel/dispatch_traffic.h"
 #include "moetron/sim/routing.h"
@@ -72,6 +73,9 @@ TEST(DispatchTraffic, PayloadBytesAreTheQuantizersOutput) {
     EXPECT_DOUBLE_EQ(payload_bytes_per_element(Precision::fp8_blockwise) * hidden, fp8_row);
     EXPECT_DOUBLE_EQ(payload_bytes_per_element(Precision::bf16), 2.0);
     EXPECT_DOUBLE_EQ(payload_bytes_per_element(Precision::fp32), 4.0);
+    // NVFP4 has no payload in the engine (the cluster model prices its own).
+    EXPECT_THROW(payload_bytes_per_element(Precision::nvfp4), UserError);
+    EXPECT_THROW(payload_row_bytes(Precision::nvfp4, hidden), UserError);
 }
 
 }  // namespace

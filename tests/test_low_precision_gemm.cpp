@@ -173,10 +173,50 @@ INSTANTIATE_TEST_SUITE_P(Recipes, LowPrecisionGemm,
                              return name;
                          });
 
+// What a message of a UserError thrown by f says ("" when none is thrown).
+template <typename F>
+std::string user_error_of(F f) {
+    try {
+        f();
+    } catch (const UserError& e) {
+        return e.what();
+    }
+    return "";
+}
+
 TEST(LowPrecision, ParsesPrecisionNames) {
+    for (size_t p = 0; p < kNumPrecisions; ++p) {
+        const auto precision = static_cast<Precision>(p);
+        EXPECT_EQ(parse_precision(precision_name(precision)), precision);
+    }
     EXPECT_EQ(parse_precision("mxfp8"), Precision::mxfp8);
     EXPECT_EQ(parse_precision("fp8-blockwise"), Precision::fp8_blockwise);
+    EXPECT_EQ(parse_precision("nvfp4"), Precision::nvfp4);
     EXPECT_THROW(parse_precision("fp16"), UserError);
+    // The cluster model's old names fail naming the new ones.
+    EXPECT_EQ(user_error_of([] { parse_precision("fp8"); }),
+              "precision 'fp8' is now spelled 'fp8-blockwise'");
+    EXPECT_EQ(user_error_of([] { parse_precision("fp4"); }),
+              "precision 'fp4' is now spelled 'nvfp4'");
+}
+
+// NVFP4 is a recipe the cluster model prices and the engine cannot run: every engine path that
+// meets it refuses it as the user's mistake, naming the commands that take it.
+TEST(LowPrecision, TheEngineRefusesNvfp4) {
+    const std::string refusal = "the engine has no NVFP4 recipe yet; simulate and plan price it";
+    for (size_t p = 0; p < kNumPrecisions; ++p) {
+        const auto precision = static_cast<Precision>(p);
+        EXPECT_EQ(engine_has_recipe(precision), precision != Precision::nvfp4);
+    }
+    EXPECT_EQ(user_error_of([] { require_engine_recipe(Precision::nvfp4); }), refusal);
+    EXPECT_EQ(user_error_of([] { require_engine_recipe(Precision::mxfp8); }), "");
+    Backend& ops = cpu_backend();
+    const std::vector<float> x(16, 1.0f), w(16, 1.0f);
+    std::vector<float> y(16);
+    EXPECT_EQ(user_error_of([&] {
+                  ops.linear_forward(y.data(), x.data(), w.data(), 4, 4, 4, {Precision::nvfp4});
+              }),
+              refusal);
 }
 
 }  // namespace

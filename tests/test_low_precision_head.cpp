@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/forwarding_backend.h"
 #include "moetron/kernels/split_backward_backend.h"
 #include "moetron/model/model.h"
@@ -166,6 +167,23 @@ TEST(LowPrecisionHead, HeadAndRouterBackwardsStayWholeUnderASplitBackward) {
         << "the layer's weight gradient never ran";
     EXPECT_EQ(below.weight_gradients(grad(model, "head")), head_before_w)
         << "the head's weight gradient was queued";
+}
+
+// A model cannot be built for a recipe the engine lacks, nor its dispatcher for such a payload.
+TEST(LowPrecisionHead, AModelRefusesARecipeTheEngineLacks) {
+    ModelRuntime runtime{kBatch, kSeqLen};
+    runtime.precision = Precision::nvfp4;
+    try {
+        Model model(tiny_model_config(), runtime, LossWeights{});
+        ADD_FAILURE() << "an nvfp4 model was built";
+    } catch (const UserError& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  "the engine has no NVFP4 recipe yet; simulate and plan price it");
+    }
+    ModelParallel parallel;
+    parallel.moe.token_format = Precision::nvfp4;
+    runtime.precision = Precision::fp32;
+    EXPECT_THROW(Model(tiny_model_config(), runtime, LossWeights{}, parallel), UserError);
 }
 
 // Tokens that travel in the recipe's format reach the experts' first GEMM as they arrived, not

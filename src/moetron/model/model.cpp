@@ -56,6 +56,7 @@ void check_groups_fit_model(const ModelConfig& c, const ModelRuntime& r,
 }
 
 void check_model_config(const ModelConfig& c, const ModelRuntime& r) {
+    require_engine_recipe(r.precision);
     validate_model_config(c);
     MT_CHECK(!c.tie_word_embeddings,
              "[model] tie_word_embeddings = true is not supported: DeepSeek-V3's output head is "

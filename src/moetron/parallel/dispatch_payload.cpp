@@ -27,7 +27,7 @@ float from_bf16_bits(uint16_t half) {
 TokenRowCodec::TokenRowCodec(Precision format, int64_t hidden, Backend& backend)
     : format_(format),
       hidden_(hidden),
-      row_bytes_(payload_row_bytes(format, hidden)),
+      row_bytes_(payload_row_bytes(format, hidden)),  // refuses a recipe the engine lacks
       backend_(&backend) {
     MT_CHECK(hidden >= 1, "[dispatch] token rows of {} elements", hidden);
     MT_CHECK(format == Precision::fp32 || backend.device() == Device::cpu,
@@ -64,6 +64,8 @@ void TokenRowCodec::encode(uint8_t* packed, const float* rows, int64_t num_rows)
                                               cpu::kDeepSeekTileSize);
                 std::memcpy(out + D, scale_scratch_.data(), scale_scratch_.size() * sizeof(float));
                 break;
+            case Precision::nvfp4:  // refused by the constructor
+                break;
         }
     }
 }
@@ -91,6 +93,8 @@ void TokenRowCodec::decode(float* rows, const uint8_t* packed, int64_t num_rows)
                 std::memcpy(scale_scratch_.data(), in + D, scale_scratch_.size() * sizeof(float));
                 backend_->dequantize_fp8_blocks(row, in, scale_scratch_.data(), 1, D, 1,
                                                 cpu::kDeepSeekTileSize);
+                break;
+            case Precision::nvfp4:  // refused by the constructor
                 break;
         }
     }

@@ -18,7 +18,10 @@ double payload_bytes_per_element(Precision format) {
             return 1 + 1.0 / 32;  // E4M3 element + an E8M0 byte per 32
         case Precision::fp8_blockwise:
             return 1 + 4.0 / 128;  // E4M3 element + a float32 scale per 128
+        case Precision::nvfp4:
+            break;  // no engine payload: the cluster model prices its own
     }
+    require_engine_recipe(format);
     MT_THROW("[dispatch] unknown payload format {}", static_cast<int>(format));
 }
 
@@ -33,7 +36,10 @@ int64_t payload_row_bytes(Precision format, int64_t hidden) {
         case Precision::fp8_blockwise:
             return hidden +
                    4 * cpu::blocks_covering(hidden, cpu::kDeepSeekTileSize);  // + f32 scales
+        case Precision::nvfp4:
+            break;
     }
+    require_engine_recipe(format);
     MT_THROW("[dispatch] unknown payload format {}", static_cast<int>(format));
 }
 

@@ -37,6 +37,7 @@ Bf16Gemm bf16_gemm_from_environment() {
 void check_low_precision(GemmPrecision precision, const char* op) {
     MT_CHECK(precision.format != Precision::fp32, "[{}] float32 GEMMs run on matmul.h directly",
              op);
+    require_engine_recipe(precision.format);
 }
 
 }  // namespace
@@ -90,6 +91,8 @@ std::string RecipeGemms::describe(Precision format) const {
         case Precision::fp8_blockwise:
             return "E4M3 in 1x128 activation and 128x128 weight blocks (DeepSeek-V3), "
                    "dequantized into the float32 GEMM";
+        case Precision::nvfp4:
+            return "no NVFP4 kernel on the CPU backend (only the cluster model prices it)";
     }
     return "?";
 }
