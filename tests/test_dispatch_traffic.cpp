@@ -78,5 +78,15 @@ TEST(DispatchTraffic, PayloadBytesAreTheQuantizersOutput) {
     EXPECT_THROW(payload_row_bytes(Precision::nvfp4, hidden), UserError);
 }
 
+// --dispatch-payload's words, the same for the engine and the cluster model.
+TEST(DispatchTraffic, DispatchPayloadWords) {
+    for (const DispatchPayload p : {DispatchPayload::activation, DispatchPayload::recipe})
+        EXPECT_EQ(parse_dispatch_payload(dispatch_payload_name(p)), p);
+    EXPECT_THROW(parse_dispatch_payload("fp32"), UserError);  // train's old word for activation
+    EXPECT_THROW(parse_dispatch_payload("bf16"), UserError);
+    EXPECT_EQ(engine_token_format(DispatchPayload::recipe, Precision::mxfp8), Precision::mxfp8);
+    EXPECT_EQ(engine_token_format(DispatchPayload::activation, Precision::mxfp8), Precision::fp32);
+}
+
 }  // namespace
 }  // namespace moetron::parallel

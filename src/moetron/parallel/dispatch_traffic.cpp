@@ -4,9 +4,28 @@
 #include <vector>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/kernels/cpu/quantize.h"
 
 namespace moetron::parallel {
+
+DispatchPayload parse_dispatch_payload(std::string_view name) {
+    if (name == "activation") return DispatchPayload::activation;
+    if (name == "recipe") return DispatchPayload::recipe;
+    if (name == "fp32")
+        MT_USER_THROW(
+            "dispatch payload 'fp32' is now spelled 'activation' (the tokens as the activations "
+            "are: float32 in the engine)");
+    MT_USER_THROW("unknown dispatch payload '{}'; use activation or recipe", name);
+}
+
+std::string_view dispatch_payload_name(DispatchPayload payload) {
+    return payload == DispatchPayload::recipe ? "recipe" : "activation";
+}
+
+Precision engine_token_format(DispatchPayload payload, Precision recipe) {
+    return payload == DispatchPayload::recipe ? recipe : Precision::fp32;
+}
 
 double payload_bytes_per_element(Precision format) {
     switch (format) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "moetron/core/precision.h"
 
@@ -16,6 +17,20 @@ namespace moetron::parallel {
 // How tokens cross the EP group (--dispatch): once per destination rank (flat), or once per
 // destination domain over the rail and then inside the domain (two_tier).
 enum class DispatchKind { flat, two_tier };
+
+// What a dispatched token travels as (--dispatch-payload, for the engine and the cluster model
+// alike): as the activations are (activation: the engine's float32; bf16 on the GPUs the cluster
+// model prices, float32 under its fp32 recipe), quantized at the experts' GEMM; or already in the
+// recipe's GEMM format (recipe: quantized before the send, dispatch_payload.h, so that the
+// experts consume it as it arrives, as DeepSeek-V3 dispatches FP8). The combine and every
+// gradient travel as activations either way.
+enum class DispatchPayload : uint8_t { activation, recipe };
+// "activation" | "recipe"; a user error otherwise (train's old "fp32" names "activation").
+DispatchPayload parse_dispatch_payload(std::string_view name);
+std::string_view dispatch_payload_name(DispatchPayload payload);
+// The format the engine's dispatcher sends under `recipe` (MoeSettings::token_format): the
+// recipe's with DispatchPayload::recipe, else float32 (the engine's activations).
+Precision engine_token_format(DispatchPayload payload, Precision recipe);
 
 // Where one token's experts are, seen from the rank that dispatches it (summed over tokens when
 // counted, or expected per token): the ranks holding at least one of them.
