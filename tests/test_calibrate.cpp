@@ -122,8 +122,8 @@ TEST(Calibrate, TwoThreadsFitTheSerialSmallGemms) {
     const sim::ClusterSpec cluster = sim::parse_cluster_spec(text, "local.toml", "/nonexistent");
     EXPECT_EQ(cluster.efficiency.threads, 2);
     const auto& e = cluster.efficiency;
-    const double small = sim::gemm_efficiency(e, sim::Precision::fp32, 64, 128, 32);
-    const double large = sim::gemm_efficiency(e, sim::Precision::fp32, 1024, 512, 256);
+    const double small = sim::gemm_efficiency(e, sim::MathRate::fp32, 64, 128, 32);
+    const double large = sim::gemm_efficiency(e, sim::MathRate::fp32, 1024, 512, 256);
     EXPECT_NEAR(small,
                 0.5 * s(64, e.gemm_half_dim) * s(128, e.gemm_half_dim) * s(32, e.gemm_half_dim),
                 1e-9);
@@ -133,7 +133,7 @@ TEST(Calibrate, TwoThreadsFitTheSerialSmallGemms) {
 
 sim::SimOptions fp32_options(int64_t batch, int64_t micro_batch, int64_t seq) {
     sim::SimOptions o;
-    o.precision = sim::Precision::fp32;
+    o.precision = Precision::fp32;
     o.global_batch = batch;
     o.micro_batch = micro_batch;
     o.seq_len = seq;
@@ -345,7 +345,7 @@ TEST(Calibrate, WrittenFileParsesAndSimulates) {
     EXPECT_EQ(cluster.name, "local");
     EXPECT_EQ(cluster.efficiency.arch, "calibrated-cpu");
     EXPECT_EQ(cluster.scale_up.domain_gpus, 1);
-    EXPECT_NEAR(cluster.peak_flops(sim::Precision::fp32), fit.peak_gflops * 1e9,
+    EXPECT_NEAR(cluster.peak_flops(sim::MathRate::fp32), fit.peak_gflops * 1e9,
                 fit.peak_gflops * 1e9 * 1e-5);
     EXPECT_EQ(cluster.efficiency.kernel_host_overhead_s, 0);
 
@@ -416,10 +416,11 @@ TEST(Calibrate, CommandWritesAFileSimulateReads) {
     std::filesystem::remove_all(dir);
 }
 
-TEST(Calibrate, Fp32IsASimPrecision) {
-    EXPECT_EQ(sim::precision_from_name("fp32"), sim::Precision::fp32);
-    EXPECT_EQ(sim::precision_bytes(sim::Precision::fp32), 4);
-    EXPECT_FALSE(sim::is_low_precision(sim::Precision::fp32));
+TEST(Calibrate, Fp32IsASimRecipe) {
+    EXPECT_EQ(sim::math_rate_from_key("fp32"), sim::MathRate::fp32);
+    EXPECT_EQ(sim::math_rate_of(Precision::fp32), sim::MathRate::fp32);
+    EXPECT_EQ(sim::operand_bytes(sim::MathRate::fp32), 4);
+    EXPECT_FALSE(sim::is_low_precision(Precision::fp32));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "moetron/core/error.h"
+#include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/model/layout_fit.h"
 #include "moetron/parallel/layout.h"
@@ -48,7 +49,7 @@ TEST(SimHardware, EveryCatalogClusterLoads) {
         EXPECT_GT(c.gpu.hbm_bytes, 70e9) << name;
         EXPECT_GT(c.scale_up.bytes_per_s, c.scale_out.bytes_per_s) << name;
         // FP8 doubles BF16 on every one of these GPUs.
-        EXPECT_NEAR(c.peak_flops(Precision::fp8), 2 * c.peak_flops(Precision::bf16), 1e12) << name;
+        EXPECT_NEAR(c.peak_flops(MathRate::fp8), 2 * c.peak_flops(MathRate::bf16), 1e12) << name;
     }
     const ClusterSpec h100 = load_cluster_spec(kClusters + "h100-hgx.toml");
     const ClusterSpec gb300 = load_cluster_spec(kClusters + "gb300-nvl72.toml");
@@ -60,11 +61,35 @@ TEST(SimHardware, EveryCatalogClusterLoads) {
 
 TEST(SimHardware, UnknownPrecisionForAGpuIsAClearError) {
     const ClusterSpec h100 = load_cluster_spec(kClusters + "h100-hgx.toml");
-    const std::string msg = error_of([&] { (void)h100.peak_flops(Precision::mxfp8); });
+    const std::string msg = error_of([&] { (void)h100.peak_flops(MathRate::mxfp8); });
     EXPECT_NE(msg.find("H100"), std::string::npos) << msg;
     EXPECT_NE(msg.find("mxfp8"), std::string::npos) << msg;
-    EXPECT_THROW(precision_from_name("fp6"), Error);
-    EXPECT_EQ(precision_from_name("nvfp4"), Precision::fp4);
+    EXPECT_THROW(math_rate_from_key("fp6"), Error);
+    EXPECT_EQ(math_rate_from_key("nvfp4"), MathRate::fp4);  // a cluster file may name it so
+}
+
+// --precision takes the recipes' names (core/precision.h); a recipe runs its GEMMs at one of the
+// catalog's rate classes, and a GPU without that rate is the user's mistake, said without our
+// source locations.
+TEST(SimHardware, EachRecipeRunsAtOneRateOfTheCatalog) {
+    EXPECT_EQ(math_rate_of(Precision::fp32), MathRate::fp32);
+    EXPECT_EQ(math_rate_of(Precision::bf16), MathRate::bf16);
+    EXPECT_EQ(math_rate_of(Precision::mxfp8), MathRate::mxfp8);
+    EXPECT_EQ(math_rate_of(Precision::fp8_blockwise), MathRate::fp8);
+    EXPECT_EQ(math_rate_of(Precision::nvfp4), MathRate::fp4);
+    EXPECT_EQ(operand_bytes(math_rate_of(Precision::nvfp4)), 0.5);
+    EXPECT_FALSE(is_low_precision(Precision::bf16));
+    EXPECT_TRUE(is_low_precision(Precision::fp8_blockwise));
+    EXPECT_TRUE(is_low_precision(Precision::nvfp4));
+    const ClusterSpec h100 = load_cluster_spec(kClusters + "h100-hgx.toml");
+    EXPECT_EQ(h100.recipe_peak_flops(Precision::fp8_blockwise), h100.peak_flops(MathRate::fp8));
+    const std::string msg = error_of([&] { (void)h100.recipe_peak_flops(Precision::nvfp4); });
+    EXPECT_NE(msg.find("--precision nvfp4 runs its GEMMs at the fp4 rate, which H100"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("lists peak_dense_tflops for tf32, bf16, fp8"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(".cpp:"), std::string::npos) << msg;
+    EXPECT_THROW((void)h100.recipe_peak_flops(Precision::nvfp4), UserError);
 }
 
 // A calibrated CPU "cluster" (what `moetron calibrate` is to write): inline efficiency.
@@ -111,8 +136,8 @@ comm_sm_fraction = 0
 TEST(SimHardware, InlineEfficiencyExpressesACalibratedCpu) {
     const ClusterSpec c = parse_cluster_spec(kCpuCluster, "cpu.toml", "/nonexistent");
     EXPECT_EQ(c.efficiency.arch, "calibrated-cpu");
-    EXPECT_DOUBLE_EQ(c.peak_flops(Precision::bf16), 0.2e12);
-    EXPECT_THROW((void)c.peak_flops(Precision::fp8), Error);
+    EXPECT_DOUBLE_EQ(c.peak_flops(MathRate::bf16), 0.2e12);
+    EXPECT_THROW((void)c.peak_flops(MathRate::fp8), Error);
 }
 
 // moetron calibrate measures how far the slowest rank runs behind the ranks' mean; the file
@@ -427,7 +452,7 @@ TEST(SimHardware, FabricsAndTheH800) {
     const ClusterSpec h800 = load_cluster_spec(kClusters + "h800-hgx.toml");
     const ClusterSpec h100 = load_cluster_spec(kClusters + "h100-hgx.toml");
     EXPECT_NEAR(scale_up_bandwidth(h800), 160e9, 1e9);
-    EXPECT_EQ(h800.peak_flops(Precision::fp8), h100.peak_flops(Precision::fp8));
+    EXPECT_EQ(h800.peak_flops(MathRate::fp8), h100.peak_flops(MathRate::fp8));
     EXPECT_EQ(h800.scale_out.fabric, "ib-ndr");
     EXPECT_EQ(h800.scale_out.bytes_per_s, 50e9);  // from the fabric file
     EXPECT_EQ(h800.scale_out.switch_radix, 64);

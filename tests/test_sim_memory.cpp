@@ -162,10 +162,10 @@ TEST(SimMemory, ExpertParallelismAndPrecisionAwareOptimizer) {
     }
     // fp8 primary weights hold the row- and column-wise copies only; otherwise bf16 beside them.
     MemoryOptions o;
-    EXPECT_DOUBLE_EQ(static_memory(sp, l, Precision::fp8, o, 0).weights_bytes,
+    EXPECT_DOUBLE_EQ(static_memory(sp, l, Precision::fp8_blockwise, o, 0).weights_bytes,
                      2 * (sp.dense + sp.expert));
     o.low_precision_primary_weights = false;
-    EXPECT_DOUBLE_EQ(static_memory(sp, l, Precision::fp8, o, 0).weights_bytes,
+    EXPECT_DOUBLE_EQ(static_memory(sp, l, Precision::fp8_blockwise, o, 0).weights_bytes,
                      4 * (sp.dense + sp.expert));
 }
 
@@ -254,7 +254,7 @@ TEST(SimMemory, Fp8SwigluInputCacheShrinksTheExpertActivations) {
     // fc1's output, 8 rows x 2 x 2048 per token, costs 1 byte per element instead of 2.
     Gb300 f;
     SimOptions o = f.options();
-    o.precision = Precision::fp8;
+    o.precision = Precision::fp8_blockwise;
     o.recompute = parse_recompute("moe_act");
     const parallel::Layout l = parallel::parse_layout("tp1.pp16.ep64", 2048);
     const StepResult bf16_cache = simulate_step_unchecked(f.dsv3, f.h100, l, o);
@@ -303,9 +303,9 @@ TEST(SimMemory, DeferredWeightGradientsHoldTheirInputs) {
     EXPECT_LT(zb_bytes, 1.0 * (1 + 3.0 / 4) * plain_bytes);
 
     SimOptions d = f.options();
-    d.precision = Precision::fp8;
+    d.precision = Precision::fp8_blockwise;
     d.global_batch = 15360;
-    d.overlap_ep = true;
+    d.moe_overlap = MoeOverlap::dual;
     d.pipeline_schedule = PipelineSchedule::dualpipe;
     d.recompute = parse_recompute("full");
     const StepResult dualpipe =
@@ -322,7 +322,7 @@ TEST(SimMemory, DeferredWeightGradientsHoldTheirInputs) {
 TEST(SimMemory, OverBudgetNamesTheCheapestChangeThatFits) {
     Gb300 f;
     SimOptions o;
-    o.precision = Precision::fp8;
+    o.precision = Precision::fp8_blockwise;
     o.global_batch = 8192;
     o.memory.optimizer = {4, 4, 4, 4};
     const parallel::Layout l = parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024);

@@ -252,16 +252,16 @@ TEST(SimOps, RecomputeRerunsForwardOpsAndSavesMemory) {
 TEST(SimCosts, GemmEfficiencyGrowsWithSizeAndRooflineBoundsIt) {
     Fixture f;
     const EfficiencyParams& e = f.cluster.efficiency;
-    const double small = gemm_efficiency(e, Precision::mxfp8, 4096, 32768, 512);
-    const double big = gemm_efficiency(e, Precision::mxfp8, 4096, 7168, 16384);
+    const double small = gemm_efficiency(e, MathRate::mxfp8, 4096, 32768, 512);
+    const double big = gemm_efficiency(e, MathRate::mxfp8, 4096, 7168, 16384);
     EXPECT_LT(small, big);
-    EXPECT_LT(big, e.gemm_max.at(Precision::mxfp8));
-    EXPECT_LT(grouped_gemm_efficiency(e, Precision::mxfp8, 64, 4096, 7168),
-              grouped_gemm_efficiency(e, Precision::mxfp8, 4096, 4096, 7168));
+    EXPECT_LT(big, e.gemm_max.at(MathRate::mxfp8));
+    EXPECT_LT(grouped_gemm_efficiency(e, MathRate::mxfp8, 64, 4096, 7168),
+              grouped_gemm_efficiency(e, MathRate::mxfp8, 4096, 4096, 7168));
     // A skinny GEMM is memory-bound: its time follows the bytes, not the FLOPs.
     Op op;
     op.kind = OpKind::gemm;
-    op.precision = Precision::mxfp8;
+    op.rate = MathRate::mxfp8;
     op.m = 1;
     op.n = 8192;
     op.k = 8192;
@@ -275,8 +275,8 @@ TEST(SimCosts, GemmEfficiencyGrowsWithSizeAndRooflineBoundsIt) {
     op.flops = 2 * op.m * op.n * op.k;
     op.bytes = 3 * 8192.0 * 8192.0;
     EXPECT_NEAR(op_gpu_time_s(f.cluster, op),
-                op.flops / (f.cluster.peak_flops(Precision::mxfp8) *
-                            gemm_efficiency(e, Precision::mxfp8, op.m, op.n, op.k)),
+                op.flops / (f.cluster.peak_flops(MathRate::mxfp8) *
+                            gemm_efficiency(e, MathRate::mxfp8, op.m, op.n, op.k)),
                 1e-12);
 }
 

@@ -29,10 +29,10 @@ TEST(SimPlanner, RanksFittingLayoutsAndRejectsTheRest) {
     const ModelConfig m = load_model_config(kRoot + "/configs/models/dsv3-671b.toml");
     const ClusterSpec c = load_cluster_spec(kRoot + "/configs/clusters/h100-hgx.toml");
     SimOptions base;
-    base.precision = Precision::fp8;
+    base.precision = Precision::fp8_blockwise;
     base.seq_len = 4096;
     base.global_batch = 1024;
-    base.overlap_ep = true;
+    base.moe_overlap = MoeOverlap::dual;
     PlanSpace space;
     space.tp = {1, 2};
     space.pp = {4, 8, 16};
@@ -63,7 +63,7 @@ TEST(SimPlanner, ProgressCountsEveryLayoutAndLeavesTheResultAlone) {
     const ModelConfig m = load_model_config(kRoot + "/configs/models/dsv3-671b.toml");
     const ClusterSpec c = load_cluster_spec(kRoot + "/configs/clusters/h100-hgx.toml");
     SimOptions base;
-    base.precision = Precision::fp8;
+    base.precision = Precision::fp8_blockwise;
     base.seq_len = 4096;
     base.global_batch = 1024;
     PlanSpace space;
@@ -260,10 +260,13 @@ TEST(SimCommands, SimulateAndPlanEndToEnd) {
     std::tie(rc, out) = run("simulate" + model + h100 +
                             " --gpus 1024 --layout tp2.pp8.vpp4.ep64 --gbs 8192 --precision mxfp8");
     EXPECT_EQ(rc, 1);
-    EXPECT_NE(out.find("no mxfp8"), std::string::npos) << out;
+    EXPECT_NE(out.find("--precision mxfp8 runs its GEMMs at the mxfp8 rate, which H100"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find(".cpp:"), std::string::npos) << out;
 
     std::tie(rc, out) = run("simulate" + model + h100 +
-                            " --gpus 64 --layout tp1.pp2.ep32 --gbs 64 --precision fp8");
+                            " --gpus 64 --layout tp1.pp2.ep32 --gbs 64 --precision fp8-blockwise");
     EXPECT_EQ(rc, 1);
     EXPECT_NE(out.find("GB over"), std::string::npos) << out;
 
@@ -274,20 +277,22 @@ TEST(SimCommands, SimulateAndPlanEndToEnd) {
     EXPECT_NE(out.find("16 GPUs"), std::string::npos) << out;
 
     // The memory options and schedules reach the simulation; the table has one row per stage.
-    std::tie(rc, out) = run("simulate" + model + h100 +
-                            " --gpus 1024 --layout tp2.pp8.ep64 --gbs 8192 --precision fp8"
-                            " --recompute mla_up_proj,mlp --pp-schedule zb-h1"
-                            " --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --main-grads-dtype bf16"
-                            " --offload-activations moe");
+    std::tie(rc, out) =
+        run("simulate" + model + h100 +
+            " --gpus 1024 --layout tp2.pp8.ep64 --gbs 8192 --precision fp8-blockwise"
+            " --recompute mla_up_proj,mlp --pp-schedule zb-h1"
+            " --exp-avg-dtype fp32 --exp-avg-sq-dtype fp32 --main-grads-dtype bf16"
+            " --offload-activations moe");
     EXPECT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("zb-h1 recompute mla_up_proj,mlp"), std::string::npos) << out;
     EXPECT_NE(out.find("main grads 2, main params 4, exp_avg 4, exp_avg_sq 4 bytes"),
               std::string::npos)
         << out;
     EXPECT_NE(out.find("\n        7 "), std::string::npos) << out;  // stage 7's row
-    std::tie(rc, out) = run("simulate" + model + h100 +
-                            " --gpus 1024 --layout tp2.pp8.ep64 --gbs 8192 --precision fp8"
-                            " --exp-avg-dtype int4");
+    std::tie(rc, out) =
+        run("simulate" + model + h100 +
+            " --gpus 1024 --layout tp2.pp8.ep64 --gbs 8192 --precision fp8-blockwise"
+            " --exp-avg-dtype int4");
     EXPECT_EQ(rc, 1);
     EXPECT_NE(out.find("--exp-avg-dtype must be fp32, bf16, fp16 or fp8, got 'int4'"),
               std::string::npos)

@@ -73,8 +73,8 @@ class Published : public ::testing::Test {
         o.global_batch = 4096;
         o.count_mtp = false;
         o.cuda_graphs = CudaGraphs::full;
-        o.overlap_ep = true;
-        o.low_precision_dispatch = true;
+        o.moe_overlap = MoeOverlap::dual;
+        o.dispatch_payload = parallel::DispatchPayload::recipe;
         return o;
     }
 
@@ -107,13 +107,13 @@ TEST_F(Published, Gb300EarlierSoftware) {
 
 TEST_F(Published, H100) {
     SimOptions o;
-    o.precision = Precision::fp8;
+    o.precision = Precision::fp8_blockwise;
     o.seq_len = 4096;
     o.global_batch = 8192;
     o.micro_batch = 1;
     o.count_mtp = true;
     o.recompute = parse_recompute("mla_up_proj,mlp");
-    o.overlap_ep = true;
+    o.moe_overlap = MoeOverlap::dual;
     o.pipeline_layout = "Et|(tt|)*30mL";
     const StepResult r =
         simulate_step(dsv3, h100, parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024), o);
@@ -166,10 +166,10 @@ TEST_F(Published, Gb300LaterSoftwareAndScaling) {
 TEST_F(Published, DeepSeekOwnRunOnH800) {
     const ClusterSpec h800 = load_cluster_spec(kRoot + "/configs/clusters/h800-hgx.toml");
     SimOptions o;
-    o.precision = Precision::fp8;
+    o.precision = Precision::fp8_blockwise;
     o.global_batch = 15360;
     o.recompute = parse_recompute("layernorm,mla_up_proj,moe_act");
-    o.overlap_ep = true;
+    o.moe_overlap = MoeOverlap::dual;
     o.pipeline_schedule = PipelineSchedule::dualpipe;
     o.memory.low_precision_swiglu_input = true;
     const StepResult r =
@@ -183,9 +183,9 @@ TEST_F(Published, DeepSeekOwnRunOnH800) {
 TEST_F(Published, PlannerWithDualPipeFindsDeepSeeksLayout) {
     const ClusterSpec h800 = load_cluster_spec(kRoot + "/configs/clusters/h800-hgx.toml");
     SimOptions o;
-    o.precision = Precision::fp8;
+    o.precision = Precision::fp8_blockwise;
     o.global_batch = 15360;
-    o.overlap_ep = true;
+    o.moe_overlap = MoeOverlap::dual;
     o.pipeline_schedule = PipelineSchedule::dualpipe;
     o.memory.low_precision_swiglu_input = true;
     PlanSpace space;
@@ -203,7 +203,7 @@ TEST_F(Published, PlannerWithDualPipeFindsDeepSeeksLayout) {
     EXPECT_EQ(best.tp, 1);
     EXPECT_EQ(best.pp, 16);
     EXPECT_EQ(best.ep, 64);
-    o.pipeline_schedule = PipelineSchedule::zero_bubble_h1;  // not with --overlap-ep
+    o.pipeline_schedule = PipelineSchedule::zero_bubble_h1;  // not with --moe-overlap dual
     EXPECT_EQ(plan_layouts(dsv3, h800, 2048, o, space).considered, 0);
 }
 
@@ -316,9 +316,9 @@ TEST_F(Published, PlannerRanksThePublishedLayouts) {
     gb300_1088.count_mtp = false;
     gb300_1088.cuda_graphs = CudaGraphs::partial;
     SimOptions h100_338;
-    h100_338.precision = Precision::fp8;
+    h100_338.precision = Precision::fp8_blockwise;
     h100_338.global_batch = 8192;
-    h100_338.overlap_ep = true;
+    h100_338.moe_overlap = MoeOverlap::dual;
     h100_338.pipeline_layout = "Et|(tt|)*30mL";
     // Megatron-Bridge's B200 DeepSeek-V3 base config (256 GPUs, PP16 EP8, gbs 2048, recompute
     // mla_up_proj, HybridEP, no all-to-all overlap).

@@ -92,7 +92,7 @@ TEST(SimStep, OverlapAndGraphsNeverSlowAStepDown) {
     const SimOptions base = f.gb300_options();
     const double t0 = simulate_step(f.dsv3, f.gb300, l, base).step_time_s;
     SimOptions o = base;
-    o.overlap_ep = true;
+    o.moe_overlap = MoeOverlap::dual;
     const double t_ep = simulate_step(f.dsv3, f.gb300, l, o).step_time_s;
     EXPECT_LT(t_ep, t0);
     o.cuda_graphs = CudaGraphs::full;
@@ -124,7 +124,7 @@ TEST(SimStep, OutOfMemorySaysByHowMuch) {
     Fixture f;
     // All of DeepSeek-V3 on 8 H100s cannot fit.
     SimOptions o;
-    o.precision = Precision::fp8;
+    o.precision = Precision::fp8_blockwise;
     o.global_batch = 64;
     const std::string msg = error_of(
         [&] { simulate_step(f.dsv3, f.h100, parallel::parse_layout("tp1.pp1.ep8", 8), o); });
@@ -153,9 +153,16 @@ TEST(SimStep, ImpossibleInputsAreRejected) {
         simulate_step(f.dsv3, f.h100, parallel::parse_layout("tp2.pp8.vpp4.ep64", 1024), mx);
     });
     EXPECT_NE(msg.find("mxfp8"), std::string::npos) << msg;
+    // The engine's shared-expert overlap, which the cluster model does not price.
+    SimOptions shared = f.gb300_options();
+    shared.moe_overlap = MoeOverlap::shared;
+    const std::string unmodelled = error_of([&] { simulate_step(f.dsv3, f.gb300, l, shared); });
+    EXPECT_NE(unmodelled.find("do not model --moe-overlap shared"), std::string::npos)
+        << unmodelled;
+    EXPECT_EQ(unmodelled.find(".cpp:"), std::string::npos) << unmodelled;
     // TP across NVLink domains.
     SimOptions fp8 = mx;
-    fp8.precision = Precision::fp8;
+    fp8.precision = Precision::fp8_blockwise;
     EXPECT_NE(error_of([&] {
                   simulate_step(f.dsv3, f.h100, parallel::parse_layout("tp16.pp8.ep64", 1024), fp8);
               }).find("domain"),
@@ -172,7 +179,7 @@ TEST(SimStep, DualPipeHoldsTwoStagesAndShrinksTheBubble) {
     Fixture f;
     const ClusterSpec h800 = load_cluster_spec(kRoot + "/configs/clusters/h800-hgx.toml");
     SimOptions o;
-    o.precision = Precision::fp8;
+    o.precision = Precision::fp8_blockwise;
     o.global_batch = 4096;
     o.recompute = parse_recompute("layernorm,mla_up_proj,moe_act");
     const parallel::Layout l = parallel::parse_layout("tp1.pp16.ep64", 2048);
@@ -201,11 +208,12 @@ TEST(SimStep, EpOverlapWithAPipelineNeedsInterleaving) {
     // combined 1F1B pairs chain stage to stage and halve the throughput.
     Fixture f;
     SimOptions o = f.gb300_options();
-    o.overlap_ep = true;
+    o.moe_overlap = MoeOverlap::dual;
     const std::string msg = error_of([&] {
         (void)simulate_step(f.dsv3, f.gb300, parallel::parse_layout("tp1.pp4.ep32", 256), o);
     });
-    EXPECT_NE(msg.find("--overlap-ep with pp 4 needs interleaving"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--moe-overlap dual with pp 4 needs interleaving"), std::string::npos)
+        << msg;
     EXPECT_EQ(msg.find(".cpp:"), std::string::npos) << msg;
     (void)simulate_step_unchecked(f.dsv3, f.gb300, parallel::parse_layout("tp1.pp4.vpp2.ep32", 256),
                                   o);

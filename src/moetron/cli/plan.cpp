@@ -18,9 +18,11 @@
 #include "moetron/cli/sim_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
+#include "moetron/core/precision.h"
 #include "moetron/core/timer.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
+#include "moetron/model/moe.h"
 #include "moetron/sim/expert_imbalance.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/planner.h"
@@ -75,16 +77,16 @@ void run_plan(const PlanFlags& f) {
     const ModelConfig model = load_model_config(model_config_path(f.model_path));
     const sim::ClusterSpec cluster = sim::load_cluster_spec(cluster_config_path(f.cluster_path));
     sim::SimOptions base;
-    base.precision = sim::precision_from_name(f.precision);
-    (void)cluster.peak_flops(base.precision);  // unknown precision for this GPU: say so now
+    base.precision = parse_precision(f.precision);
+    (void)cluster.recipe_peak_flops(base.precision);  // a recipe this GPU lacks: say so now
     base.seq_len = f.seq_len;
     base.global_batch = f.global_batch;
     base.count_mtp = f.count_mtp;
     base.dispatcher =
         f.dispatch == "flat" ? parallel::DispatchKind::flat : parallel::DispatchKind::two_tier;
-    base.low_precision_dispatch = f.low_precision_dispatch;
+    if (f.low_precision_dispatch) base.dispatch_payload = parallel::DispatchPayload::recipe;
     base.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
-    base.overlap_ep = f.overlap_ep;
+    if (f.overlap_ep) base.moe_overlap = MoeOverlap::dual;
     base.overlap_tp = f.overlap_tp;
     base.memory = sim::memory_options_from_flags(f.memory);
     base.pipeline_schedule = sim::pipeline_schedule_from_name(f.pipeline_schedule);
@@ -112,7 +114,7 @@ void run_plan(const PlanFlags& f) {
             "(zb-h1 and dualpipe run without vpp, zb-h1 without --overlap-ep; dualpipe needs an "
             "even pp and micro-batch count)",
             model.name, f.gpus, f.global_batch, f.pipeline_schedule,
-            base.overlap_ep ? " and --overlap-ep" : "");
+            base.combined_1f1b() ? " and --overlap-ep" : "");
     }
     if (plan.ranked.empty()) {
         MT_USER_THROW("[plan] no layout of {} on {} x {} fits in memory with global batch {}",
@@ -186,7 +188,9 @@ void register_plan(CLI::App& app) {
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
+    cmd->add_option("--precision", f->precision,
+                    "the training recipe: bf16, fp32 (a CPU measured by moetron calibrate), mxfp8, "
+                    "fp8-blockwise or nvfp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
                   "count the MTP FLOPs and simulate the MTP layer (default on)");

@@ -13,7 +13,9 @@
 #include "moetron/cli/sim_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/error.h"
+#include "moetron/core/precision.h"
 #include "moetron/model/config.h"
+#include "moetron/model/moe.h"
 #include "moetron/parallel/layout.h"
 #include "moetron/sim/expert_imbalance.h"
 #include "moetron/sim/hardware.h"
@@ -42,7 +44,7 @@ struct SimulateFlags {
 
 sim::SimOptions to_options(const SimulateFlags& f, const ModelConfig& model) {
     sim::SimOptions o;
-    o.precision = sim::precision_from_name(f.precision);
+    o.precision = parse_precision(f.precision);
     o.seq_len = f.seq_len;
     o.global_batch = f.global_batch;
     o.micro_batch = f.micro_batch;
@@ -50,9 +52,9 @@ sim::SimOptions to_options(const SimulateFlags& f, const ModelConfig& model) {
     o.recompute = sim::parse_recompute(f.recompute);
     o.dispatcher =
         f.dispatch == "flat" ? parallel::DispatchKind::flat : parallel::DispatchKind::two_tier;
-    o.low_precision_dispatch = f.low_precision_dispatch;
+    if (f.low_precision_dispatch) o.dispatch_payload = parallel::DispatchPayload::recipe;
     o.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
-    o.overlap_ep = f.overlap_ep;
+    if (f.overlap_ep) o.moe_overlap = MoeOverlap::dual;
     o.overlap_tp = f.overlap_tp;
     o.overlap_dp_grad = !f.no_overlap_dp_grad;
     o.overlap_dp_param = !f.no_overlap_dp_param;
@@ -127,7 +129,9 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    cmd->add_option("--precision", f->precision, "GEMM format: bf16, fp8, mxfp8, fp4")
+    cmd->add_option("--precision", f->precision,
+                    "the training recipe: bf16, fp32 (a CPU measured by moetron calibrate), mxfp8, "
+                    "fp8-blockwise or nvfp4")
         ->capture_default_str();
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
                   "count the MTP FLOPs and simulate the MTP layer (default on)");

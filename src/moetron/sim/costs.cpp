@@ -37,16 +37,16 @@ double interpolate_in_log(const std::vector<Point>& curve, double x, XOf x_of, Y
 
 }  // namespace
 
-double gemm_efficiency(const EfficiencyParams& e, Precision p, double m, double n, double k) {
+double gemm_efficiency(const EfficiencyParams& e, MathRate rate, double m, double n, double k) {
     const double h = e.gemm_half_dim;
-    return e.gemm_max.at(p) * saturation(m, h) * saturation(n, h) * saturation(k, h) *
+    return e.gemm_max.at(rate) * saturation(m, h) * saturation(n, h) * saturation(k, h) *
            thread_share(e, m, n, k);
 }
 
-double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double tokens_per_expert,
+double grouped_gemm_efficiency(const EfficiencyParams& e, MathRate rate, double tokens_per_expert,
                                double n, double k) {
     const double h = e.gemm_half_dim;
-    return e.gemm_max.at(p) * e.grouped_ratio *
+    return e.gemm_max.at(rate) * e.grouped_ratio *
            saturation(tokens_per_expert, e.grouped_half_tokens) * saturation(n, h) *
            saturation(k, h);
 }
@@ -74,17 +74,17 @@ double op_gpu_time_s(const ClusterSpec& c, const Op& op) {
     switch (op.kind) {
         case OpKind::gemm: {
             if (op.flops <= 0) return mem_s + fixed;
-            const double eff = gemm_efficiency(e, op.precision, op.m, op.n, op.k);
-            return std::max(op.flops / (c.peak_flops(op.precision) * eff), mem_s) + fixed;
+            const double eff = gemm_efficiency(e, op.rate, op.m, op.n, op.k);
+            return std::max(op.flops / (c.peak_flops(op.rate) * eff), mem_s) + fixed;
         }
         case OpKind::grouped_gemm: {
             if (op.flops <= 0) return mem_s + fixed;
-            const double eff = grouped_gemm_efficiency(e, op.precision, op.m, op.n, op.k);
-            return std::max(op.flops / (c.peak_flops(op.precision) * eff), mem_s) + fixed;
+            const double eff = grouped_gemm_efficiency(e, op.rate, op.m, op.n, op.k);
+            return std::max(op.flops / (c.peak_flops(op.rate) * eff), mem_s) + fixed;
         }
         case OpKind::attention: {
             const double eff = attention_efficiency(e, op.attention_backward, op.work_per_query);
-            const double math_s = op.flops / (c.peak_flops(Precision::bf16) * eff);
+            const double math_s = op.flops / (c.peak_flops(MathRate::bf16) * eff);
             const double exp_s = op.exps / (c.gpu.exp_per_s * e.exp_efficiency);
             return std::max({math_s, exp_s, mem_s}) + fixed;
         }

@@ -1,7 +1,7 @@
 // Compute time of one op: a roofline (the slower of FLOPs at an efficient fraction of the
 // tensor-core peak and bytes at a fraction of the HBM bandwidth) plus a fixed cost per kernel.
 // The efficiency curves (EfficiencyParams) depend on the op:
-//   GEMM          gemm_max[precision] * s(m) s(n) s(k),  s(x) = x / (x + half_dim), times
+//   GEMM          gemm_max[rate] * s(m) s(n) s(k),  s(x) = x / (x + half_dim), times
 //                 1/threads for a GEMM a calibrated CPU runs on one thread (below
 //                 serial_gemm_below_flops; the grouped GEMM hands whole experts to threads)
 //   grouped GEMM  the same with grouped_ratio, and m = tokens per expert with its own half point
@@ -19,8 +19,8 @@
 
 namespace moetron::sim {
 
-double gemm_efficiency(const EfficiencyParams& e, Precision p, double m, double n, double k);
-double grouped_gemm_efficiency(const EfficiencyParams& e, Precision p, double tokens_per_expert,
+double gemm_efficiency(const EfficiencyParams& e, MathRate rate, double m, double n, double k);
+double grouped_gemm_efficiency(const EfficiencyParams& e, MathRate rate, double tokens_per_expert,
                                double n, double k);
 
 // Fraction of the bf16 peak the attention core reaches, forward or backward, at this work per

@@ -18,8 +18,8 @@ namespace moetron::sim {
 
 namespace {
 
-constexpr std::array<std::string_view, kNumPrecisions> kPrecisionNames = {"tf32",  "bf16", "fp8",
-                                                                          "mxfp8", "fp4",  "fp32"};
+constexpr std::array<std::string_view, kNumMathRates> kMathRateKeys = {"tf32",  "bf16", "fp8",
+                                                                       "mxfp8", "fp4",  "fp32"};
 
 std::string read_text_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -62,16 +62,16 @@ double need_fraction(const toml::table& t, std::string_view key, std::string_vie
     return v;
 }
 
-PerPrecision read_per_precision(const toml::table& t, std::string_view where, bool fractions) {
-    PerPrecision out;
+PerMathRate read_per_rate(const toml::table& t, std::string_view where, bool fractions) {
+    PerMathRate out;
     for (const auto& [key, value] : t) {
-        Precision p = precision_from_name(key.str());
+        const MathRate rate = math_rate_from_key(key.str());
         auto v = value.value<double>();
         MT_CHECK(v.has_value() && *v > 0, "[sim] {}: '{}' must be a positive number", where,
                  key.str());
         MT_CHECK(!fractions || *v <= 1, "[sim] {}: '{}' is a fraction in (0, 1], got {}", where,
                  key.str(), *v);
-        out.set(p, *v);
+        out.set(rate, *v);
     }
     return out;
 }
@@ -243,7 +243,7 @@ EfficiencyParams efficiency_from_table(const toml::table& t, std::string_view wh
     const auto* maxe = gemm["max_efficiency"].as_table();
     MT_CHECK(maxe != nullptr, "[sim] {} [gemm]: missing max_efficiency = {{ bf16 = ..., ... }}",
              where);
-    e.gemm_max = read_per_precision(*maxe, fmt::format("{} gemm.max_efficiency", where), true);
+    e.gemm_max = read_per_rate(*maxe, fmt::format("{} gemm.max_efficiency", where), true);
     e.gemm_half_dim = need_number(gemm, "half_saturation_dim", where);
     e.serial_gemm_below_flops = gemm["serial_below_flops"].value_or(0.0);
     e.threads = gemm["threads"].value_or(int64_t{1});
@@ -312,65 +312,109 @@ toml::table parse_toml(std::string_view text, std::string_view source_name) {
 
 }  // namespace
 
-std::string_view precision_name(Precision p) {
-    return kPrecisionNames[static_cast<int>(p)];
+std::string_view math_rate_key(MathRate rate) {
+    return kMathRateKeys[static_cast<int>(rate)];
 }
 
-Precision precision_from_name(std::string_view name) {
-    if (name == "nvfp4") return Precision::fp4;
-    for (int i = 0; i < kNumPrecisions; ++i) {
-        if (kPrecisionNames[i] == name) return static_cast<Precision>(i);
+MathRate math_rate_from_key(std::string_view key) {
+    if (key == "nvfp4") return MathRate::fp4;
+    for (int i = 0; i < kNumMathRates; ++i) {
+        if (kMathRateKeys[i] == key) return static_cast<MathRate>(i);
     }
-    MT_THROW("[sim] unknown precision '{}' (known: bf16, fp8, mxfp8, fp4, tf32, fp32)", name);
+    MT_USER_THROW(
+        "[sim] unknown number format '{}' in a cluster file (known: bf16, fp8, mxfp8, "
+        "fp4, tf32, fp32)",
+        key);
 }
 
-double precision_bytes(Precision p) {
-    switch (p) {
-        case Precision::tf32:
+MathRate math_rate_of(Precision recipe) {
+    switch (recipe) {
         case Precision::fp32:
-            return 4;
+            return MathRate::fp32;
         case Precision::bf16:
-            return 2;
-        case Precision::fp8:
+            return MathRate::bf16;
         case Precision::mxfp8:
+            return MathRate::mxfp8;
+        case Precision::fp8_blockwise:
+            return MathRate::fp8;
+        case Precision::nvfp4:
+            return MathRate::fp4;
+    }
+    MT_THROW("[sim] unknown recipe {}", static_cast<int>(recipe));
+}
+
+double operand_bytes(MathRate rate) {
+    switch (rate) {
+        case MathRate::tf32:
+        case MathRate::fp32:
+            return 4;
+        case MathRate::bf16:
+            return 2;
+        case MathRate::fp8:
+        case MathRate::mxfp8:
             return 1;
-        case Precision::fp4:
+        case MathRate::fp4:
             return 0.5;
     }
     return 2;
 }
 
-Precision high_precision_format(Precision gemm_format) {
-    return gemm_format == Precision::fp32 ? Precision::fp32 : Precision::bf16;
+MathRate high_precision_rate(Precision recipe) {
+    return recipe == Precision::fp32 ? MathRate::fp32 : MathRate::bf16;
 }
 
-double high_precision_bytes(Precision gemm_format) {
-    return precision_bytes(high_precision_format(gemm_format));
+double high_precision_bytes(Precision recipe) {
+    return operand_bytes(high_precision_rate(recipe));
 }
 
-bool is_low_precision(Precision p) {
-    return p == Precision::fp8 || p == Precision::mxfp8 || p == Precision::fp4;
+bool is_low_precision(Precision recipe) {
+    switch (recipe) {
+        case Precision::fp32:
+        case Precision::bf16:
+            return false;
+        case Precision::mxfp8:
+        case Precision::fp8_blockwise:
+        case Precision::nvfp4:
+            return true;
+    }
+    return false;
 }
 
-PerPrecision::PerPrecision() {
+PerMathRate::PerMathRate() {
     values.fill(std::numeric_limits<double>::quiet_NaN());
 }
 
-bool PerPrecision::has(Precision p) const {
-    return !std::isnan(values[static_cast<int>(p)]);
+bool PerMathRate::has(MathRate rate) const {
+    return !std::isnan(values[static_cast<int>(rate)]);
 }
 
-double PerPrecision::at(Precision p) const {
-    MT_CHECK(has(p), "[sim] no value for precision {}", precision_name(p));
-    return values[static_cast<int>(p)];
+double PerMathRate::at(MathRate rate) const {
+    MT_CHECK(has(rate), "[sim] no value for rate class {}", math_rate_key(rate));
+    return values[static_cast<int>(rate)];
 }
 
-double ClusterSpec::peak_flops(Precision p) const {
-    MT_CHECK(gpu.peak_dense_tflops.has(p),
-             "[sim] {} ({}) has no {} tensor-core support; choose one of the precisions its "
-             "cluster file lists under peak_dense_tflops",
-             gpu.name, name, precision_name(p));
-    return gpu.peak_dense_tflops.at(p) * 1e12;
+double ClusterSpec::peak_flops(MathRate rate) const {
+    MT_CHECK(gpu.peak_dense_tflops.has(rate),
+             "[sim] {} ({}) has no {} tensor-core support; choose one of the rates its cluster "
+             "file lists under peak_dense_tflops",
+             gpu.name, name, math_rate_key(rate));
+    return gpu.peak_dense_tflops.at(rate) * 1e12;
+}
+
+double ClusterSpec::recipe_peak_flops(Precision recipe) const {
+    const MathRate rate = math_rate_of(recipe);
+    if (!gpu.peak_dense_tflops.has(rate)) {
+        std::string listed;
+        for (int i = 0; i < kNumMathRates; ++i) {
+            if (gpu.peak_dense_tflops.has(static_cast<MathRate>(i)))
+                listed += fmt::format("{}{}", listed.empty() ? "" : ", ", kMathRateKeys[i]);
+        }
+        MT_USER_THROW(
+            "[sim] --precision {} runs its GEMMs at the {} rate, which {} ({}) lacks: its cluster "
+            "file lists peak_dense_tflops for {}",
+            precision_name(recipe), math_rate_key(rate), gpu.name, name, listed);
+    }
+    return peak_flops(rate);
 }
 
 EfficiencyParams parse_efficiency_params(std::string_view text, std::string_view source_name) {
@@ -397,8 +441,8 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
     const auto* peaks = gpu["peak_dense_tflops"].as_table();
     MT_CHECK(peaks != nullptr, "[sim] {} [gpu]: missing peak_dense_tflops = {{ bf16 = ... }}",
              where);
-    c.gpu.peak_dense_tflops = read_per_precision(*peaks, where + " peak_dense_tflops", false);
-    MT_CHECK(c.gpu.peak_dense_tflops.has(Precision::bf16),
+    c.gpu.peak_dense_tflops = read_per_rate(*peaks, where + " peak_dense_tflops", false);
+    MT_CHECK(c.gpu.peak_dense_tflops.has(MathRate::bf16),
              "[sim] {}: peak_dense_tflops needs at least bf16", where);
     c.gpu.hbm_bytes = need_number(gpu, "hbm_gib", where) * 1024.0 * 1024.0 * 1024.0;
     c.gpu.hbm_bytes_per_s = need_number(gpu, "hbm_gbytes_per_s", where) * 1e9;
@@ -458,12 +502,12 @@ ClusterSpec parse_cluster_spec(std::string_view text, std::string_view source_na
     if (const toml::table* var = t["variability"].as_table()) {
         read_variability(*var, where + " [variability]", c.efficiency.variability);
     }
-    // Every precision the GPU offers needs a GEMM efficiency.
-    for (int i = 0; i < kNumPrecisions; ++i) {
-        auto p = static_cast<Precision>(i);
-        MT_CHECK(!c.gpu.peak_dense_tflops.has(p) || c.efficiency.gemm_max.has(p),
+    // Every rate the GPU offers needs a GEMM efficiency.
+    for (int i = 0; i < kNumMathRates; ++i) {
+        const auto rate = static_cast<MathRate>(i);
+        MT_CHECK(!c.gpu.peak_dense_tflops.has(rate) || c.efficiency.gemm_max.has(rate),
                  "[sim] {}: efficiency set '{}' has no gemm.max_efficiency for {}", where,
-                 c.efficiency.arch, precision_name(p));
+                 c.efficiency.arch, math_rate_key(rate));
     }
     return c;
 }

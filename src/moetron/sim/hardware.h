@@ -14,36 +14,46 @@
 #include <string_view>
 #include <vector>
 
+#include "moetron/core/precision.h"
+
 namespace moetron::sim {
 
-// Number formats of the matrix multiplies. tf32 is the router GEMM: Megatron keeps it in fp32
-// (--moe-router-dtype fp32) and NGC PyTorch containers run fp32 matmuls on TF32 tensor cores
-// (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1). fp32 is a CPU "cluster" measured by `moetron calibrate`,
-// whose engine computes everything in single precision.
-enum class Precision : uint8_t { tf32, bf16, fp8, mxfp8, fp4, fp32 };
-inline constexpr int kNumPrecisions = 6;
+// The rate classes of the GPU's matrix units: the keys of a cluster file's peak_dense_tflops and
+// of an efficiency set's gemm max_efficiency (the hardware's, not recipes). A training recipe
+// (core/precision.h, --precision) runs its GEMMs at one of them (math_rate_of). tf32 is the router
+// GEMM's: Megatron keeps it in fp32 (--moe-router-dtype fp32) and NGC PyTorch containers run fp32
+// matmuls on TF32 tensor cores (TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1); no recipe runs at it. fp32 is
+// a CPU "cluster" measured by `moetron calibrate`, whose engine computes everything in single
+// precision.
+enum class MathRate : uint8_t { tf32, bf16, fp8, mxfp8, fp4, fp32 };
+inline constexpr int kNumMathRates = 6;
 
-std::string_view precision_name(Precision p);
-// "bf16", "fp8", "mxfp8", "fp4" (or "nvfp4"), "tf32", "fp32"; throws naming the known formats.
-Precision precision_from_name(std::string_view name);
-// Bytes per element of a GEMM operand stored in this format (scales ignored: < 4%).
-double precision_bytes(Precision p);
-// The format a training keeps in high precision whatever its GEMM format: activations, their
-// gradients, the model's weights and the GEMMs kept out of low precision (the LM head). fp32
-// GEMMs (this engine on a CPU) keep them in fp32; bf16 and the low-precision recipes in bf16
-// (Megatron-LM's --bf16 with Transformer Engine's fp8/fp4 GEMMs).
-Precision high_precision_format(Precision gemm_format);
+// "tf32", "bf16", "fp8", "mxfp8", "fp4", "fp32": the cluster files' keys.
+std::string_view math_rate_key(MathRate rate);
+// A cluster file's key ("nvfp4" reads as fp4); throws a user error naming the known keys.
+MathRate math_rate_from_key(std::string_view key);
+// The rate a recipe's GEMMs run at: fp32, bf16 and mxfp8 at their own, fp8-blockwise at the plain
+// FP8 one (DeepSeek-V3 scales its blocks around FP8 tensor-core GEMMs), nvfp4 at fp4.
+MathRate math_rate_of(Precision recipe);
+// Bytes per element of a GEMM operand at this rate (scales ignored: < 4%).
+double operand_bytes(MathRate rate);
+// The rate of the GEMMs a recipe keeps out of low precision (the LM head), and the format of
+// what it keeps in high precision whatever its GEMM format: activations, their gradients and the
+// model's weights. The fp32 recipe (this engine on a CPU) keeps them in fp32; bf16 and the
+// low-precision recipes in bf16 (Megatron-LM's --bf16 with Transformer Engine's fp8/fp4 GEMMs).
+MathRate high_precision_rate(Precision recipe);
 // Its bytes per element: 4 at fp32, 2 otherwise.
-double high_precision_bytes(Precision gemm_format);
-bool is_low_precision(Precision p);
+double high_precision_bytes(Precision recipe);
+// mxfp8, fp8-blockwise and nvfp4: GEMM inputs quantized, with scales.
+bool is_low_precision(Precision recipe);
 
-// Per-precision values (peak FLOP/s, efficiencies). Absent entries are NaN.
-struct PerPrecision {
-    std::array<double, kNumPrecisions> values;
-    PerPrecision();
-    bool has(Precision p) const;
-    double at(Precision p) const;  // throws if absent
-    void set(Precision p, double v) { values[static_cast<int>(p)] = v; }
+// Per-rate values (peak FLOP/s, efficiencies). Absent entries are NaN.
+struct PerMathRate {
+    std::array<double, kNumMathRates> values;
+    PerMathRate();
+    bool has(MathRate rate) const;
+    double at(MathRate rate) const;  // throws if absent
+    void set(MathRate rate, double v) { values[static_cast<int>(rate)] = v; }
 };
 
 // Slowest-of-N: every synchronizing collective waits for its slowest member. GPUs of one SKU
@@ -95,9 +105,9 @@ struct MemoryOpsEfficiencyPoint {
 struct EfficiencyParams {
     std::string arch;  // "hopper", "blackwell", "calibrated-cpu", ...
 
-    // Dense GEMM: eff = gemm_max[precision] * s(m) * s(n) * s(k), s(x) = x / (x + half_dim):
-    // small dimensions waste tiles (wave quantization, pipeline fill).
-    PerPrecision gemm_max;
+    // Dense GEMM: eff = gemm_max[rate] * s(m) * s(n) * s(k), s(x) = x / (x + half_dim): small
+    // dimensions waste tiles (wave quantization, pipeline fill).
+    PerMathRate gemm_max;
     double gemm_half_dim = 64;
     // A calibrated CPU rank: a GEMM of fewer FLOPs than serial_gemm_below_flops runs on one of
     // its `threads` threads (the engine splits only larger ones, kernels/cpu/matmul.cpp), so it
@@ -158,7 +168,7 @@ struct EfficiencyParams {
 
 struct GpuSpec {
     std::string name;
-    PerPrecision peak_dense_tflops;  // dense (no sparsity) tensor-core peak per format
+    PerMathRate peak_dense_tflops;  // dense (no sparsity) tensor-core peak per rate class
     double hbm_bytes = 0;
     double hbm_bytes_per_s = 0;
     double exp_per_s = 0;  // special-function unit exponentials per second (softmax)
@@ -196,8 +206,11 @@ struct ClusterSpec {
     ScaleOutSpec scale_out;
     EfficiencyParams efficiency;
 
-    // Peak of a precision in FLOP/s; throws "[sim] <gpu> has no <precision> tensor cores".
-    double peak_flops(Precision p) const;
+    // Peak of a rate class in FLOP/s; throws when the cluster file lists none.
+    double peak_flops(MathRate rate) const;
+    // The peak a recipe's GEMMs run at; a user error naming the rates the cluster file lists when
+    // its GPU lacks the recipe's.
+    double recipe_peak_flops(Precision recipe) const;
 };
 
 // Loads a cluster file. `efficiency = "<arch>"` reads <dir of file>/efficiency/<arch>.toml,

@@ -66,17 +66,17 @@ MemoryOptions memory_options_from_flags(const MemoryFlags& f) {
     return o;
 }
 
-double weight_bytes_per_param(Precision p, bool low_precision_primary_weights) {
-    if (!is_low_precision(p)) return high_precision_bytes(p);
-    return 2 * precision_bytes(p) + (low_precision_primary_weights ? 0.0 : 2.0);
+double weight_bytes_per_param(Precision recipe, bool low_precision_primary_weights) {
+    if (!is_low_precision(recipe)) return high_precision_bytes(recipe);
+    return 2 * operand_bytes(math_rate_of(recipe)) + (low_precision_primary_weights ? 0.0 : 2.0);
 }
 
-MemoryBreakdown static_memory(const BlockParams& sp, const parallel::Layout& l, Precision precision,
+MemoryBreakdown static_memory(const BlockParams& sp, const parallel::Layout& l, Precision recipe,
                               const MemoryOptions& o, double capacity_bytes) {
     MemoryBreakdown mb;
     const double params = sp.dense + sp.expert;
     mb.params = params;
-    mb.weights_bytes = params * weight_bytes_per_param(precision, o.low_precision_primary_weights);
+    mb.weights_bytes = params * weight_bytes_per_param(recipe, o.low_precision_primary_weights);
     mb.grads_bytes = params * o.optimizer.main_grad_bytes;
     const double dense_shards = o.distributed_optimizer ? static_cast<double>(l.dp) : 1.0;
     const double expert_shards =

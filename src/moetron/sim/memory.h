@@ -75,10 +75,10 @@ BlockParams block_params_per_gpu(const ModelConfig& model, BlockKind kind,
 // without (1 for a model without routed experts).
 double expert_slot_factor(const ModelConfig& model, int64_t redundant_experts);
 
-// Bytes per parameter of the stored weights: the high-precision format (high_precision_bytes:
-// bf16, fp32 at precision fp32), or in low precision the row- and column-wise quantized copies
-// (plus the bf16 weights unless they are the primary copy).
-double weight_bytes_per_param(Precision p, bool low_precision_primary_weights = true);
+// Bytes per parameter of the stored weights under a recipe: the high-precision format
+// (high_precision_bytes: bf16, fp32 under the fp32 recipe), or in low precision the row- and
+// column-wise quantized copies (plus the bf16 weights unless they are the primary copy).
+double weight_bytes_per_param(Precision recipe, bool low_precision_primary_weights = true);
 
 struct MemoryBreakdown {
     int64_t stage = 0;
@@ -99,7 +99,7 @@ struct MemoryBreakdown {
 
 // Static memory of one stage from its parameters (dense and expert, per GPU).
 MemoryBreakdown static_memory(const BlockParams& stage_params, const parallel::Layout& layout,
-                              Precision precision, const MemoryOptions& options,
+                              Precision recipe, const MemoryOptions& options,
                               double capacity_bytes);
 
 // Throws "[sim] out of memory: ..." naming the stage, by how many GB it is over, and `remedy`

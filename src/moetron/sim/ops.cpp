@@ -32,11 +32,16 @@ struct Dims {
     double E = 0, K = 0, F_expert = 0, F_shared = 0, F_dense = 0, V = 0;
     double E_local = 1, R = 0;  // local experts, expert rows per rank
     double tp = 1, cp = 1, seq = 0, mbs = 1;
-    double low = 2;  // bytes of a GEMM operand in the training format
+    double low = 2;  // bytes of a GEMM operand in the recipe's format
     double act = 2;  // bytes of an activation or activation gradient (high_precision_bytes)
-    Precision high =
-        Precision::bf16;  // the GEMMs kept out of low precision (high_precision_format)
+    MathRate recipe = MathRate::bf16;  // the rate of the recipe's GEMMs (math_rate_of)
+    MathRate high = MathRate::bf16;    // the GEMMs kept out of low precision (high_precision_rate)
 };
+
+// The rates of the quantized GEMM formats, which quantize their inputs and scale their outputs.
+bool is_quantized(MathRate rate) {
+    return rate == MathRate::fp8 || rate == MathRate::mxfp8 || rate == MathRate::fp4;
+}
 
 Dims make_dims(const OpContext& ctx) {
     const ModelConfig& m = *ctx.model;
@@ -68,9 +73,10 @@ Dims make_dims(const OpContext& ctx) {
                           static_cast<double>(l.ep)
                     : 1;
     d.R = d.T * d.K;
-    d.low = precision_bytes(ctx.settings.precision);
+    d.recipe = math_rate_of(ctx.settings.precision);
+    d.low = operand_bytes(d.recipe);
     d.act = high_precision_bytes(ctx.settings.precision);
-    d.high = high_precision_format(ctx.settings.precision);
+    d.high = high_precision_rate(ctx.settings.precision);
     return d;
 }
 
@@ -157,15 +163,15 @@ class Builder {
     // deferred_weight_gradient: whether a zero-bubble schedule runs the wgrad in W. The engine
     // (kernels/split_backward_backend.h) keeps the router's, the head's and, under TP, MTP's
     // eh_proj's in B; the cluster model prices the schedule the engine runs.
-    void gemm(const std::string& name, double m, double n, double k, Precision prec,
+    void gemm(const std::string& name, double m, double n, double k, MathRate rate,
               double model_flops_share, double saved_input, bool deferred_weight_gradient = true) {
-        const bool low = is_low_precision(prec);
-        const double in_b = precision_bytes(prec);
+        const bool low = is_quantized(rate);
+        const double in_b = operand_bytes(rate);
         Op f = make(name, OpKind::gemm);
         f.m = m;
         f.n = n;
         f.k = k;
-        f.precision = prec;
+        f.rate = rate;
         f.flops = 2 * m * n * k;
         f.model_flops = f.flops * model_flops_share;
         f.bytes = (m * k + k * n) * in_b + m * n * d_.act;
@@ -204,9 +210,8 @@ class Builder {
 
     // rows: what the busiest EP rank processes; the convention counts the balanced mean.
     void grouped_gemm(const std::string& name, double rows, double n, double k, double saved) {
-        const Precision prec = ctx_.settings.precision;
-        const bool low = is_low_precision(prec);
-        const double in_b = precision_bytes(prec);
+        const bool low = is_low_precision(ctx_.settings.precision);
+        const double in_b = d_.low;
         const double groups = d_.E_local;
         // Multi-stream cuBLAS: per expert a GEMM call, and in low precision the scale-factor
         // allocation, swizzle and stream-event calls around it.
@@ -216,7 +221,7 @@ class Builder {
         f.n = n;
         f.k = k;
         f.groups = groups;
-        f.precision = prec;
+        f.rate = d_.recipe;
         f.flops = 2 * rows * n * k;
         f.model_flops = 2 * d_.R * n * k;
         f.bytes = rows * k * in_b + groups * k * n * in_b + rows * n * d_.act;
@@ -327,8 +332,8 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
     const double q_cols = d.h * d.dq;
     if (m.q_lora_rank > 0) {
         // MLA's down-projections are replicated on every TP rank (small), counted once.
-        b.gemm("attn.q_a", d.Tf, d.rq, d.D, prec, 1 / d.tp, 0);
-        b.gemm("attn.kv_a", d.Tf, d.rkv + d.dr, d.D, prec, 1 / d.tp, 0);
+        b.gemm("attn.q_a", d.Tf, d.rq, d.D, d.recipe, 1 / d.tp, 0);
+        b.gemm("attn.kv_a", d.Tf, d.rkv + d.dr, d.D, d.recipe, 1 / d.tp, 0);
         b.memory("attn.q_kv_norm",
                  2 * d.Tf * (d.rq + d.rkv) * d.act + b.quant_bytes(d.Tf, d.rq + d.rkv),
                  3 * d.Tf * (d.rq + d.rkv) * d.act, 2, 2, d.Tf * (d.rq + d.rkv) * low_or_act,
@@ -337,17 +342,17 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
         // fwd + bwd; replicated over TP like the down-projections.
         b.last_forward().model_flops = kMegatronScale * (d.rq + d.rkv) * d.T;
         b.module = Module::mla_up_proj;
-        b.gemm("attn.q_b", d.Tf, q_cols, d.rq, prec, 1, 0);
+        b.gemm("attn.q_b", d.Tf, q_cols, d.rq, d.recipe, 1, 0);
     } else {
-        b.gemm("attn.kv_a", d.Tf, d.rkv + d.dr, d.D, prec, 1 / d.tp, 0);
+        b.gemm("attn.kv_a", d.Tf, d.rkv + d.dr, d.D, d.recipe, 1 / d.tp, 0);
         b.memory("attn.kv_norm", 2 * d.Tf * d.rkv * d.act + b.quant_bytes(d.Tf, d.rkv),
                  3 * d.Tf * d.rkv * d.act, 2, 2, d.Tf * d.rkv * low_or_act,
                  d.Tf * (d.rkv + d.dr) * d.act);
         b.last_forward().model_flops = kMegatronScale * d.rkv * d.T;
         b.module = Module::mla_up_proj;
-        b.gemm("attn.q", d.Tf, q_cols, d.D, prec, 1, 0);
+        b.gemm("attn.q", d.Tf, q_cols, d.D, d.recipe, 1, 0);
     }
-    b.gemm("attn.kv_b", d.Tf, d.h * (d.dn + d.dv), d.rkv, prec, 1, 0);
+    b.gemm("attn.kv_b", d.Tf, d.h * (d.dn + d.dv), d.rkv, d.recipe, 1, 0);
     // RoPE and the q/k/v layout for the attention kernel; q, k, v are kept for its backward.
     const double qkv = d.Tf * d.h * (2 * d.dq + d.dv) * d.act;
     b.memory("attn.rope", d.Tf * d.h * (d.dq + d.dn + d.dv) * d.act + qkv, 2 * qkv, 2, 2, qkv);
@@ -389,7 +394,7 @@ void add_attention(Builder& b, const OpContext& ctx, const Dims& d) {
     b.module = Module::none;
     b.memory("attn.o_quant", b.quant_bytes(d.Tf, d.h * d.dv), 0, 1, 0,
              is_low_precision(prec) ? d.Tf * d.h * d.dv * d.low : 0);
-    b.gemm("attn.o_proj", d.Tf, d.D, d.h * d.dv, prec, 1, 0);
+    b.gemm("attn.o_proj", d.Tf, d.D, d.h * d.dv, d.recipe, 1, 0);
     b.tp_reduce_scatter("attn.rs", d.D);
     add_residual(b, d, "attn.residual");
 }
@@ -402,25 +407,28 @@ void add_mlp(Builder& b, const OpContext& ctx, const Dims& d, const std::string&
     const double cols = ffn / d.tp;
     b.tp_all_gather(prefix + ".ag", d.D);
     // fc1's input is kept by the norm before it.
-    b.gemm(prefix + ".fc1", d.Tf, 2 * cols, d.D, prec, 1, 0);
+    b.gemm(prefix + ".fc1", d.Tf, 2 * cols, d.D, d.recipe, 1, 0);
     b.memory(prefix + ".act", d.Tf * 3 * cols * d.act + b.quant_bytes(d.Tf, cols),
              d.Tf * 5 * cols * d.act, is_low_precision(prec) ? 2 : 1, 1, d.Tf * cols * low_or_act,
              d.Tf * 2 * cols * d.act);
-    b.gemm(prefix + ".fc2", d.Tf, d.D, cols, prec, 1, 0);
+    b.gemm(prefix + ".fc2", d.Tf, d.D, cols, d.recipe, 1, 0);
     b.tp_reduce_scatter(prefix + ".rs", d.D);
 }
 
-// Bytes per element of a low-precision dispatch payload: the engine's definition for the FP8
-// recipes (parallel/dispatch_traffic.h); fp4 keeps its estimate (one scale byte per 32).
-double dispatch_payload_bytes(Precision prec, double low_bytes) {
-    switch (prec) {
+// Bytes per element of a low-precision recipe's dispatch payload: the engine's definition for the
+// FP8 recipes (parallel/dispatch_traffic.h); nvfp4, which the engine lacks, keeps its estimate
+// (one scale byte per 32 bytes of elements).
+double dispatch_payload_bytes(Precision recipe, double low_bytes) {
+    switch (recipe) {
         case Precision::mxfp8:
-            return parallel::payload_bytes_per_element(moetron::Precision::mxfp8);
-        case Precision::fp8:
-            return parallel::payload_bytes_per_element(moetron::Precision::fp8_blockwise);
-        default:
-            return low_bytes * (1 + 1.0 / 32);
+        case Precision::fp8_blockwise:
+            return parallel::payload_bytes_per_element(recipe);
+        case Precision::fp32:
+        case Precision::bf16:
+        case Precision::nvfp4:
+            break;
     }
+    return low_bytes * (1 + 1.0 / 32);
 }
 
 void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
@@ -430,7 +438,7 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     const double low_or_act = low ? d.low : d.act;
     const bool two_tier = ctx.settings.dispatcher == parallel::DispatchKind::two_tier;
     const double payload =
-        ctx.settings.low_precision_dispatch && low ? dispatch_payload_bytes(prec, d.low) : d.act;
+        ctx.settings.dispatch_in_recipe && low ? dispatch_payload_bytes(prec, d.low) : d.act;
     RoutingShape routing;
     routing.num_experts = m.n_routed_experts;
     routing.num_groups = m.n_group;
@@ -448,7 +456,7 @@ void add_moe(Builder& b, const OpContext& ctx, const Dims& d) {
     b.module = Module::none;
     // Router: fp32 GEMM (Megatron's --moe-router-dtype fp32, on TF32 tensor cores), not counted
     // by the convention.
-    b.gemm("moe.router", d.T, d.E, d.D, Precision::tf32, 0, 0, /*deferred_weight_gradient=*/false);
+    b.gemm("moe.router", d.T, d.E, d.D, MathRate::tf32, 0, 0, /*deferred_weight_gradient=*/false);
     b.memory("moe.router_ops", 12 * d.T * d.E * 4, 8 * d.T * d.E * 4, kRouterForwardKernels,
              kRouterBackwardKernels, 0, 3 * d.T * d.E * 4);
     b.memory("moe.preprocess", 4 * d.T * d.E * 4, 0, kPreprocessKernels, 0);
@@ -610,8 +618,8 @@ BlockOps build_block_ops(const OpContext& ctx, BlockKind kind) {
             // The convention's "eh norm + final norm" term: 3 D MACs per token, fwd + bwd.
             b.last_forward().model_flops = kMegatronScale * 3 * d.D * d.T;
             b.tp_all_gather("mtp.ag", 2 * d.D);
-            b.gemm("mtp.eh_proj", d.Tf, d.D / d.tp, 2 * d.D, ctx.settings.precision, 1,
-                   d.T * 2 * d.D * d.act, /*deferred_weight_gradient=*/d.tp == 1);
+            b.gemm("mtp.eh_proj", d.Tf, d.D / d.tp, 2 * d.D, d.recipe, 1, d.T * 2 * d.D * d.act,
+                   /*deferred_weight_gradient=*/d.tp == 1);
             b.tp_all_gather("mtp.eh_gather", d.D);
             add_output_head(b, d, "mtp.head");
             break;

@@ -24,7 +24,7 @@
 namespace moetron::sim {
 
 enum class OpKind : uint8_t {
-    gemm,          // dense GEMM (also the tf32 router GEMM)
+    gemm,          // dense GEMM (also the router GEMM, at the tf32 rate)
     grouped_gemm,  // one GEMM per local expert
     attention,     // flash attention core
     memory,        // memory-bound: norms, activations, quantization, permutes, residuals
@@ -84,7 +84,7 @@ struct Op {
     double exps = 0;                         // softmax exponentials (attention)
     double work_per_query = 0;               // attention: S_kv (Dqk + Dv) per query
     double m = 0, n = 0, k = 0, groups = 1;  // GEMM shape (grouped: m = rows per expert)
-    Precision precision = Precision::bf16;
+    MathRate rate = MathRate::bf16;          // GEMMs: the tensor cores' rate class they run at
     bool attention_backward = false;
     int kernels = 1;
 
@@ -99,9 +99,12 @@ struct Op {
 enum class BlockKind : uint8_t { dense_layer, moe_layer, embedding, output_head, mtp_extra };
 
 struct OpSettings {
-    Precision precision = Precision::bf16;  // linear layers; attention core and head stay bf16
+    Precision precision = Precision::bf16;  // the recipe: linear layers and experts; the
+                                            // attention core and the head stay bf16
     parallel::DispatchKind dispatcher = parallel::DispatchKind::two_tier;
-    bool low_precision_dispatch = false;  // dispatch payload in the GEMM format
+    // The tokens dispatched to the experts in the recipe's GEMM format (quantized before the
+    // send), else as the activations are (bf16; fp32 under the fp32 recipe).
+    bool dispatch_in_recipe = false;
     // The MoE SwiGLU's input (fc1's output) kept for backward in the GEMM format, not bf16
     // (DeepSeek-V3 report sec. 3.3.2: cached in FP8, the output recomputed).
     bool low_precision_swiglu_input = false;

@@ -33,9 +33,9 @@ bool schedule_allows(const parallel::Layout& l, int64_t micro_batches, const Sim
     switch (o.pipeline_schedule) {
         case PipelineSchedule::one_f_one_b:
             // EP overlap needs interleaving once there is a pipeline.
-            return !(o.overlap_ep && l.pp > 1 && l.vpp == 1);
+            return !(o.combined_1f1b() && l.pp > 1 && l.vpp == 1);
         case PipelineSchedule::zero_bubble_h1:
-            return l.vpp == 1 && !o.overlap_ep;
+            return l.vpp == 1 && !o.combined_1f1b();
         case PipelineSchedule::dualpipe:
             return l.vpp == 1 && l.pp >= 2 && l.pp % 2 == 0 && micro_batches >= l.pp &&
                    micro_batches % 2 == 0;

@@ -13,7 +13,6 @@ std::string overlaps(const SimOptions& o) {
     auto add = [&](bool on, const char* name) {
         if (on) s += fmt::format("{}{}", s.empty() ? "" : "+", name);
     };
-    add(o.overlap_ep, "ep");
     add(o.overlap_tp, "tp");
     add(o.overlap_dp_grad, "dp-grad");
     add(o.overlap_dp_param, "dp-param");
@@ -29,12 +28,19 @@ std::string line(const char* label, double seconds, double step) {
 
 std::string describe_options(const StepResult& r) {
     const SimOptions& o = r.options;
-    // The dispatch as --dispatch spells it (two_tier), so that the line can be typed back.
+    // Each choice as its flag spells it (dispatch two_tier, dispatch-payload recipe, moe-overlap
+    // dual), so that the line can be typed back; the payload and the MoE overlap only when they
+    // are not the defaults.
+    std::string moe;
+    if (o.dispatch_payload != parallel::DispatchPayload::activation)
+        moe += fmt::format(", dispatch-payload {}",
+                           parallel::dispatch_payload_name(o.dispatch_payload));
+    if (o.moe_overlap != MoeOverlap::off)
+        moe += fmt::format(", moe-overlap {}", moe_overlap_name(o.moe_overlap));
     return fmt::format("{} mbs{} {} recompute {}, graphs {}, dispatch {}{}, overlap {}",
                        r.layout.str(), o.micro_batch, pipeline_schedule_name(o.pipeline_schedule),
                        recompute_name(o.recompute), cuda_graphs_name(o.cuda_graphs),
-                       parallel::dispatch_kind_name(o.dispatcher),
-                       o.low_precision_dispatch ? " (low-precision payload)" : "", overlaps(o));
+                       parallel::dispatch_kind_name(o.dispatcher), moe, overlaps(o));
 }
 
 std::string format_step_report(const StepResult& r) {
@@ -64,7 +70,7 @@ std::string format_step_report(const StepResult& r) {
         "convention)\n",
         r.tflops_per_gpu, r.model_flops_per_token / 1e9);
     s += fmt::format("  MFU                        {:10.1f}%  (of {} dense peak)\n", 100 * r.mfu,
-                     precision_name(o.precision));
+                     math_rate_key(math_rate_of(o.precision)));
     s += "\n";
     s += fmt::format("  step breakdown (pipeline stage {}, the critical one):\n", r.critical_stage);
     s += line("compute: GEMM", b.gemm_s, step);

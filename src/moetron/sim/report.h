@@ -17,7 +17,8 @@ std::string format_redundant_comparison(const StepResult& with, const StepResult
 // One layer's forward and backward ops of one micro-batch: start, duration, kind.
 std::string format_layer_ops(const StepResult& r);
 
-// "tp1.pp2.vpp4.ep32 mbs1 recompute mlp,moe_act, graphs partial, overlap ep+dp" in one line.
+// "tp1.pp2.vpp4.ep32.cp1 mbs1 1f1b recompute mlp,moe_act, graphs partial, dispatch two_tier,
+// dispatch-payload recipe, moe-overlap dual, overlap dp-grad+dp-param" in one line.
 std::string describe_options(const StepResult& r);
 
 }  // namespace moetron::sim

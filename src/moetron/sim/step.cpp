@@ -22,10 +22,8 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const parallel:
     // A layout built by the planner or a test has not been through the parser: check it the same.
     (void)parallel::resolve_layout(l, l.world_size());
     validate_layout_for_model(l, m);
-    MT_CHECK(o.precision != Precision::tf32,
-             "[sim] training precision must be fp32 (a calibrated CPU), bf16, fp8, mxfp8 or fp4 "
-             "(tf32 is the router's)");
-    (void)c.peak_flops(o.precision);  // throws for a precision the GPU lacks
+    (void)c.recipe_peak_flops(o.precision);  // throws for a recipe the GPU lacks
+    check_moe_overlap_modelled(o.moe_overlap);
     MT_CHECK(l.tp <= c.scale_up.domain_gpus,
              "[sim] tp {} spans more than one scale-up domain of {} GPUs on {}", l.tp,
              c.scale_up.domain_gpus, c.name);
@@ -35,20 +33,21 @@ void validate_inputs(const ModelConfig& m, const ClusterSpec& c, const parallel:
     MT_CHECK(o.seq_len % (l.tp * l.cp) == 0,
              "[sim] sequence length {} must be a multiple of tp*cp = {} (sequence parallel)",
              o.seq_len, l.tp * l.cp);
-    if (o.pipeline_schedule == PipelineSchedule::zero_bubble_h1 && (l.vpp > 1 || o.overlap_ep)) {
+    if (o.pipeline_schedule == PipelineSchedule::zero_bubble_h1 &&
+        (l.vpp > 1 || o.combined_1f1b())) {
         MT_USER_THROW(
-            "the zb-h1 pipeline schedule runs without interleaving and without --overlap-ep "
+            "the zb-h1 pipeline schedule runs without interleaving and without --moe-overlap dual "
             "(got vpp {}{})",
-            l.vpp, o.overlap_ep ? " and --overlap-ep" : "");
+            l.vpp, o.combined_1f1b() ? " and --moe-overlap dual" : "");
     }
     // Megatron-LM's combined 1F1B (EP all-to-all overlap) needs interleaving once there is a
     // pipeline (TransformerConfig: "virtual_pipeline_model_parallel_size must be specified when
     // pipeline_model_parallel_size > 1"); DualPipe brings its own overlap.
-    if (o.overlap_ep && l.pp > 1 && l.vpp == 1 &&
+    if (o.combined_1f1b() && l.pp > 1 && l.vpp == 1 &&
         o.pipeline_schedule != PipelineSchedule::dualpipe) {
         MT_USER_THROW(
-            "--overlap-ep with pp {} needs interleaving (vpp > 1), as in Megatron-LM, or the "
-            "dualpipe schedule",
+            "--moe-overlap dual with pp {} needs interleaving (vpp > 1), as Megatron-LM's "
+            "combined 1F1B does, or the dualpipe schedule",
             l.pp);
     }
     if (o.pipeline_schedule == PipelineSchedule::dualpipe) {
@@ -98,6 +97,13 @@ double expert_imbalance_of(const ModelConfig& m, const LayoutPlacement& placemen
 
 }  // namespace
 
+void check_moe_overlap_modelled(MoeOverlap overlap) {
+    MT_USER_CHECK(overlap != MoeOverlap::shared,
+                  "simulate and plan do not model --moe-overlap shared (the shared experts "
+                  "computing while the dispatch flies) yet; use off, or dual (priced as "
+                  "Megatron-LM's combined 1F1B)");
+}
+
 namespace step_phases {
 namespace {
 
@@ -127,7 +133,7 @@ OpContext op_context(const ModelConfig& model, const ClusterSpec& cluster,
     ctx.micro_batch = o.micro_batch;
     ctx.settings.precision = o.precision;
     ctx.settings.dispatcher = o.dispatcher;
-    ctx.settings.low_precision_dispatch = o.low_precision_dispatch;
+    ctx.settings.dispatch_in_recipe = o.dispatch_payload == parallel::DispatchPayload::recipe;
     ctx.settings.low_precision_swiglu_input = o.memory.low_precision_swiglu_input;
     ctx.settings.cuda_graph_moe_sync_free = o.cuda_graphs == CudaGraphs::full;
     ctx.settings.expert_load_imbalance = expert_imbalance_of(model, ctx.placement, o);
@@ -168,7 +174,7 @@ void add_throughput(StepResult& r, const ModelConfig& model, const ClusterSpec& 
     const double tokens_per_step = static_cast<double>(o.global_batch * o.seq_len);
     r.tokens_per_s_per_gpu = tokens_per_step / r.step_time_s / static_cast<double>(r.gpus);
     r.tflops_per_gpu = r.tokens_per_s_per_gpu * r.model_flops_per_token / 1e12;
-    r.mfu = r.tflops_per_gpu * 1e12 / cluster.peak_flops(o.precision);
+    r.mfu = r.tflops_per_gpu * 1e12 / cluster.recipe_peak_flops(o.precision);
 }
 
 // One MoE (or dense) layer's forward and backward timeline, for the SVG.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "moetron/model/config.h"
+#include "moetron/model/moe.h"
 #include "moetron/sim/hardware.h"
 #include "moetron/sim/layout.h"
 #include "moetron/sim/memory.h"
@@ -18,17 +19,23 @@
 namespace moetron::sim {
 
 struct SimOptions {
-    Precision precision = Precision::bf16;
+    Precision precision = Precision::bf16;  // the recipe (--precision)
     int64_t seq_len = 4096;
     int64_t global_batch = 0;  // sequences per step
     int64_t micro_batch = 1;   // sequences per micro-batch
     bool count_mtp = true;     // count the MTP FLOPs and simulate the MTP layer
     Recompute recompute;
     parallel::DispatchKind dispatcher = parallel::DispatchKind::two_tier;
-    bool low_precision_dispatch = false;
+    // What the dispatched tokens travel as (--dispatch-payload): by default as the activations
+    // are (bf16), as Megatron-LM sends them; recipe: in the GEMM format (DeepSeek-V3's FP8).
+    parallel::DispatchPayload dispatch_payload = parallel::DispatchPayload::activation;
     CudaGraphs cuda_graphs = CudaGraphs::none;
     // Overlap rules, each switchable.
-    bool overlap_ep = false;       // EP all-to-all behind the other micro-batch (combined 1F1B)
+    // How the MoE all-to-all hides (--moe-overlap, the engine's word): dual is priced as
+    // Megatron-LM's combined 1F1B, the forward of one micro-batch and the backward of another
+    // run as one task, each one's EP all-to-all behind the other's compute (combined_1f1b());
+    // shared (the shared experts alone behind the dispatch) is not modelled and is refused.
+    MoeOverlap moe_overlap = MoeOverlap::off;
     bool overlap_tp = false;       // TP all-gather / reduce-scatter behind the adjacent GEMM
     bool overlap_dp_grad = true;   // gradient reduce-scatter behind the backward pass
     bool overlap_dp_param = true;  // parameter all-gather behind the next forward
@@ -41,7 +48,12 @@ struct SimOptions {
     // --redundant-experts R: (E + R) / ep slots per rank, the spare ones replicating hot experts).
     std::vector<double> expert_loads;
     int64_t redundant_experts = 0;
+
+    bool combined_1f1b() const { return moe_overlap == MoeOverlap::dual; }
 };
+
+// Throws a user error for a --moe-overlap the cluster model does not price (shared).
+void check_moe_overlap_modelled(MoeOverlap overlap);
 
 struct StepResult {
     std::string model_name, cluster_name;

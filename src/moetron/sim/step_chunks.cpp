@@ -164,7 +164,7 @@ PipelineShape pipeline_shape(const OpContext& ctx, const SimOptions& o, int64_t 
     shape.zero_bubble = o.pipeline_schedule == PipelineSchedule::zero_bubble_h1;
     shape.dualpipe = o.pipeline_schedule == PipelineSchedule::dualpipe;
     shape.simulated = shape.dualpipe ? PipelineSchedule::one_f_one_b : o.pipeline_schedule;
-    const bool merge = o.overlap_ep && model.n_routed_experts > 0 && layout.ep > 1;
+    const bool merge = o.combined_1f1b() && model.n_routed_experts > 0 && layout.ep > 1;
     shape.merge_steady_state = merge || shape.dualpipe;
     const double act_bytes = static_cast<double>(o.micro_batch * o.seq_len) /
                              static_cast<double>(layout.tp * layout.cp) *
@@ -199,8 +199,9 @@ BlockCosts block_costs(const OpContext& ctx, const SimOptions& o, bool with_mtp)
         bwd_weight.append_part(b.recomputed[k].backward, true);
         const Walks& w = b.walks[k] = walk_all(cluster, wo, f, bwd, bwd_input, bwd_weight);
         // With EP overlap a block mostly runs inside combined forward-backward tasks.
-        b.cost_s[k] = o.overlap_ep ? forward_backward_s(w, w, cluster.efficiency.comm_sm_fraction)
-                                   : w.fwd.time_s + w.bwd.time_s;
+        b.cost_s[k] = o.combined_1f1b()
+                          ? forward_backward_s(w, w, cluster.efficiency.comm_sm_fraction)
+                          : w.fwd.time_s + w.bwd.time_s;
     }
     return b;
 }

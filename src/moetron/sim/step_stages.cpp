@@ -128,7 +128,7 @@ double param_gather_exposed_s(const OpContext& ctx, const SimOptions& o, const P
     // Megatron-LM gathers fp8 primary weights in fp8 (--fp8-param-gather), others in the
     // model's weight format (bf16; fp32 with fp32 GEMMs).
     const double gather_bytes =
-        o.precision == Precision::fp8 && o.memory.low_precision_primary_weights
+        o.precision == Precision::fp8_blockwise && o.memory.low_precision_primary_weights
             ? 1.0
             : high_precision_bytes(o.precision);
     double total = 0, first = 0;
