@@ -151,20 +151,21 @@ for s in sizes:
 print("|".join(out))
 EOF
 )
-            sim_schedule=$schedule
-            [[ $schedule == interleaved ]] && sim_schedule=1f1b  # simulate's name for it with vpp
+            # A case named interleaved runs 1f1b over vpp 2 (1f1b interleaves whenever vpp > 1).
+            flag_schedule=$schedule
+            [[ $schedule == interleaved ]] && flag_schedule=1f1b
             for micro in $micro_list; do
                 name="$model-pp$pp-$schedule-m$micro"
                 sim_json="$out/$name.sim.json"
                 "$exe" simulate --cluster "$cluster" --config "$config" --gpus "$pp" \
-                    --layout "$layout" --pp-schedule "$sim_schedule" --pp-layout "$pp_layout" \
+                    --layout "$layout" --pp-schedule "$flag_schedule" --pp-layout "$pp_layout" \
                     --gbs $(( batch * micro )) --mbs "$batch" --seq-len "$seq" --precision fp32 \
                     --json > "$sim_json"
                 predicted=$(predicted_bubble "$sim_json")
                 sim_ms=$(python3 -c "import json,sys; print(f'{json.load(open(sys.argv[1]))[\"step_time_s\"] * 1e3:.1f}')" "$sim_json")
                 sim_busy=$(stage_busy_simulated "$sim_json")
                 echo "   $name ($pp_layout): predicted bubble $predicted, step $sim_ms ms, stage busy $sim_busy ms"
-                cases+=("$name $model $pp $schedule $micro $config $batch $seq $steps $threads $layout $predicted $sim_ms $sim_busy")
+                cases+=("$name $model $pp $schedule $micro $config $batch $seq $steps $threads $layout $predicted $sim_ms $sim_busy $flag_schedule")
             done
         done
     done
@@ -175,12 +176,12 @@ max_load=0
 for (( r = 1; r <= runs; ++r )); do
     echo "== run $r of $runs"
     for c in "${cases[@]}"; do
-        read -r name model pp schedule micro config batch seq steps threads layout _ <<< "$c"
+        read -r name model pp schedule micro config batch seq steps threads layout _ _ _ flag_schedule <<< "$c"
         log="$out/$name.run$r.jsonl"
         mpirun --oversubscribe --bind-to none -np "$pp" "$exe" train --config "$config" \
             --steps $(( steps + 2 )) --batch-size "$batch" --seq-len "$seq" \
             --grad-accum "$micro" --eval-every 0 --threads "$threads" \
-            --layout "$layout" --pp-schedule "$schedule" --log-jsonl "$log" \
+            --layout "$layout" --pp-schedule "$flag_schedule" --log-jsonl "$log" \
             > "$out/$name.run$r.train.txt"
         load=$(cut -d' ' -f1 /proc/loadavg)
         max_load=$(python3 -c "import sys; print(max(map(float, sys.argv[1:])))" "$max_load" "$load")
@@ -194,6 +195,6 @@ echo "pipeline bubble: moetron train (measured, median of $runs interleaved runs
 echo "| model | pp | schedule | micro-batches | bubble measured (min..max) | bubble predicted | error (per run) | step ms | simulated ms | stage busy ms | simulated stage busy ms | max load |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for c in "${cases[@]}"; do
-    read -r name model pp schedule micro _ _ _ _ _ _ predicted sim_ms sim_busy <<< "$c"
+    read -r name model pp schedule micro _ _ _ _ _ _ predicted sim_ms sim_busy _ <<< "$c"
     case_row "$name" "$model" "$pp" "$schedule" "$micro" "$predicted" "$sim_ms" "$sim_busy" "$max_load"
 done

@@ -15,6 +15,7 @@
 #include "moetron/cli/number_options.h"
 #include "moetron/cli/vocabulary.h"
 #include "moetron/core/checked_math.h"
+#include "moetron/core/precision.h"
 #include "moetron/core/user_error.h"
 #include "moetron/model/config.h"
 #include "moetron/model/flops.h"
@@ -41,7 +42,10 @@ struct InfoOptions {
     std::string moe_overlap = "off";
     double moe_capacity_factor = parallel::kDefaultMoeCapacityFactor;
     int64_t redundant_experts = 0;
-    std::string precision = "fp32";  // the recipe: the dispatched tokens' format
+    // The recipe and the dispatch payload: the dispatched tokens' format sizes the exchange
+    // buffers.
+    std::string precision = "fp32";
+    parallel::DispatchPayload dispatch_payload = parallel::DispatchPayload::recipe;
 };
 
 // The plan of options.layout (train/run_plan.h, as `train` makes it) and the planned memory of
@@ -72,6 +76,7 @@ RankMemory plan_memory(const InfoOptions& o, const ModelConfig& config) {
     settings.moe.capacity_factor = o.moe_capacity_factor;
     settings.moe.redundant_experts = o.redundant_experts;
     settings.precision = parse_precision(o.precision);
+    settings.dispatch_payload_fp32 = o.dispatch_payload == parallel::DispatchPayload::activation;
     RankMemory m;
     // --batch-size is one rank's micro-batch: the run's is dp of them.
     m.train.seq_len = o.seq_len;
@@ -275,8 +280,13 @@ void register_info(CLI::App& app) {
                      "ranks per scale-up domain (0: one domain), as train's")
         ->check(whole_number(0, int64_t{1} << 20));
     add_dispatch_option(*info, options->dispatch, "flat or two_tier, as train's");
-    info->add_option("--moe-overlap", options->moe_overlap, "off, shared or dual, as train's")
-        ->check(CLI::IsMember({"off", "shared", "dual"}));
+    add_moe_overlap_option(*info, options->moe_overlap, Side::engine,
+                           "off, shared or dual, as train's");
+    add_precision_option(*info, options->precision, Side::engine,
+                         "the recipe, as train's (its dispatch buffers hold the packed tokens)");
+    add_dispatch_payload_option(
+        *info, [options](parallel::DispatchPayload p) { options->dispatch_payload = p; },
+        parallel::DispatchPayload::recipe, "recipe or activation, as train's");
     info->add_option("--moe-capacity-factor", options->moe_capacity_factor,
                      "expert-side buffers in units of the balanced load, as train's (0: the "
                      "worst case)")
@@ -285,10 +295,6 @@ void register_info(CLI::App& app) {
     info->add_option("--redundant-experts", options->redundant_experts,
                      "spare expert slots over the EP group, as train's")
         ->check(whole_number(0, int64_t{1} << 20));
-    info->add_option("--precision", options->precision,
-                     "the recipe, as train's (fp32, bf16, mxfp8, fp8-blockwise): the dispatched "
-                     "tokens' format sizes the exchange buffers")
-        ->capture_default_str();
     info->callback([options] { run_info(*options); });
 }
 

@@ -39,7 +39,9 @@ struct PlanFlags {
     std::string dispatch = "two_tier", cuda_graphs = "none";
     int64_t gpus = 0, global_batch = 0, seq_len = 4096;
     int top = 5;
-    bool count_mtp = true, low_precision_dispatch = false, overlap_ep = false, overlap_tp = false;
+    bool count_mtp = true, overlap_tp = false;
+    parallel::DispatchPayload dispatch_payload = parallel::DispatchPayload::activation;
+    std::string moe_overlap = "off";
     sim::MemoryFlags memory;
     std::string pipeline_schedule = "1f1b";
     std::string expert_imbalance;  // zipf:S or a --log-jsonl file; empty: balanced
@@ -84,9 +86,9 @@ void run_plan(const PlanFlags& f) {
     base.count_mtp = f.count_mtp;
     base.dispatcher =
         f.dispatch == "flat" ? parallel::DispatchKind::flat : parallel::DispatchKind::two_tier;
-    if (f.low_precision_dispatch) base.dispatch_payload = parallel::DispatchPayload::recipe;
+    base.dispatch_payload = f.dispatch_payload;
     base.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
-    if (f.overlap_ep) base.moe_overlap = MoeOverlap::dual;
+    base.moe_overlap = parse_moe_overlap(f.moe_overlap);
     base.overlap_tp = f.overlap_tp;
     base.memory = sim::memory_options_from_flags(f.memory);
     base.pipeline_schedule = sim::pipeline_schedule_from_name(f.pipeline_schedule);
@@ -111,10 +113,10 @@ void run_plan(const PlanFlags& f) {
     if (plan.considered == 0) {
         MT_USER_THROW(
             "[plan] no layout of {} on {} GPUs suits global batch {} with the {} schedule{} "
-            "(zb-h1 and dualpipe run without vpp, zb-h1 without --overlap-ep; dualpipe needs an "
-            "even pp and micro-batch count)",
+            "(zb-h1 and dualpipe run without vpp, zb-h1 without --moe-overlap dual; dualpipe "
+            "needs an even pp and micro-batch count)",
             model.name, f.gpus, f.global_batch, f.pipeline_schedule,
-            base.combined_1f1b() ? " and --overlap-ep" : "");
+            base.combined_1f1b() ? " and --moe-overlap dual" : "");
     }
     if (plan.ranked.empty()) {
         MT_USER_THROW("[plan] no layout of {} on {} x {} fits in memory with global batch {}",
@@ -188,20 +190,18 @@ void register_plan(CLI::App& app) {
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    cmd->add_option("--precision", f->precision,
-                    "the training recipe: bf16, fp32 (a CPU measured by moetron calibrate), mxfp8, "
-                    "fp8-blockwise or nvfp4")
-        ->capture_default_str();
+    add_precision_option(*cmd, f->precision, Side::cluster_model, kSimPrecisionHelp);
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
                   "count the MTP FLOPs and simulate the MTP layer (default on)");
     add_dispatch_option(*cmd, f->dispatch, "MoE all-to-all: two_tier or flat");
-    cmd->add_flag("--low-precision-dispatch", f->low_precision_dispatch,
-                  "send dispatch payloads in the GEMM format");
+    add_dispatch_payload_option(
+        *cmd, [f](parallel::DispatchPayload p) { f->dispatch_payload = p; },
+        parallel::DispatchPayload::activation, kSimDispatchPayloadHelp);
     cmd->add_option("--cuda-graphs", f->cuda_graphs, "none, partial or full")
         ->capture_default_str();
-    cmd->add_flag("--overlap-ep", f->overlap_ep, "hide EP all-to-all behind another micro-batch");
+    add_moe_overlap_option(*cmd, f->moe_overlap, Side::cluster_model, kSimMoeOverlapHelp);
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
-    add_pipeline_schedule_option(*cmd, f->pipeline_schedule);
+    add_pp_schedule_option(*cmd, f->pipeline_schedule, Side::cluster_model, kSimPpScheduleHelp);
     add_memory_options(*cmd, f->memory);
     add_expert_imbalance_options(*cmd, f->expert_imbalance, f->redundant_experts);
     cmd->add_option("--top", f->top, "how many layouts to explain")->capture_default_str();

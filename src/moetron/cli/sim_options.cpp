@@ -7,13 +7,6 @@
 
 namespace moetron::cli {
 
-void add_pipeline_schedule_option(CLI::App& cmd, std::string& schedule) {
-    cmd.add_option("--pp-schedule", schedule,
-                   "pipeline schedule: 1f1b (interleaved with vpp > 1), zb-h1 (zero bubble), "
-                   "dualpipe")
-        ->capture_default_str();
-}
-
 void add_memory_options(CLI::App& cmd, sim::MemoryFlags& memory) {
     cmd.add_option("--main-grads-dtype", memory.main_grads,
                    "main gradients: fp32 or bf16 (precision-aware optimizer)")

@@ -32,8 +32,10 @@ struct SimulateFlags {
     std::string recompute = "none", dispatch = "two_tier", cuda_graphs = "none";
     std::string pipeline_layout;
     int64_t gpus = 0, global_batch = 0, micro_batch = 1, seq_len = 4096;
-    bool count_mtp = true, json = false, low_precision_dispatch = false;
-    bool overlap_ep = false, overlap_tp = false, no_overlap_dp_grad = false;
+    bool count_mtp = true, json = false;
+    parallel::DispatchPayload dispatch_payload = parallel::DispatchPayload::activation;
+    std::string moe_overlap = "off";
+    bool overlap_tp = false, no_overlap_dp_grad = false;
     bool no_overlap_dp_param = false;
     bool layer_ops = false;
     sim::MemoryFlags memory;
@@ -52,9 +54,9 @@ sim::SimOptions to_options(const SimulateFlags& f, const ModelConfig& model) {
     o.recompute = sim::parse_recompute(f.recompute);
     o.dispatcher =
         f.dispatch == "flat" ? parallel::DispatchKind::flat : parallel::DispatchKind::two_tier;
-    if (f.low_precision_dispatch) o.dispatch_payload = parallel::DispatchPayload::recipe;
+    o.dispatch_payload = f.dispatch_payload;
     o.cuda_graphs = sim::cuda_graphs_from_name(f.cuda_graphs);
-    if (f.overlap_ep) o.moe_overlap = MoeOverlap::dual;
+    o.moe_overlap = parse_moe_overlap(f.moe_overlap);
     o.overlap_tp = f.overlap_tp;
     o.overlap_dp_grad = !f.no_overlap_dp_grad;
     o.overlap_dp_param = !f.no_overlap_dp_param;
@@ -129,10 +131,7 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--seq-len", f->seq_len, "tokens per sequence")
         ->capture_default_str()
         ->check(whole_number(1, int64_t{1} << 24));
-    cmd->add_option("--precision", f->precision,
-                    "the training recipe: bf16, fp32 (a CPU measured by moetron calibrate), mxfp8, "
-                    "fp8-blockwise or nvfp4")
-        ->capture_default_str();
+    add_precision_option(*cmd, f->precision, Side::cluster_model, kSimPrecisionHelp);
     cmd->add_flag("--count-mtp,!--no-count-mtp", f->count_mtp,
                   "count the MTP FLOPs and simulate the MTP layer (default on)");
     cmd->add_option("--recompute", f->recompute,
@@ -141,12 +140,12 @@ void register_simulate(CLI::App& app) {
         ->capture_default_str();
     add_dispatch_option(*cmd, f->dispatch,
                         "MoE all-to-all: two_tier (dedup per rank and domain) or flat");
-    cmd->add_flag("--low-precision-dispatch", f->low_precision_dispatch,
-                  "send dispatch payloads in the GEMM format");
+    add_dispatch_payload_option(
+        *cmd, [f](parallel::DispatchPayload p) { f->dispatch_payload = p; },
+        parallel::DispatchPayload::activation, kSimDispatchPayloadHelp);
     cmd->add_option("--cuda-graphs", f->cuda_graphs, "none, partial or full")
         ->capture_default_str();
-    cmd->add_flag("--overlap-ep", f->overlap_ep,
-                  "hide EP all-to-all behind another micro-batch (combined 1F1B)");
+    add_moe_overlap_option(*cmd, f->moe_overlap, Side::cluster_model, kSimMoeOverlapHelp);
     cmd->add_flag("--overlap-tp", f->overlap_tp, "hide TP collectives behind adjacent GEMMs");
     cmd->add_flag("--no-overlap-dp-grad", f->no_overlap_dp_grad,
                   "run the gradient reduce-scatter after the backward pass");
@@ -154,7 +153,7 @@ void register_simulate(CLI::App& app) {
                   "run the parameter all-gather before the next forward pass");
     cmd->add_option("--pp-layout", f->pipeline_layout,
                     "Megatron-LM pipeline layout such as 'Et|(tt|)*30mL' (default: balanced)");
-    add_pipeline_schedule_option(*cmd, f->pipeline_schedule);
+    add_pp_schedule_option(*cmd, f->pipeline_schedule, Side::cluster_model, kSimPpScheduleHelp);
     add_memory_options(*cmd, f->memory);
     add_expert_imbalance_options(*cmd, f->expert_imbalance, f->redundant_experts);
     cmd->add_flag("--json", f->json, "print JSON instead of the table");

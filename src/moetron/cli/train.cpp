@@ -563,11 +563,11 @@ void register_train(CLI::App& app) {
         "data-parallel ranks, ep: ranks the routed experts are split over, tp: tensor-parallel "
         "ranks, pp: pipeline stages, vpp: model chunks per stage). "
         "Given, or under an MPI launcher, the run is distributed (default: all data parallel)");
-    cmd->add_option("--pp-schedule", o->pp_schedule,
-                    "pipeline schedule with pp > 1: 1f1b (PipeDream-flush; with vpp > 1 "
-                    "interleaved, as Megatron-LM's), interleaved (needs vpp > 1) or zb-h1 (zero "
-                    "bubble: weight gradients split off to fill the cool-down; vpp 1)")
-        ->capture_default_str();
+    add_pp_schedule_option(*cmd, o->pp_schedule, Side::engine,
+                           "pipeline schedule with pp > 1: 1f1b (PipeDream-flush; with vpp > 1 "
+                           "interleaved, as Megatron-LM's) or zb-h1 (zero bubble: weight "
+                           "gradients split off to fill the cool-down; vpp 1); dualpipe is "
+                           "simulate's and plan's only");
     cmd->add_option("--pp-layout", o->pp_layout,
                     "blocks per pipeline stage as Megatron-LM's layout, e.g. 'Et|tt|tL' "
                     "(E embedding, t layer, m MTP module, L head and loss; default: even, the "
@@ -579,26 +579,30 @@ void register_train(CLI::App& app) {
                         "how the MoE all-to-all crosses scale-up domains: flat (once per "
                         "destination rank) or two_tier (once per destination domain over the "
                         "rail, then inside the domain; needs ep a multiple of --domain-size)");
-    cmd->add_option("--precision", o->precision,
-                    "number format of the linear layers' and experts' GEMM inputs: fp32 "
-                    "(default), bf16, mxfp8 (E4M3 in 32-element blocks with E8M0 scales, the "
-                    "MXFP8 recipe) or fp8-blockwise (DeepSeek-V3's 1x128 / 128x128 FP8); the "
-                    "output head's GEMMs are bf16 under bf16 (as Megatron-LM's --bf16) and "
-                    "float32 under the FP8 recipes (as DeepSeek-V3); router, attention core, "
-                    "embedding, norms and optimizer stay float32")
-        ->check(CLI::IsMember({"fp32", "bf16", "mxfp8", "fp8-blockwise"}));
-    cmd->add_option("--dispatch-payload", o->dispatch_payload,
-                    "format of the tokens sent to the routed experts: recipe (default: the "
-                    "--precision's own format, e.g. E4M3 plus E8M0 scales for mxfp8, which the "
-                    "experts consume as they arrive) or fp32 (float32, quantized at the GEMM); "
-                    "the combine and every gradient travel as float32")
-        ->check(CLI::IsMember({"recipe", "fp32"}));
-    cmd->add_option("--moe-overlap", o->moe_overlap,
-                    "how each MoE layer hides its all-to-all: off, shared (the shared experts "
-                    "compute while the dispatch flies) or dual (also two half micro-batches, one "
-                    "half's all-to-all in flight while the other's experts compute); default off; "
-                    "shared helps with two_tier")
-        ->check(CLI::IsMember({"off", "shared", "dual"}));
+    add_precision_option(*cmd, o->precision, Side::engine,
+                         "number format of the linear layers' and experts' GEMM inputs: fp32 "
+                         "(default), bf16, mxfp8 (E4M3 in 32-element blocks with E8M0 scales, the "
+                         "MXFP8 recipe) or fp8-blockwise (DeepSeek-V3's 1x128 / 128x128 FP8); the "
+                         "output head's GEMMs are bf16 under bf16 (as Megatron-LM's --bf16) and "
+                         "float32 under the FP8 recipes (as DeepSeek-V3); router, attention core, "
+                         "embedding, norms and optimizer stay float32; nvfp4 is simulate's and "
+                         "plan's only");
+    // run_train reads the engine's token format by name: fp32 is what activation means here.
+    add_dispatch_payload_option(
+        *cmd,
+        [o](parallel::DispatchPayload p) {
+            o->dispatch_payload = p == parallel::DispatchPayload::recipe ? "recipe" : "fp32";
+        },
+        parallel::DispatchPayload::recipe,
+        "what the tokens sent to the routed experts travel as: recipe (default: the "
+        "--precision's own format, e.g. E4M3 plus E8M0 scales for mxfp8, which the experts "
+        "consume as they arrive) or activation (float32, quantized at the GEMM); the combine and "
+        "every gradient travel as float32");
+    add_moe_overlap_option(
+        *cmd, o->moe_overlap, Side::engine,
+        "how each MoE layer hides its all-to-all: off, shared (the shared experts compute while "
+        "the dispatch flies) or dual (also two half micro-batches, one half's all-to-all in "
+        "flight while the other's experts compute); shared helps with two_tier");
     cmd->add_option("--redundant-experts", o->redundant_experts,
                     "spare expert slots over the expert-parallel group (R): each rank holds "
                     "(experts + R) / ep slots, and the spare ones replicate the busiest experts "

@@ -8,8 +8,11 @@
 #include <string_view>
 
 #include "moetron/core/error.h"
+#include "moetron/core/precision.h"
 #include "moetron/core/strings.h"
 #include "moetron/core/user_error.h"
+#include "moetron/model/moe.h"
+#include "moetron/sim/step.h"
 #include "moetron/train/preset_path.h"
 
 namespace moetron::cli {
@@ -24,11 +27,40 @@ struct RenamedOption {
     const char* new_name;
 };
 constexpr RenamedOption kRenamedOptions[] = {
-    {"--model", "--config"},           {"--seq", "--seq-len"},
-    {"--dispatcher", "--dispatch"},    {"--no-overlap", "--no-overlap-dp-grad"},
-    {"--checkpoint", "--weights"},     {"--tokens", "--new-tokens"},  // sample
-    {"--tokens", "--tokens-per-rank"},                                // bench a2a
+    {"--model", "--config"},
+    {"--seq", "--seq-len"},
+    {"--dispatcher", "--dispatch"},
+    {"--no-overlap", "--no-overlap-dp-grad"},
+    {"--checkpoint", "--weights"},
+    {"--tokens", "--new-tokens"},                               // sample
+    {"--tokens", "--tokens-per-rank"},                          // bench a2a
+    {"--low-precision-dispatch", "--dispatch-payload recipe"},  // simulate, plan
+    {"--overlap-ep", "--moe-overlap dual"},                     // simulate, plan
 };
+
+// The option a new name (which may carry its value: "--moe-overlap dual") is.
+std::string option_of(const std::string& new_name) {
+    return new_name.substr(0, new_name.find(' '));
+}
+
+// A validator of one option's words: `check` returns why a value is refused ("" to take it), and
+// --help shows `values`, the whole vocabulary of the option (a|b|c), on every command.
+CLI::Validator words(const std::vector<std::string>& values,
+                     std::function<std::string(const std::string&)> check) {
+    return CLI::Validator([check = std::move(check)](std::string& value) { return check(value); },
+                          fmt::format("{}", fmt::join(values, "|")));
+}
+
+// What `parse` says of a value: "" when it takes it, else its user error's message.
+template <typename Parse>
+std::string refusal_of(Parse parse) {
+    try {
+        parse();
+    } catch (const UserError& e) {
+        return e.what();
+    }
+    return "";
+}
 
 std::string command_path(const CLI::App& cmd) {
     std::string path = cmd.get_name();
@@ -145,7 +177,7 @@ std::string unknown_option(const CLI::App& cmd, const std::string& word) {
 
 void add_renamed_options(CLI::App& app) {
     for (const RenamedOption& renamed : kRenamedOptions) {
-        if (app.get_option_no_throw(renamed.new_name) == nullptr ||
+        if (app.get_option_no_throw(option_of(renamed.new_name)) == nullptr ||
             app.get_option_no_throw(renamed.old_name) != nullptr)
             continue;
         const std::string old_name = renamed.old_name, new_name = renamed.new_name;
@@ -170,6 +202,73 @@ CLI::Option* add_dispatch_option(CLI::App& cmd, std::string& dispatch, const std
         },
         "flat|two_tier");
     return cmd.add_option("--dispatch", dispatch, what)->capture_default_str()->check(spelling);
+}
+
+CLI::Option* add_precision_option(CLI::App& cmd, std::string& precision, Side side,
+                                  const std::string& what) {
+    std::vector<std::string> values;
+    for (size_t p = 0; p < kNumPrecisions; ++p)
+        values.emplace_back(precision_name(static_cast<Precision>(p)));
+    return cmd.add_option("--precision", precision, what)
+        ->capture_default_str()
+        ->check(words(values, [side](const std::string& value) {
+            return refusal_of([&] {
+                const Precision recipe = parse_precision(value);
+                if (side == Side::engine) require_engine_recipe(recipe);
+            });
+        }));
+}
+
+CLI::Option* add_dispatch_payload_option(CLI::App& cmd,
+                                         std::function<void(parallel::DispatchPayload)> set,
+                                         parallel::DispatchPayload default_payload,
+                                         const std::string& what) {
+    using parallel::DispatchPayload;
+    std::vector<std::string> values;
+    for (const DispatchPayload p : {DispatchPayload::activation, DispatchPayload::recipe})
+        values.emplace_back(parallel::dispatch_payload_name(p));
+    return cmd
+        .add_option_function<std::string>(
+            "--dispatch-payload",
+            [set = std::move(set)](const std::string& value) {
+                set(parallel::parse_dispatch_payload(value));
+            },
+            what)
+        ->default_str(std::string(parallel::dispatch_payload_name(default_payload)))
+        ->check(words(values, [](const std::string& value) {
+            return refusal_of([&] { (void)parallel::parse_dispatch_payload(value); });
+        }));
+}
+
+CLI::Option* add_moe_overlap_option(CLI::App& cmd, std::string& overlap, Side side,
+                                    const std::string& what) {
+    return cmd.add_option("--moe-overlap", overlap, what)
+        ->capture_default_str()
+        ->check(words({"off", "shared", "dual"}, [side](const std::string& value) -> std::string {
+            if (value != "off" && value != "shared" && value != "dual")
+                return fmt::format("unknown MoE overlap '{}'; use off, shared or dual", value);
+            if (side == Side::engine) return "";
+            return refusal_of([&] { sim::check_moe_overlap_modelled(parse_moe_overlap(value)); });
+        }));
+}
+
+CLI::Option* add_pp_schedule_option(CLI::App& cmd, std::string& schedule, Side side,
+                                    const std::string& what) {
+    return cmd.add_option("--pp-schedule", schedule, what)
+        ->capture_default_str()
+        ->check(words({"1f1b", "zb-h1", "dualpipe"}, [side](const std::string& value) {
+            if (value == "interleaved")
+                return std::string(
+                    "pipeline schedule 'interleaved' is now spelled '1f1b' (it interleaves "
+                    "whenever the layout has vpp > 1)");
+            if (value != "1f1b" && value != "zb-h1" && value != "dualpipe")
+                return fmt::format("unknown pipeline schedule '{}'; use 1f1b, zb-h1 or dualpipe",
+                                   value);
+            if (side == Side::engine && value == "dualpipe")
+                return std::string(
+                    "the engine has no DualPipe schedule yet; simulate and plan price it");
+            return std::string();
+        }));
 }
 
 std::string model_config_path(const std::string& path_or_preset) {
