@@ -209,7 +209,9 @@ TEST(Checkpoint, OneProcessWritesOneShardOfTheShardedFormat) {
     const nlohmann::json state = read_state(saved);
     EXPECT_EQ(state.at("version"), kCheckpointVersion);
     EXPECT_EQ(state.at("world_size"), 1);
-    EXPECT_EQ(state.at("layout"), "dp1.tp1.ep1");
+    // The layout as every command spells it (Layout::str), pp and vpp included.
+    EXPECT_EQ(state.at("layout"), "tp1.pp1.vpp1.ep1.cp1.dp1");
+    EXPECT_EQ(state.at("topology"), "tp1.pp1.vpp1.ep1.cp1.dp1 (world 1 in 1 domain of 1, edp1)");
     EXPECT_EQ(state.at("shard_files"), nlohmann::json::array({kOneShard}));
     EXPECT_FALSE(fs::exists(saved / kSingleFileCheckpointModelFile));
     const SafetensorsFile shard = SafetensorsFile::open((saved / kOneShard).string());
@@ -264,6 +266,40 @@ TEST(Checkpoint, AVersionOneCheckpointStillResumes) {
     EXPECT_TRUE(same_bits(moments_of(*from_old, true).data(), m.data(), n));
     EXPECT_TRUE(same_bits(moments_of(*from_old, false).data(), v.data(), n));
     EXPECT_EQ(from_old->optimizer().step_count(), from_new->optimizer().step_count());
+    EXPECT_EQ(from_old->step().loss, from_new->step().loss);
+}
+
+// A checkpoint written before the layout had one spelling holds "dpD.tpT.epE" in state.json's
+// "layout" (and the topology in other words): it still loads, to the same state.
+TEST(Checkpoint, TheOldLayoutNameStillLoads) {
+    TempDir dir;
+    auto t = make_trainer(tiny_config(), small_run());
+    t->step();
+    const fs::path saved = save_checkpoint(*t, dir.path(), 0);
+    const fs::path old = dir.path() / "old";
+    fs::create_directories(old);
+    fs::copy_file(saved / kOneShard, old / kOneShard);
+    nlohmann::json state = read_state(saved);
+    state["layout"] = "dp1.tp1.ep1";
+    state["topology"] =
+        "world 1 (1 domains of 1): attention pp1 x dp1 x cp1 x tp1, experts pp1 x "
+        "edp1 x ep1";
+    {
+        std::ofstream out(old / kCheckpointStateFile);
+        out << state.dump(2) << "\n";
+    }
+    CheckpointIndex index;
+    index.add_file(old.string(), kOneShard);
+    index.add_file(old.string(), kCheckpointStateFile);
+    index.write((old / kCheckpointIndexName).string());
+
+    auto from_old = make_trainer(tiny_config(), small_run());
+    load_checkpoint(*from_old, old);
+    auto from_new = make_trainer(tiny_config(), small_run());
+    load_checkpoint(*from_new, saved);
+    EXPECT_EQ(from_old->steps_done(), 1);
+    EXPECT_TRUE(
+        same_bits(from_old->model().params(), from_new->model().params(), t->model().num_params()));
     EXPECT_EQ(from_old->step().loss, from_new->step().loss);
 }
 

@@ -65,9 +65,12 @@ TEST(ParallelTopology, ResolvesDataParallelAndExpertDataParallel) {
     EXPECT_EQ(t.dp, 4);
     EXPECT_EQ(t.edp, 2);
     EXPECT_EQ(t.num_domains(), 2);
-    EXPECT_EQ(t.str(),
-              "world 8 (2 domains of 4): attention pp1 x dp4 x cp1 x tp2, experts pp1 x edp2 x "
-              "ep4");
+    // The layout spelled as Layout::str spells it (and parse_layout reads back), then the world.
+    EXPECT_EQ(t.str(), "tp2.pp1.vpp1.ep4.cp1.dp4 (world 8 in 2 domains of 4, edp2)");
+    EXPECT_EQ(t.layout().str(), parse_layout("tp2.ep4", 8).str());
+    EXPECT_EQ(parse_layout(t.layout().str(), 8).str(), t.layout().str());
+    EXPECT_EQ(make_topology(parse_layout("pp2.vpp2"), 2, 0).str(),
+              "tp1.pp2.vpp2.ep1.cp1.dp1 (world 2 in 1 domain of 2, edp1)");
     EXPECT_EQ(make_topology(parse_layout(""), 6, 0).domain_size, 6);  // 0: one domain
 }
 

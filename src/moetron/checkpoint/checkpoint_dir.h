@@ -13,7 +13,9 @@
 //                      global name, global shape and element range (checkpoint_pieces.h)
 //   state.json         {"format": "moetron-checkpoint", "version": 2,
 //                       "run_id": the run that wrote it (checkpoint_root.h),
-//                       "layout": the run's "dpD.tpT.epE", "world_size", "topology",
+//                       "layout": the run's layout as Layout::str spells it
+//                       ("tp1.pp1.vpp1.ep2.cp1.dp2"; older checkpoints: "dp2.tp1.ep2"),
+//                       "world_size", "topology" (Topology::str),
 //                       "shard_files": [the shard files],
 //                       "step": optimizer steps done (the lr schedule's position),
 //                       "optimizer_step": AdamW's bias-correction count (skipped steps do not

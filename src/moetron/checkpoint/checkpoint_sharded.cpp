@@ -220,7 +220,7 @@ std::string checkpoint_shard_file_name(int rank, int world_size) {
 }
 
 std::string checkpoint_layout_name(const parallel::Topology& t) {
-    return fmt::format("dp{}.tp{}.ep{}", t.dp, t.tp, t.ep);
+    return t.layout().str();
 }
 
 std::map<std::string, std::string> checkpoint_shard_metadata(int rank,

@@ -54,7 +54,9 @@ class Model;
 
 // "shard-00001-of-00004.safetensors"
 std::string checkpoint_shard_file_name(int rank, int world_size);
-// "dp2.tp1.ep2": the "layout" of state.json and of the shard files.
+// "tp1.pp1.vpp1.ep2.cp1.dp2" (Layout::str, the one spelling of a layout): the "layout" of
+// state.json and of the shard files. Checkpoints written before it hold "dp2.tp1.ep2" there; no
+// reader parses the field (a load reshards by the tensors' own ranges), so both load.
 std::string checkpoint_layout_name(const parallel::Topology& topology);
 // The "__metadata__" of rank's shard file (beside its "slices").
 std::map<std::string, std::string> checkpoint_shard_metadata(int rank,

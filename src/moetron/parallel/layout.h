@@ -29,7 +29,8 @@ struct Layout {
     int64_t world_size() const { return tp * cp * dp * pp; }
     // Replicas of an expert group: world / (ep * pp); 0 while dp is unresolved.
     int64_t edp() const { return dp > 0 ? world_size() / (ep * pp) : 0; }
-    // "tp1.pp2.vpp4.ep32.cp1.dp128" (dp omitted while unresolved).
+    // "tp1.pp2.vpp4.ep32.cp1.dp128" (dp omitted while unresolved): the one spelling of a layout
+    // that every command prints and a checkpoint records, in the grammar parse_layout reads.
     std::string str() const;
 };
 

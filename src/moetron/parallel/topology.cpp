@@ -24,11 +24,20 @@ void check_inside_domains(std::string_view what, int size, int domain_size) {
 
 }  // namespace
 
+Layout Topology::layout() const {
+    Layout l;
+    l.tp = tp;
+    l.pp = pp;
+    l.vpp = vpp;
+    l.ep = ep;
+    l.cp = cp;
+    l.dp = dp;
+    return l;
+}
+
 std::string Topology::str() const {
-    return fmt::format(
-        "world {} ({} domains of {}): attention pp{} x dp{} x cp{} x tp{}, experts pp{} x edp{} "
-        "x ep{}",
-        world_size, num_domains(), domain_size, pp, dp, cp, tp, pp, edp, ep);
+    return fmt::format("{} (world {} in {} domain{} of {}, edp{})", layout().str(), world_size,
+                       num_domains(), num_domains() == 1 ? "" : "s", domain_size, edp);
 }
 
 Topology make_topology(const Layout& layout, int world_size, int domain_size) {

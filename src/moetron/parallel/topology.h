@@ -39,7 +39,10 @@ struct Topology {
     // domains it spans: what the two-tier dispatch routes by and the flat one counts bytes by.
     int ep_ranks_per_domain() const { return ep < domain_size ? ep : domain_size; }
     int ep_domains() const { return ep / ep_ranks_per_domain(); }
-    // "world 8 (2 domains of 4): attention pp1 x dp2 x cp1 x tp2, experts pp1 x edp2 x ep4"
+    // The resolved layout (dp included), whose str() is the one spelling of a layout.
+    Layout layout() const;
+    // "tp2.pp1.vpp1.ep4.cp1.dp2 (world 8 in 2 domains of 4, edp2)": the layout as Layout::str
+    // spells it, and what the world adds to it.
     std::string str() const;
 };
 
