@@ -116,7 +116,7 @@ ScheduleResult run_schedule(const ScheduleInput& in) {
     if (zero_bubble) {
         MT_CHECK(vpp == 1 && !in.merge_steady_state,
                  "[sim] the zero-bubble schedule zb-h1 runs without interleaving (vpp 1, got {}) "
-                 "and without the combined 1F1B of --overlap-ep",
+                 "and without the combined 1F1B of --moe-overlap dual",
                  vpp);
     }
     MT_CHECK(vpp == 1 || m % pp == 0,
