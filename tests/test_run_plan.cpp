@@ -114,6 +114,10 @@ TEST(RunPlan, WhatCannotRunIsRefusedBeforeAnythingIsBuilt) {
     s = {};
     s.bucket_mb = 0;
     EXPECT_NE(refusal(s, train_config(4), 1).find("--bucket-mb"), std::string::npos);
+    s = {};
+    s.precision = Precision::nvfp4;
+    EXPECT_EQ(refusal(s, train_config(4), 1),
+              "the engine has no NVFP4 recipe yet; simulate and plan price it");
 }
 
 TEST(RunPlan, ItsMemoryIsTheEnginesPlanForItsRanks) {

@@ -69,6 +69,7 @@ RunPlan plan_run(const ModelConfig& model, const TrainConfig& config, const RunS
     MT_USER_CHECK(settings.moe.rebalance_every == 0 || (model.n_routed_experts > 0 && t.ep > 1),
                   "--rebalance-every needs expert parallelism (a layout with ep > 1) and "
                   "--redundant-experts");
+    require_engine_recipe(settings.precision);  // nvfp4: only the cluster model prices it
     plan.moe = settings.moe;
     plan.moe.token_format = settings.dispatch_payload_fp32 ? Precision::fp32 : settings.precision;
     plan.precision = settings.precision;
