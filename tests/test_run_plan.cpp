@@ -39,7 +39,7 @@ TEST(RunPlan, TheTokensTravelInTheRecipesFormatUnlessAskedForFloat32) {
     s.precision = Precision::mxfp8;
     EXPECT_EQ(plan_run(tiny_model_config(), train_config(4), s, 1).moe.token_format,
               Precision::mxfp8);
-    s.dispatch_payload_fp32 = true;
+    s.dispatch_payload = parallel::DispatchPayload::activation;
     const RunPlan fp32_payload = plan_run(tiny_model_config(), train_config(4), s, 1);
     EXPECT_EQ(fp32_payload.moe.token_format, Precision::fp32);
     EXPECT_EQ(fp32_payload.precision, Precision::mxfp8);

@@ -77,7 +77,8 @@ Result train(const TrainingRun& run) {
         p.moe.overlap = run.overlap;
     }
     p.precision = run.precision;
-    p.dispatch_payload_fp32 = run.fp32_dispatch;
+    p.dispatch_payload = run.fp32_dispatch ? parallel::DispatchPayload::activation
+                                           : parallel::DispatchPayload::recipe;
     Trainer trainer(model, c, std::move(loader),
                     plan_run(model, c, p, job != nullptr ? job->size() : 1), job);
     Result r;

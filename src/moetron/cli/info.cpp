@@ -76,7 +76,7 @@ RankMemory plan_memory(const InfoOptions& o, const ModelConfig& config) {
     settings.moe.capacity_factor = o.moe_capacity_factor;
     settings.moe.redundant_experts = o.redundant_experts;
     settings.precision = parse_precision(o.precision);
-    settings.dispatch_payload_fp32 = o.dispatch_payload == parallel::DispatchPayload::activation;
+    settings.dispatch_payload = o.dispatch_payload;
     RankMemory m;
     // --batch-size is one rank's micro-batch: the run's is dp of them.
     m.train.seq_len = o.seq_len;

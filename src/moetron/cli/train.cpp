@@ -94,7 +94,7 @@ struct TrainOptions {
     bool no_overlap_dp_grad = false;
     bool profile_ops = false;
     std::string precision = "fp32";
-    std::string dispatch_payload = "recipe";
+    parallel::DispatchPayload dispatch_payload = parallel::DispatchPayload::recipe;
     CLI::Option* layout_opt = nullptr;
     // Overrides of the preset's [train] table; applied only when given (count() > 0).
     int64_t steps = 0, batch_size = 0, seq_len = 0, grad_accum = 0, eval_every = 0;
@@ -232,7 +232,7 @@ RunSettings run_settings(const TrainOptions& o) {
     s.moe.redundant_experts = o.redundant_experts;
     s.moe.rebalance_every = o.rebalance_every;
     s.precision = parse_precision(o.precision);
-    s.dispatch_payload_fp32 = o.dispatch_payload == "fp32";
+    s.dispatch_payload = o.dispatch_payload;
     s.bucket_mb = o.bucket_mb;
     s.zero1 = !o.no_zero1;
     s.overlap_dp_grad = !o.no_overlap_dp_grad;
@@ -587,12 +587,8 @@ void register_train(CLI::App& app) {
                          "float32 under the FP8 recipes (as DeepSeek-V3); router, attention core, "
                          "embedding, norms and optimizer stay float32; nvfp4 is simulate's and "
                          "plan's only");
-    // run_train reads the engine's token format by name: fp32 is what activation means here.
     add_dispatch_payload_option(
-        *cmd,
-        [o](parallel::DispatchPayload p) {
-            o->dispatch_payload = p == parallel::DispatchPayload::recipe ? "recipe" : "fp32";
-        },
+        *cmd, [o](parallel::DispatchPayload p) { o->dispatch_payload = p; },
         parallel::DispatchPayload::recipe,
         "what the tokens sent to the routed experts travel as: recipe (default: the "
         "--precision's own format, e.g. E4M3 plus E8M0 scales for mxfp8, which the experts "

@@ -71,7 +71,8 @@ RunPlan plan_run(const ModelConfig& model, const TrainConfig& config, const RunS
                   "--redundant-experts");
     require_engine_recipe(settings.precision);  // nvfp4: only the cluster model prices it
     plan.moe = settings.moe;
-    plan.moe.token_format = settings.dispatch_payload_fp32 ? Precision::fp32 : settings.precision;
+    plan.moe.token_format =
+        parallel::engine_token_format(settings.dispatch_payload, settings.precision);
     plan.precision = settings.precision;
     plan.rank_rows = config.batch_size / t.dp;
     plan.grad_accum = config.grad_accum;

@@ -15,6 +15,7 @@
 #include "moetron/model/config.h"
 #include "moetron/model/model.h"
 #include "moetron/model/pipeline_layout.h"
+#include "moetron/parallel/dispatch_traffic.h"
 #include "moetron/parallel/topology.h"
 #include "moetron/train/pipeline_schedule.h"
 
@@ -29,10 +30,10 @@ struct RunSettings {
     double bucket_mb = 4.0;  // gradient-sync bucket size in MiB (1 MiB = 2^20 bytes)
     bool zero1 = true;       // shard the optimizer state where a group has more than one rank
     bool overlap_dp_grad = true;  // post gradient buckets during the backward
-    // How the MoE layers run (model.h). Its token_format is the dispatch's: the recipe's by
-    // default (dispatch_payload_fp32 sends float32 instead).
+    // How the MoE layers run (model.h). Its token_format is resolved from dispatch_payload: the
+    // recipe's format by default, the activations' float32 with DispatchPayload::activation.
     MoeSettings moe;
-    bool dispatch_payload_fp32 = false;
+    parallel::DispatchPayload dispatch_payload = parallel::DispatchPayload::recipe;
     // Pipeline parallelism (pp > 1 in layout): which blocks each chunk runs, Megatron-LM's
     // layout string (empty: default_pipeline_layout), and the schedule's name.
     std::string pp_layout;
